@@ -1,0 +1,80 @@
+// Tracked memory: every large buffer in shardlm is a Buffer charged to a category.
+//
+// The tracker keeps live and peak bytes per category and the peak of their sum, so training can
+// report where memory goes and `estimate-memory` can be checked against what was measured.
+// A Buffer owns its bytes (64-byte aligned, move-only) and uncharges them when destroyed;
+// Tensors are non-owning views into Buffers (see tensor.h).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+enum class MemCategory : uint8_t {
+  Parameters,     // full or sharded parameters in compute dtype, master weights
+  Gradients,      // gradient accumulators
+  Optimizer,      // AdamW moments
+  Activations,    // what forward keeps for backward
+  Communication,  // gather/scatter staging buffers
+  Workspace,      // scratch that dies within an op (conversions, logits chunks)
+  Other,
+};
+constexpr int kNumMemCategories = 7;
+const char* mem_category_name(MemCategory c);
+
+enum class Device : uint8_t { CPU, CUDA };
+const char* device_name(Device d);
+
+struct MemStats {
+  std::array<int64_t, kNumMemCategories> live{};
+  std::array<int64_t, kNumMemCategories> peak{};  // the highest `live` each category reached
+  int64_t live_total = 0;
+  int64_t peak_total = 0;  // the highest sum over categories (not the sum of per-category peaks)
+};
+
+// Thread-safe counters for one device. Allocation is rare (large buffers), so a mutex is fine.
+class MemoryTracker {
+ public:
+  static MemoryTracker& for_device(Device d);
+  void on_alloc(MemCategory c, int64_t bytes);
+  void on_free(MemCategory c, int64_t bytes);
+  MemStats stats() const;
+  void reset_peaks();  // peaks := current live values
+
+ private:
+  mutable std::mutex mu_;
+  MemStats s_;
+};
+
+// Owning, move-only, 64-byte aligned host allocation charged to a category.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t bytes, MemCategory category, bool zero = true);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::Other;
+};
+
+std::string format_bytes(int64_t bytes);  // "1.50 GiB", "12.0 MiB", "512 B"
+
+}  // namespace shardlm

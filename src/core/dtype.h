@@ -1,0 +1,59 @@
+// Element types and their conversions.
+//
+// shardlm stores tensors as f32 (master weights, optimizer state, accumulators), bf16 or f16
+// (compute and communication), and i32 (token ids, positions, labels). The 16-bit floats are
+// plain bit patterns wrapped in distinct types so the compiler keeps them apart; conversions
+// from f32 round to nearest, ties to even, exactly as PyTorch and the hardware do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace shardlm {
+
+enum class DType : uint8_t { F32, BF16, F16, I32 };
+
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);           // "f32", "bf16", "f16", "i32"
+DType parse_dtype(std::string_view name);  // accepts shardlm, PyTorch and safetensors names; throws Error
+bool is_float(DType t);
+
+// Map a C++ element type to its DType (used by Tensor::ptr<T>() to check access).
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<bf16_t>() { return DType::BF16; }
+template <> constexpr DType dtype_of<f16_t>() { return DType::F16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+
+inline float bf16_to_f32(bf16_t h) {
+  uint32_t u = uint32_t(h.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline bf16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x0040u)};  // quiet NaN
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t{uint16_t(u >> 16)};
+}
+
+float f16_to_f32(f16_t h);
+f16_t f32_to_f16(float f);
+
+// Bulk conversions (OpenMP-parallel for large n).
+void convert_f32_to_bf16(const float* src, bf16_t* dst, size_t n);
+void convert_bf16_to_f32(const bf16_t* src, float* dst, size_t n);
+void convert_f32_to_f16(const float* src, f16_t* dst, size_t n);
+void convert_f16_to_f32(const f16_t* src, float* dst, size_t n);
+
+}  // namespace shardlm
