@@ -1,0 +1,43 @@
+#include "ops/check.h"
+
+#include <fmt/format.h>
+
+namespace shardlm::ops {
+
+void check_defined(const char* op, const char* arg, const Tensor& t) {
+  SHARDLM_CHECK(t.defined(), "{}: {}: tensor is required but undefined", op, arg);
+}
+
+void check_usable(const char* op, const char* arg, const Tensor& t) {
+  check_defined(op, arg, t);
+  SHARDLM_CHECK(t.is_contiguous(), "{}: {}: expected a contiguous tensor, got {}", op, arg, t.describe());
+  SHARDLM_CHECK(t.device == Device::CPU, "{}: {}: no backend for {} in this build", op, arg, t.describe());
+}
+
+void check_dtype(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype == d) return;
+  std::string names;
+  for (DType d : allowed) names += fmt::format("{}{}", names.empty() ? "" : " or ", dtype_name(d));
+  throw Error(fmt::format("{}: {}: expected dtype {}, got {}", op, arg, names, t.describe()));
+}
+
+void check_shape(const char* op, const char* arg, const Tensor& t, std::initializer_list<int64_t> shape) {
+  bool ok = t.ndim == int(shape.size());
+  int d = 0;
+  for (int64_t s : shape) {
+    if (ok && s >= 0 && t.shape[d] != s) ok = false;
+    ++d;
+  }
+  if (ok) return;
+  std::string want = "[";
+  d = 0;
+  for (int64_t s : shape) want += (d++ ? ", " : "") + (s < 0 ? std::string("*") : std::to_string(s));
+  throw Error(fmt::format("{}: {}: expected shape {}], got {}", op, arg, want, t.describe()));
+}
+
+void check_numel(const char* op, const char* arg, const Tensor& t, int64_t n) {
+  SHARDLM_CHECK(t.numel() == n, "{}: {}: expected {} elements, got {}", op, arg, n, t.describe());
+}
+
+}  // namespace shardlm::ops

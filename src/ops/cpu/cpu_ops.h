@@ -1,0 +1,33 @@
+// CPU kernels: the reference implementation of every op in ops/ops.h.
+// They are called only by the op front ends in ops/*.cpp, after validation, so they may assume
+// contiguous CPU tensors with the shapes and dtypes ops.h documents.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace shardlm::ops::cpu {
+
+void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha, float beta);
+void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids);
+void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids);
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd);
+void rope_apply(const Tensor& out, const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float sign);
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& segment_ids, float scale);
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& segment_ids, float scale);
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& dx,
+                                        const Tensor& dw, float grad_scale, int64_t chunk_rows);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
+                int64_t step, float grad_scale);
+double sum_squares(const Tensor& x);
+void cast(const Tensor& dst, const Tensor& src);
+void add_inplace(const Tensor& dst, const Tensor& src);
+void scale_inplace(const Tensor& x, float s);
+
+}  // namespace shardlm::ops::cpu

@@ -1,0 +1,42 @@
+// Element access helpers for CPU kernels that accept f32 or bf16 tensors.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardlm::ops::cpu {
+
+inline float load(const void* p, DType t, int64_t i) {
+  return t == DType::F32 ? static_cast<const float*>(p)[i] : bf16_to_f32(static_cast<const bf16_t*>(p)[i]);
+}
+
+inline void store(void* p, DType t, int64_t i, float v) {
+  if (t == DType::F32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<bf16_t*>(p)[i] = f32_to_bf16(v);
+}
+
+// Row r (of length n) of an f32|bf16 tensor as f32: returns the row itself when it is f32,
+// otherwise converts it into `scratch` (which must hold n floats) and returns that.
+inline const float* row_f32(const Tensor& t, int64_t r, int64_t n, float* scratch) {
+  if (t.dtype == DType::F32) return static_cast<const float*>(t.data) + r * n;
+  const bf16_t* src = static_cast<const bf16_t*>(t.data) + r * n;
+  for (int64_t i = 0; i < n; ++i) scratch[i] = bf16_to_f32(src[i]);
+  return scratch;
+}
+
+// Writes an f32 row into row r of an f32|bf16 tensor.
+inline void store_row(const Tensor& t, int64_t r, int64_t n, const float* src) {
+  if (t.dtype == DType::F32) {
+    float* dst = static_cast<float*>(t.data) + r * n;
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  } else {
+    bf16_t* dst = static_cast<bf16_t*>(t.data) + r * n;
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+}
+
+}  // namespace shardlm::ops::cpu

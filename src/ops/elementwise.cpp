@@ -1,0 +1,38 @@
+// Front ends of casts and elementwise ops.
+#include <cstring>
+
+#include "ops/check.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace shardlm::ops {
+
+void cast(const Tensor& dst, const Tensor& src) {
+  check_usable("cast", "dst", dst);
+  check_usable("cast", "src", src);
+  check_dtype("cast", "dst", dst, {DType::F32, DType::BF16, DType::F16});
+  check_dtype("cast", "src", src, {DType::F32, DType::BF16, DType::F16});
+  check_numel("cast", "dst", dst, src.numel());
+  cpu::cast(dst, src);
+}
+
+void add_inplace(const Tensor& dst, const Tensor& src) {
+  check_usable("add_inplace", "dst", dst);
+  check_usable("add_inplace", "src", src);
+  check_dtype("add_inplace", "dst", dst, {DType::F32, DType::BF16});
+  check_dtype("add_inplace", "src", src, {DType::F32, DType::BF16});
+  check_numel("add_inplace", "src", src, dst.numel());
+  cpu::add_inplace(dst, src);
+}
+
+void scale_inplace(const Tensor& x, float s) {
+  check_usable("scale_inplace", "x", x);
+  check_dtype("scale_inplace", "x", x, {DType::F32, DType::BF16});
+  cpu::scale_inplace(x, s);
+}
+
+void zero(const Tensor& x) {
+  check_usable("zero", "x", x);
+  std::memset(x.data, 0, x.nbytes());  // all-zero bits are 0 in every dtype shardlm has
+}
+
+}  // namespace shardlm::ops

@@ -1,0 +1,141 @@
+// The op interface: forward and backward of every computation the model and optimizer need.
+//
+// Each op takes Tensor views (core/tensor.h), validates shapes, dtypes and devices here, once,
+// and dispatches on the tensors' device to a backend: ops/cpu/ is the reference (OpenMP +
+// OpenBLAS), ops/cuda/ the fast path. Ops never allocate their outputs: the caller passes
+// them, so all large memory stays in the caller's tracked Buffers. Scratch an op needs for its
+// own duration is a Workspace allocation freed before it returns.
+//
+// Conventions
+//  - Tensors are contiguous row-major; "[N, D]" means N rows of D elements. A leading batch of
+//    rows may be folded into N (e.g. [B, T, D] is passed as [B*T, D]).
+//  - Float inputs may be f32 or bf16 where noted; arithmetic is always f32, and reductions
+//    accumulate in f32 or double.
+//  - "written" outputs are overwritten; "accumulated" outputs get += (gradients of parameters
+//    are accumulated so micro-batches and tied weights add up without extra buffers).
+//  - Token ids, positions, segment ids and targets are i32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardlm::ops {
+
+constexpr int32_t kIgnoreIndex = -100;  // a target that contributes no loss (PyTorch's default)
+
+// ---- Matrix multiply -------------------------------------------------------------------------
+// C = alpha * op(A) @ op(B) + beta * C, with op(X) = X^T when the flag is set.
+// A: [M, K] ([K, M] if trans_a), B: [K, N] ([N, K] if trans_b), C: [M, N].
+// A and B: f32 or bf16 (independently); C: f32 or bf16. A Linear layer y = x W^T is
+// matmul(y, x, W, false, true); its backward is matmul(dx, dy, W) and matmul(dW, dy, x, true,
+// false, 1, 1) to accumulate.
+void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a = false,
+            bool trans_b = false, float alpha = 1.0f, float beta = 0.0f);
+
+// ---- Embedding -------------------------------------------------------------------------------
+// out[i, :] = weight[ids[i], :].  weight [V, D] f32|bf16, ids [N] i32, out [N, D] f32|bf16.
+void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids);
+// dweight[ids[i], :] += dout[i, :] (accumulated; repeated ids add up).  dweight [V, D] f32.
+void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids);
+
+// ---- RMSNorm (Hugging Face LlamaRMSNorm) ---------------------------------------------------
+// y = x / sqrt(mean(x^2) + eps) * w, computed in f32.  x, y [N, D] f32|bf16; w [D] f32|bf16;
+// rstd [N] f32 receives 1/sqrt(mean(x^2) + eps) for the backward.
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
+// dx written; dw [D] f32 accumulated.
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd);
+
+// ---- Rotary position embedding (Hugging Face "rotate_half" convention) -----------------------
+struct RopeScaling {
+  enum class Kind { None, Llama3 } kind = Kind::None;
+  float factor = 1.0f;            // llama3: 8 for Llama 3.1, 32 for Llama 3.2
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_max_position_embeddings = 8192;
+};
+// inv_freq[i] = 1 / theta^(2i / head_dim) for i < head_dim/2, then rescaled as Llama 3 does.
+// Computed in f32 exactly as transformers computes it.
+std::vector<float> rope_inv_freq(int64_t head_dim, float theta, const RopeScaling& scaling);
+// x, out [B, T, H, Dh] f32|bf16 (out may alias x); positions [B, T] i32; inv_freq [Dh/2] f32.
+// For i < Dh/2 and angle a = positions[b,t] * inv_freq[i]:
+//   out[i] = x[i] cos a - x[i + Dh/2] sin a;   out[i + Dh/2] = x[i + Dh/2] cos a + x[i] sin a.
+void rope_forward(const Tensor& out, const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+// The rotation is orthogonal, so the backward is the rotation by -a.  dx may alias dout.
+void rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& positions, const Tensor& inv_freq);
+
+// ---- Causal self-attention with grouped-query heads ------------------------------------------
+// q [B, Tq, H, Dh]; k, v [B, Tk, Hkv, Dh] with H % Hkv == 0 (query head h reads kv head
+// h / (H / Hkv)); Tq <= Tk, and query i sits at position i + Tk - Tq (so a KV cache works).
+// Query i attends to key j iff j <= i + Tk - Tq and, when segment_ids is defined ([B, Tk] i32,
+// the segments of packed examples), segment_ids[b, j] == segment_ids[b, i + Tk - Tq].
+// Computed in blocks with an online softmax: memory is O(T * Dh), never T x T.
+// out [B, Tq, H, Dh] written; lse [B, H, Tq] f32 receives the log-sum-exp of each query's
+// scaled scores (kept for the backward).  q, k, v, out: f32 or bf16.
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& segment_ids, float scale);
+// dq [B, Tq, H, Dh], dk, dv [B, Tk, Hkv, Dh] written (f32).  Uses out and lse from the forward.
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& segment_ids, float scale);
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+// out = silu(gate) * up, silu(x) = x * sigmoid(x).  All [N, F], f32|bf16.
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
+// dgate, dup written.
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up);
+
+// ---- Output projection fused with cross-entropy ----------------------------------------------
+// logits = x @ w^T never exists for all tokens at once: rows are processed `chunk_rows` at a
+// time, each chunk's logits live in an f32 workspace of chunk_rows x V.
+// x [N, D] f32|bf16; w [V, D] f32|bf16; targets [N] i32 (kIgnoreIndex = no loss).
+// Returns the sum of -log softmax(logits)[target] over non-ignored rows and their count.
+// When dx is defined: dx [N, D] f32 is written with grad_scale * dLoss/dx and dw [V, D] f32 is
+// accumulated with grad_scale * dLoss/dw. For a mean over the global batch, pass
+// grad_scale = 1 / (non-ignored tokens in the whole batch).
+struct CrossEntropyResult {
+  double loss_sum = 0.0;
+  int64_t count = 0;
+};
+CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                        const Tensor& dx, const Tensor& dw, float grad_scale,
+                                        int64_t chunk_rows = 256);
+
+// ---- Optimizer -------------------------------------------------------------------------------
+// Hyperparameters are doubles, as in Python: torch derives scalars such as 1 - beta2 in double
+// before they meet f32 tensors, and doing the same keeps results within an ulp of torch's.
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+// One AdamW step over flat f32 buffers of equal length, exactly as torch.optim.AdamW:
+//   p *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// with g = grad_scale * grad (grad_scale carries gradient clipping) and t = step (1-based).
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWConfig& cfg, int64_t step, float grad_scale = 1.0f);
+
+// ---- Reductions, casts, elementwise ----------------------------------------------------------
+// Sum of squares of all elements (f32 or bf16), accumulated in double. The global L2 norm of
+// many buffers (or of shards on many ranks) is sqrt of the sum of their sum_squares.
+double sum_squares(const Tensor& x);
+// The gradient-clipping multiplier torch.nn.utils.clip_grad_norm_ applies:
+// min(1, max_norm / (total_norm + 1e-6)).
+float clip_coefficient(double total_norm, float max_norm);
+
+// dst = src converted (f32, bf16, f16 in any direction; same shape).
+void cast(const Tensor& dst, const Tensor& src);
+// dst += src (same shape; dst f32|bf16, src f32|bf16).
+void add_inplace(const Tensor& dst, const Tensor& src);
+// x *= s.
+void scale_inplace(const Tensor& x, float s);
+// x = 0.
+void zero(const Tensor& x);
+
+}  // namespace shardlm::ops

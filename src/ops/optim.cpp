@@ -1,0 +1,37 @@
+// Front ends of the optimizer-side ops: AdamW, sum of squares, gradient clipping.
+#include <cmath>
+
+#include "ops/check.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace shardlm::ops {
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
+                int64_t step, float grad_scale) {
+  constexpr const char* op = "adamw_step";
+  const Tensor* all[] = {&param, &grad, &m, &v};
+  const char* names[] = {"param", "grad", "m", "v"};
+  for (int i = 0; i < 4; ++i) {
+    check_usable(op, names[i], *all[i]);
+    check_dtype(op, names[i], *all[i], {DType::F32});
+    check_numel(op, names[i], *all[i], param.numel());
+  }
+  SHARDLM_CHECK(step >= 1, "adamw_step: step must be >= 1 (1-based), got {}", step);
+  SHARDLM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1,
+                "adamw_step: betas must lie in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2);
+  cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale);
+}
+
+double sum_squares(const Tensor& x) {
+  check_usable("sum_squares", "x", x);
+  check_dtype("sum_squares", "x", x, {DType::F32, DType::BF16});
+  return cpu::sum_squares(x);
+}
+
+float clip_coefficient(double total_norm, float max_norm) {
+  if (!(max_norm > 0.0f)) return 1.0f;  // clipping disabled
+  const double coef = double(max_norm) / (total_norm + 1e-6);
+  return coef < 1.0 ? float(coef) : 1.0f;
+}
+
+}  // namespace shardlm::ops
