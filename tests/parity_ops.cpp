@@ -1,0 +1,174 @@
+// Parity with PyTorch for matmul, embedding, SwiGLU, AdamW, the global gradient norm and casts.
+// Reference cases come from tests/torch_ref/ref_<op>.py (see gen_refs.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/ops.h"
+#include "testing.h"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+
+namespace {
+
+// Holds a reference array in its stored dtype (f32, or bf16 bits) and views it as a Tensor.
+struct Input {
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  std::vector<int32_t> i;
+  Tensor t;
+  Input(const RefCase& c, const std::string& name, std::initializer_list<int64_t> shape) {
+    NpyArray a = c.array(name);
+    if (a.descr == "<u2") {
+      h = a.u16();
+      t = Tensor::view(h.data(), DType::BF16, shape);
+    } else if (a.descr == "<i4" || a.descr == "<i8") {
+      i = a.i32();
+      t = Tensor::view(i.data(), DType::I32, shape);
+    } else {
+      f = a.f32();
+      t = Tensor::view(f.data(), DType::F32, shape);
+    }
+    if (t.numel() != a.numel()) throw Error(fmt::format("{}: {} has {} elements, expected {}", c.name, name, a.numel(), t.numel()));
+  }
+};
+
+Tensor f32_view(std::vector<float>& v, std::initializer_list<int64_t> shape) {
+  return Tensor::view(v.data(), DType::F32, shape);
+}
+
+}  // namespace
+
+// Tolerances: the reference is computed in f64 from the same (possibly bf16-rounded) inputs, so
+// the only differences are f32 accumulation order: rtol 1e-5 scaled by sqrt(K) headroom.
+TEST(Parity, Matmul) {
+  for (const RefCase& c : load_ref_cases("matmul")) {
+    const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
+    const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
+    Input a(c, "a", {ta ? k : m, ta ? m : k});
+    Input b(c, "b", {tb ? n : k, tb ? k : n});
+    std::vector<float> out = c.f32("c0");
+    ops::matmul(f32_view(out, {m, n}), a.t, b.t, ta, tb, c.params["alpha"], c.params["beta"]);
+    const double atol = 1e-5 * std::sqrt(double(k)) * 4;
+    EXPECT_TRUE(all_close(out, c.f32("c"), atol, 1e-5, c.name));
+  }
+}
+
+TEST(Parity, MatmulIntoBf16Output) {
+  // A bf16 C is computed in f32 and rounded once: it equals the f32 result rounded to bf16.
+  for (const RefCase& c : load_ref_cases("matmul")) {
+    if (c.params["beta"] != 0.0) continue;
+    const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
+    const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
+    Input a(c, "a", {ta ? k : m, ta ? m : k});
+    Input b(c, "b", {tb ? n : k, tb ? k : n});
+    std::vector<float> f32_out(size_t(m * n));
+    std::vector<bf16_t> h(size_t(m * n));
+    ops::matmul(f32_view(f32_out, {m, n}), a.t, b.t, ta, tb);
+    ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
+    for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h[i].bits, f32_to_bf16(f32_out[i]).bits) << c.name << " [" << i << "]";
+  }
+}
+
+// Embedding is a copy and a sum of a few rows: exact forward, f32-rounding backward.
+TEST(Parity, Embedding) {
+  for (const RefCase& c : load_ref_cases("embedding")) {
+    const int64_t n = c.params["n"], v = c.params["v"], d = c.params["d"];
+    Input weight(c, "weight", {v, d});
+    Input ids(c, "ids", {n});
+    std::vector<float> out(size_t(n * d)), dweight(size_t(v * d), 0.0f);
+    ops::embedding_forward(f32_view(out, {n, d}), weight.t, ids.t);
+    EXPECT_TRUE(all_close(out, c.f32("out"), 0, 0, c.name + " out"));
+    std::vector<float> dout = c.f32("dout");
+    ops::embedding_backward(f32_view(dweight, {v, d}), f32_view(dout, {n, d}), ids.t);
+    EXPECT_TRUE(all_close(dweight, c.f32("dweight"), 1e-5, 1e-5, c.name + " dweight"));
+  }
+}
+
+// SwiGLU: elementwise f32; exp() implementations differ by an ulp or two.
+TEST(Parity, SwiGLU) {
+  for (const RefCase& c : load_ref_cases("swiglu")) {
+    const int64_t n = c.params["n"], f = c.params["f"];
+    Input gate(c, "gate", {n, f}), up(c, "up", {n, f});
+    std::vector<float> out(size_t(n * f)), dgate(size_t(n * f)), dup(size_t(n * f));
+    ops::swiglu_forward(f32_view(out, {n, f}), gate.t, up.t);
+    EXPECT_TRUE(all_close(out, c.f32("out"), 1e-6, 1e-5, c.name + " out"));
+    std::vector<float> dout = c.f32("dout");
+    ops::swiglu_backward(f32_view(dgate, {n, f}), f32_view(dup, {n, f}), f32_view(dout, {n, f}), gate.t, up.t);
+    EXPECT_TRUE(all_close(dgate, c.f32("dgate"), 1e-6, 1e-5, c.name + " dgate"));
+    EXPECT_TRUE(all_close(dup, c.f32("dup"), 1e-6, 1e-5, c.name + " dup"));
+  }
+}
+
+// AdamW follows torch's operation order, so several steps agree to a few ulps.
+TEST(Parity, AdamW) {
+  for (const RefCase& c : load_ref_cases("adamw")) {
+    const int64_t n = c.params["n"], steps = c.params["steps"];
+    std::vector<float> p = c.f32("p0"), grads = c.f32("grads"), m(size_t(n), 0.0f), v(size_t(n), 0.0f);
+    ops::AdamWConfig cfg;
+    cfg.lr = c.params["lr"];
+    cfg.beta1 = c.params["beta1"];
+    cfg.beta2 = c.params["beta2"];
+    cfg.eps = c.params["eps"];
+    cfg.weight_decay = c.params["weight_decay"];
+    for (int64_t s = 0; s < steps; ++s) {
+      ops::adamw_step(f32_view(p, {n}), Tensor::view(grads.data() + s * n, DType::F32, {n}), f32_view(m, {n}),
+                      f32_view(v, {n}), cfg, s + 1, c.params["grad_scale"]);
+    }
+    EXPECT_TRUE(all_close(p, c.f32("p"), 1e-7, 1e-6, c.name + " param"));
+    EXPECT_TRUE(all_close(m, c.f32("m"), 1e-8, 1e-6, c.name + " exp_avg"));
+    EXPECT_TRUE(all_close(v, c.f32("v"), 1e-10, 1e-6, c.name + " exp_avg_sq"));
+  }
+}
+
+// The global norm over several buffers, and the clipped gradients, as clip_grad_norm_.
+TEST(Parity, GlobalNorm) {
+  for (const RefCase& c : load_ref_cases("global_norm")) {
+    std::vector<int64_t> sizes = c.params["sizes"].get<std::vector<int64_t>>();
+    int64_t total_n = 0;
+    for (int64_t s : sizes) total_n += s;
+    Input grads(c, "grads", {total_n});
+    double sumsq = 0.0;
+    int64_t offset = 0;
+    for (int64_t s : sizes) {  // one sum_squares per buffer, as the engine does per shard
+      Tensor part = grads.t.reshape({total_n, 1}).slice(offset, offset + s);
+      sumsq += ops::sum_squares(part);
+      offset += s;
+    }
+    const double norm = std::sqrt(sumsq);
+    const double want = c.params["total_norm"];
+    EXPECT_NEAR(norm, want, 1e-5 * want) << c.name;
+    const float coef = ops::clip_coefficient(norm, c.params["max_norm"]);
+    std::vector<float> clipped(static_cast<size_t>(total_n));
+    ops::cast(f32_view(clipped, {total_n}), grads.t);
+    ops::scale_inplace(f32_view(clipped, {total_n}), coef);
+    EXPECT_TRUE(all_close(clipped, c.f32("clipped"), 1e-7, 1e-5, c.name + " clipped"));
+  }
+}
+
+// Casts must round exactly as PyTorch does: bit-identical.
+TEST(Parity, Cast) {
+  for (const RefCase& c : load_ref_cases("cast")) {
+    std::vector<float> x = c.f32("x");
+    const int64_t n = int64_t(x.size());
+    std::vector<bf16_t> h(x.size());
+    std::vector<f16_t> half(x.size());
+    ops::cast(Tensor::view(h.data(), DType::BF16, {n}), f32_view(x, {n}));
+    ops::cast(Tensor::view(half.data(), DType::F16, {n}), f32_view(x, {n}));
+    const std::vector<uint16_t> want_bf16 = c.array("bf16").u16();
+    const std::vector<int32_t> want_f16 = c.i32("f16_bits");
+    int64_t bad_bf16 = 0, bad_f16 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (h[size_t(i)].bits != want_bf16[size_t(i)] && !std::isnan(x[size_t(i)])) ++bad_bf16;
+      if (half[size_t(i)].bits != uint16_t(want_f16[size_t(i)] & 0xffff) && !std::isnan(x[size_t(i)])) ++bad_f16;
+    }
+    EXPECT_EQ(bad_bf16, 0) << "f32 -> bf16 patterns differing from torch";
+    EXPECT_EQ(bad_f16, 0) << "f32 -> f16 patterns differing from torch";
+    std::vector<float> back(x.size());
+    ops::cast(f32_view(back, {n}), Tensor::view(h.data(), DType::BF16, {n}));
+    EXPECT_TRUE(all_close(back, c.f32("bf16_back"), 0, 0, "bf16 -> f32"));
+    ops::cast(f32_view(back, {n}), Tensor::view(half.data(), DType::F16, {n}));
+    EXPECT_TRUE(all_close(back, c.f32("f16_back"), 0, 0, "f16 -> f32"));
+  }
+}

@@ -1,0 +1,206 @@
+#include "testing.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/rng.h"
+
+namespace fs = std::filesystem;
+
+namespace shardlm::testing {
+
+std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std) {
+  std::vector<float> v(static_cast<size_t>(n));
+  fill_normal(v.data(), n, seed, name, 0, 0.0f, std);
+  return v;
+}
+
+::testing::AssertionResult all_close(const float* got, const float* want, int64_t n, double atol, double rtol,
+                                     const std::string& label) {
+  int64_t worst = -1, bad = 0;
+  double worst_excess = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    const double tol = atol + rtol * std::fabs(w);
+    double excess;
+    if (!std::isfinite(w)) {
+      excess = (g == w || (std::isnan(g) && std::isnan(w))) ? 0.0 : INFINITY;
+    } else if (!std::isfinite(g)) {
+      excess = INFINITY;
+    } else {
+      excess = std::fabs(g - w) - tol;
+    }
+    if (excess > 0) {
+      ++bad;
+      if (worst < 0 || excess > worst_excess) {
+        worst = i;
+        worst_excess = excess;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << fmt::format(
+             "{}: {} of {} elements differ beyond atol={} rtol={}; worst at [{}]: got {:.8g}, want {:.8g}", label,
+             bad, n, atol, rtol, worst, got[worst], want[worst]);
+}
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, float* x, int64_t n,
+                                          const float* analytic, const GradCheckOptions& opt,
+                                          const std::string& label) {
+  const int64_t checks = std::min(n, opt.max_checks);
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0, worst_fd = 0;
+  for (int64_t c = 0; c < checks; ++c) {
+    const int64_t i = checks == n ? c : c * n / checks;
+    const float saved = x[i];
+    x[i] = float(saved + opt.eps);
+    const double up = loss();
+    x[i] = float(saved - opt.eps);
+    const double down = loss();
+    x[i] = saved;
+    const double fd = (up - down) / (2.0 * opt.eps);
+    const double excess = std::fabs(double(analytic[i]) - fd) - (opt.atol + opt.rtol * std::fabs(fd));
+    if (!std::isfinite(analytic[i]) || excess > 0) {
+      ++bad;
+      if (worst < 0 || excess > worst_excess || !std::isfinite(analytic[i])) {
+        worst = i;
+        worst_excess = excess;
+        worst_fd = fd;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << fmt::format(
+             "{}: {} of {} checked gradients disagree with finite differences (eps={}); worst at [{}]: "
+             "analytic {:.8g}, numeric {:.8g}",
+             label, bad, checks, opt.eps, worst, analytic[worst], worst_fd);
+}
+
+// ---- npy ---------------------------------------------------------------------------------------
+
+int64_t NpyArray::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<float> NpyArray::f32() const {
+  const int64_t n = numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  if (descr == "<f4") {
+    std::memcpy(out.data(), bytes.data(), size_t(n) * 4);
+  } else if (descr == "<f8") {
+    const double* p = reinterpret_cast<const double*>(bytes.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = float(p[i]);
+  } else if (descr == "<u2") {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(bytes.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(bf16_t{p[i]});
+  } else {
+    throw Error(fmt::format("npy dtype {} is not a float array", descr));
+  }
+  return out;
+}
+
+std::vector<int32_t> NpyArray::i32() const {
+  const int64_t n = numel();
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  if (descr == "<i4") {
+    std::memcpy(out.data(), bytes.data(), size_t(n) * 4);
+  } else if (descr == "<i8") {
+    const int64_t* p = reinterpret_cast<const int64_t*>(bytes.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = int32_t(p[i]);
+  } else {
+    throw Error(fmt::format("npy dtype {} is not an integer array", descr));
+  }
+  return out;
+}
+
+std::vector<uint16_t> NpyArray::u16() const {
+  SHARDLM_CHECK(descr == "<u2", "npy dtype {} is not <u2", descr);
+  std::vector<uint16_t> out(static_cast<size_t>(numel()));
+  std::memcpy(out.data(), bytes.data(), out.size() * 2);
+  return out;
+}
+
+NpyArray load_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  SHARDLM_CHECK(f.good(), "{}: cannot open", path);
+  char magic[8];
+  f.read(magic, 8);
+  SHARDLM_CHECK(f.good() && std::memcmp(magic, "\x93NUMPY", 6) == 0, "{}: not an .npy file", path);
+  uint32_t header_len = 0;
+  if (magic[6] == 1) {
+    uint16_t h;
+    f.read(reinterpret_cast<char*>(&h), 2);
+    header_len = h;
+  } else {
+    f.read(reinterpret_cast<char*>(&header_len), 4);
+  }
+  std::string header(header_len, '\0');
+  f.read(header.data(), header_len);
+  NpyArray a;
+  auto field = [&](const std::string& key) {
+    const size_t p = header.find("'" + key + "':");
+    SHARDLM_CHECK(p != std::string::npos, "{}: npy header lacks '{}'", path, key);
+    return p + key.size() + 3;
+  };
+  size_t p = header.find('\'', field("descr"));
+  a.descr = header.substr(p + 1, header.find('\'', p + 1) - p - 1);
+  SHARDLM_CHECK(header.find("'fortran_order': False") != std::string::npos, "{}: Fortran order", path);
+  p = header.find('(', field("shape"));
+  const size_t end = header.find(')', p);
+  std::string dims = header.substr(p + 1, end - p - 1);
+  for (size_t i = 0; i < dims.size();) {
+    while (i < dims.size() && (dims[i] == ' ' || dims[i] == ',')) ++i;
+    if (i >= dims.size()) break;
+    size_t j = i;
+    while (j < dims.size() && std::isdigit(static_cast<unsigned char>(dims[j]))) ++j;
+    a.shape.push_back(std::stoll(dims.substr(i, j - i)));
+    i = j;
+  }
+  const size_t elem = a.descr == "<f8" || a.descr == "<i8" ? 8 : a.descr == "<u2" ? 2 : 4;
+  a.bytes.resize(size_t(a.numel()) * elem);
+  f.read(a.bytes.data(), std::streamsize(a.bytes.size()));
+  SHARDLM_CHECK(f.gcount() == std::streamsize(a.bytes.size()), "{}: truncated", path);
+  return a;
+}
+
+bool RefCase::has(const std::string& name_) const { return fs::exists(fs::path(dir) / (name_ + ".npy")); }
+
+NpyArray RefCase::array(const std::string& name_) const {
+  return load_npy((fs::path(dir) / (name_ + ".npy")).string());
+}
+
+std::vector<RefCase> load_ref_cases(const std::string& op) {
+  const char* root = std::getenv("SHARDLM_TORCH_REFS");
+  SHARDLM_CHECK(root && *root, "SHARDLM_TORCH_REFS is not set (run the tests through ctest)");
+  const fs::path dir = fs::path(root) / op;
+  SHARDLM_CHECK(fs::is_directory(dir), "{}: no PyTorch reference cases for op '{}'", dir.string(), op);
+  std::vector<RefCase> cases;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (!entry.is_directory()) continue;
+    RefCase c;
+    c.op = op;
+    c.name = entry.path().filename().string();
+    c.dir = entry.path().string();
+    std::ifstream pf(entry.path() / "params.json");
+    c.params = pf.good() ? nlohmann::json::parse(pf) : nlohmann::json::object();
+    cases.push_back(std::move(c));
+  }
+  std::sort(cases.begin(), cases.end(), [](const RefCase& a, const RefCase& b) { return a.name < b.name; });
+  SHARDLM_CHECK(!cases.empty(), "{}: no PyTorch reference cases for op '{}'", dir.string(), op);
+  return cases;
+}
+
+}  // namespace shardlm::testing

@@ -1,0 +1,69 @@
+// Test support: numeric comparison, finite-difference gradient checks, and access to the
+// PyTorch reference cases written by tests/torch_ref/gen_refs.py.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardlm::testing {
+
+// n samples of N(0, std), deterministic in (seed, name).
+std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std = 1.0f);
+
+// Passes when |got - want| <= atol + rtol * |want| for every element and nothing is NaN/Inf
+// where `want` is finite. The failure message names `label`, the worst element and its values.
+::testing::AssertionResult all_close(const float* got, const float* want, int64_t n, double atol, double rtol,
+                                     const std::string& label = "");
+inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want,
+                                            double atol, double rtol, const std::string& label = "") {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << label << ": size " << got.size() << " != " << want.size();
+  return all_close(got.data(), want.data(), int64_t(got.size()), atol, rtol, label);
+}
+
+double dot(const float* a, const float* b, int64_t n);  // in double
+
+// Central finite differences: for each checked index i, perturbs x[i] by +-eps, calls loss(),
+// restores x[i], and compares (L+ - L-) / (2 eps) with analytic[i] within atol + rtol * |fd|.
+// At most max_checks indices are checked, spread evenly over [0, n).
+struct GradCheckOptions {
+  double eps = 1e-2;
+  double atol = 2e-3;
+  double rtol = 2e-2;
+  int64_t max_checks = 200;
+};
+::testing::AssertionResult check_gradient(const std::function<double()>& loss, float* x, int64_t n,
+                                          const float* analytic, const GradCheckOptions& opt = {},
+                                          const std::string& label = "");
+
+// ---- .npy files and reference cases ----------------------------------------------------------
+struct NpyArray {
+  std::string descr;  // numpy dtype string: "<f4", "<i4", "<u2" (bf16 bit patterns), "<f8", "<i8"
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+  int64_t numel() const;
+  std::vector<float> f32() const;       // converts <f4, <f8 and <u2 (read as bf16)
+  std::vector<int32_t> i32() const;     // converts <i4, <i8
+  std::vector<uint16_t> u16() const;
+};
+NpyArray load_npy(const std::string& path);
+
+struct RefCase {
+  std::string op, name, dir;
+  nlohmann::json params;  // scalars the reference used (shapes, eps, flags)
+  bool has(const std::string& array) const;
+  NpyArray array(const std::string& array) const;
+  std::vector<float> f32(const std::string& array) const { return this->array(array).f32(); }
+  std::vector<int32_t> i32(const std::string& array) const { return this->array(array).i32(); }
+};
+// All cases of one op, from $SHARDLM_TORCH_REFS/<op>/. Throws if there are none, so a missing
+// reference fails the test instead of passing it vacuously.
+std::vector<RefCase> load_ref_cases(const std::string& op);
+
+}  // namespace shardlm::testing

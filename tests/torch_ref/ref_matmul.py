@@ -1,0 +1,28 @@
+"""matmul: C = alpha * op(A) @ op(B) + beta * C0, f32 and bf16 operands, with transposes."""
+import torch
+
+OP = "matmul"
+
+
+def cases():
+    shapes = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (64, 128, 96), (130, 7, 257)]
+    i = 0
+    for (m, n, k) in shapes:
+        for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+            for dtype in ("f32", "bf16"):
+                if dtype == "bf16" and (ta or not tb) and (m, n, k) != (33, 17, 65):
+                    continue  # bf16 on every shape for the Linear layout, all layouts on one shape
+                a = torch.randn(k, m) if ta else torch.randn(m, k)
+                b = torch.randn(n, k) if tb else torch.randn(k, n)
+                if dtype == "bf16":
+                    a, b = a.bfloat16(), b.bfloat16()
+                c0 = torch.randn(m, n)
+                alpha, beta = (1.0, 0.0) if i % 2 == 0 else (0.5, 1.5)
+                opa = a.float().t() if ta else a.float()
+                opb = b.float().t() if tb else b.float()
+                c = alpha * (opa.double() @ opb.double()) + beta * c0.double()
+                yield (f"{m}x{n}x{k}_ta{int(ta)}_tb{int(tb)}_{dtype}",
+                       {"a": a, "b": b, "c0": c0, "c": c.float()},
+                       {"m": m, "n": n, "k": k, "trans_a": ta, "trans_b": tb, "alpha": alpha, "beta": beta,
+                        "dtype": dtype})
+                i += 1
