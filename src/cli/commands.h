@@ -1,0 +1,11 @@
+// Registration of the subcommands of `shardlm`. Each function adds one subcommand to the app,
+// with its options, help text and examples, and a callback that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace shardlm::cli {
+
+void register_env(CLI::App& app);
+
+}  // namespace shardlm::cli
