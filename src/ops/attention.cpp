@@ -1,0 +1,81 @@
+// Front end of causal grouped-query attention: validates shapes, dtypes and devices once, then
+// dispatches to the backend (see ops.h for the semantics and ops/cpu/attention.cpp for the kernel).
+#include "ops/check.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace shardlm::ops {
+
+namespace {
+
+// The sizes every attention call agrees on, read from q and k.
+struct AttnDims {
+  int64_t B, Tq, Tk, H, Hkv, Dh;
+};
+
+// Checks q, k, v, lse and segment_ids, which the forward and the backward share.
+AttnDims check_attention_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& lse, const Tensor& segment_ids) {
+  check_usable(op, "q", q);
+  check_usable(op, "k", k);
+  check_usable(op, "v", v);
+  check_usable(op, "lse", lse);
+  check_dtype(op, "q", q, {DType::F32, DType::BF16});
+  check_dtype(op, "k", k, {DType::F32, DType::BF16});
+  check_dtype(op, "v", v, {DType::F32, DType::BF16});
+  check_dtype(op, "lse", lse, {DType::F32});
+  check_shape(op, "q", q, {-1, -1, -1, -1});
+  const AttnDims d{q.shape[0], q.shape[1], k.ndim == 4 ? k.shape[1] : -1, q.shape[2],
+                   k.ndim == 4 ? k.shape[2] : -1, q.shape[3]};
+  check_shape(op, "k", k, {d.B, -1, -1, d.Dh});
+  check_shape(op, "v", v, {d.B, d.Tk, d.Hkv, d.Dh});
+  SHARDLM_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0,
+                "{}: the {} query heads of q {} are not a multiple of the {} kv heads of k {}", op, d.H,
+                q.describe(), d.Hkv, k.describe());
+  SHARDLM_CHECK(d.Tq <= d.Tk, "{}: more queries than keys: q {} has {} positions, k {} has {}", op, q.describe(),
+                d.Tq, k.describe(), d.Tk);
+  check_shape(op, "lse", lse, {d.B, d.H, d.Tq});
+  // segment_ids is optional: an undefined tensor means one segment per batch row.
+  if (segment_ids.defined()) {
+    check_usable(op, "segment_ids", segment_ids);
+    check_dtype(op, "segment_ids", segment_ids, {DType::I32});
+    check_shape(op, "segment_ids", segment_ids, {d.B, d.Tk});
+  }
+  return d;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& segment_ids, float scale) {
+  constexpr const char* op = "attention_forward";
+  const AttnDims d = check_attention_inputs(op, q, k, v, lse, segment_ids);
+  check_usable(op, "out", out);
+  check_dtype(op, "out", out, {DType::F32, DType::BF16});
+  check_shape(op, "out", out, {d.B, d.Tq, d.H, d.Dh});
+  cpu::attention_forward(out, lse, q, k, v, segment_ids, scale);
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& segment_ids, float scale) {
+  constexpr const char* op = "attention_backward";
+  const AttnDims d = check_attention_inputs(op, q, k, v, lse, segment_ids);
+  check_usable(op, "out", out);
+  check_usable(op, "dout", dout);
+  check_usable(op, "dq", dq);
+  check_usable(op, "dk", dk);
+  check_usable(op, "dv", dv);
+  check_dtype(op, "out", out, {DType::F32, DType::BF16});
+  check_dtype(op, "dout", dout, {DType::F32, DType::BF16});
+  check_dtype(op, "dq", dq, {DType::F32});
+  check_dtype(op, "dk", dk, {DType::F32});
+  check_dtype(op, "dv", dv, {DType::F32});
+  check_shape(op, "out", out, {d.B, d.Tq, d.H, d.Dh});
+  check_shape(op, "dout", dout, {d.B, d.Tq, d.H, d.Dh});
+  check_shape(op, "dq", dq, {d.B, d.Tq, d.H, d.Dh});
+  check_shape(op, "dk", dk, {d.B, d.Tk, d.Hkv, d.Dh});
+  check_shape(op, "dv", dv, {d.B, d.Tk, d.Hkv, d.Dh});
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale);
+}
+
+}  // namespace shardlm::ops
