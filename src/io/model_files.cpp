@@ -1,0 +1,244 @@
+#include "io/model_files.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace shardlm::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string shard_name(size_t i, size_t n) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", i, n); }
+
+// A file name that a save of ours (or of transformers) could have produced.
+bool is_model_file_name(const std::string& name) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return name == kSafetensorsSingleName || name == kSafetensorsIndexName || std::regex_match(name, shard);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open: {}", std::strerror(errno))).set_file(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error("read failed").set_file(path);
+  return ss.str();
+}
+
+}  // namespace
+
+// ---- reading ---------------------------------------------------------------------------------
+
+ModelWeights::ModelWeights(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) throw Error("model directory does not exist or is not a directory").set_file(dir_);
+  const std::string single = (fs::path(dir_) / kSafetensorsSingleName).string();
+  const std::string index = (fs::path(dir_) / kSafetensorsIndexName).string();
+
+  // transformers prefers the single file when both exist; so do we.
+  if (fs::exists(single, ec)) {
+    files_.emplace_back(single);
+    for (const TensorInfo& ti : files_[0].tensors()) where_.emplace(ti.name, 0);
+    return;
+  }
+  if (!fs::exists(index, ec))
+    throw Error(fmt::format("holds neither {} nor {}", kSafetensorsSingleName, kSafetensorsIndexName)).set_file(dir_);
+  sharded_ = true;
+
+  json j;
+  try {
+    j = json::parse(read_text_file(index));
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("not valid JSON: {}", e.what())).set_file(index);
+  }
+  if (!j.is_object()) throw Error("must be a JSON object").set_file(index);
+  auto wm = j.find("weight_map");
+  if (wm == j.end() || !wm->is_object())
+    throw Error("missing or not an object").set_file(index).set_key("weight_map");
+
+  // Group the listed tensors by shard file, keeping each shard's first listed tensor for errors.
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (const auto& [name, file] : wm->items()) {
+    if (!file.is_string() || file.get<std::string>().empty())
+      throw Error(fmt::format("weight_map value is {}, not a file name", file.dump())).set_file(index).set_tensor(name);
+    by_shard[file.get<std::string>()].push_back(name);
+  }
+
+  files_.reserve(by_shard.size());
+  std::unordered_map<std::string, size_t> holder;  // every tensor of every shard -> file index
+  for (const auto& [shard, listed] : by_shard) {
+    const std::string path = (fs::path(dir_) / shard).string();
+    if (!fs::is_regular_file(path, ec))
+      throw Error(fmt::format("the index places it in shard file '{}', which does not exist", shard))
+          .set_file(index).set_tensor(listed.front());
+    files_.emplace_back(path);  // a corrupt shard is reported by its own path
+    const size_t fi = files_.size() - 1;
+    for (const TensorInfo& ti : files_[fi].tensors()) {
+      auto [it, fresh] = holder.emplace(ti.name, fi);
+      if (!fresh)
+        throw Error(fmt::format("stored in two shard files, '{}' and '{}'", files_[it->second].path(), path))
+            .set_file(index).set_tensor(ti.name);
+    }
+    for (const std::string& name : listed) {
+      if (!files_[fi].has(name))
+        throw Error(fmt::format("the index places it in shard file '{}', which does not hold it", shard))
+            .set_file(index).set_tensor(name);
+      where_.emplace(name, fi);
+    }
+  }
+}
+
+std::vector<std::string> ModelWeights::names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& kv : where_) out.push_back(kv.first);
+  return out;
+}
+
+const SafetensorsFile& ModelWeights::lookup(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw Error("no such tensor in this model").set_file(dir_).set_tensor(name);
+  return files_[it->second];
+}
+
+const TensorInfo& ModelWeights::info(const std::string& name) const { return lookup(name).info(name); }
+Tensor ModelWeights::tensor(const std::string& name) const { return lookup(name).tensor(name); }
+void ModelWeights::read_range(const std::string& name, uint64_t elem_begin, uint64_t elem_count, void* dst) const {
+  lookup(name).read_range(name, elem_begin, elem_count, dst);
+}
+const std::string& ModelWeights::file_of(const std::string& name) const { return lookup(name).path(); }
+const SafetensorsFile& ModelWeights::file_holding(const std::string& name) const { return lookup(name); }
+
+// ---- writing ---------------------------------------------------------------------------------
+
+void write_model_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         uint64_t max_shard_bytes) {
+  if (max_shard_bytes == 0) throw Error("maximum shard size must be positive").set_file(dir);
+  // Check every tensor before writing anything, so a bad input cannot leave a half-written save.
+  std::unordered_set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    auto bad = [&](std::string msg) { return Error(std::move(msg)).set_file(dir).set_tensor(name); };
+    if (name.empty()) throw Error("cannot save a tensor with an empty name").set_file(dir);
+    if (!seen.insert(name).second) throw bad("appears twice in the tensors to save");
+    if (t.device != Device::CPU) throw bad(fmt::format("cannot save {}: only CPU tensors", t.describe()));
+    if (!t.is_contiguous()) throw bad(fmt::format("cannot save non-contiguous {}", t.describe()));
+    if (t.numel() > 0 && !t.defined()) throw bad("tensor has no data");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("cannot create directory: {}", ec.message())).set_file(dir);
+
+  // Greedy split in the given order, as transformers does: start a new shard when the next tensor
+  // would push a non-empty one over the limit.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t nb = tensors[i].second.nbytes();
+    if (!shards.back().empty() && shard_bytes + nb > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += nb;
+    total += nb;
+  }
+
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::set<std::string> keep;
+  if (shards.size() == 1) {
+    write_safetensors((fs::path(dir) / kSafetensorsSingleName).string(), tensors, metadata);
+    keep.insert(kSafetensorsSingleName);
+  } else {
+    json weight_map = json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string name = shard_name(s + 1, shards.size());
+      std::vector<std::pair<std::string, Tensor>> part;
+      for (size_t i : shards[s]) {
+        part.push_back(tensors[i]);
+        weight_map[tensors[i].first] = name;
+      }
+      write_safetensors((fs::path(dir) / name).string(), part, metadata);
+      keep.insert(name);
+    }
+    // transformers: json.dumps(index, indent=2, sort_keys=True) + "\n"; nlohmann sorts keys too.
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text_atomic((fs::path(dir) / kSafetensorsIndexName).string(), index.dump(2) + "\n");
+    keep.insert(kSafetensorsIndexName);
+  }
+
+  // Only now drop what an earlier save left and this one does not use; loaders would otherwise
+  // pick up a stale model.safetensors (which transformers prefers over an index) or stale shards.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_model_file_name(name) && !keep.count(name)) {
+      fs::remove(e.path(), ec);
+      if (ec) throw Error(fmt::format("cannot remove stale model file: {}", ec.message())).set_file(e.path().string());
+    }
+  }
+  if (ec) throw Error(fmt::format("cannot list directory: {}", ec.message())).set_file(dir);
+}
+
+// ---- sizes -------------------------------------------------------------------------------------
+
+uint64_t parse_size(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return Error(fmt::format("invalid size '{}': {} (expected e.g. 5GB, 500MB, 2GiB or a byte count)", text, why));
+  };
+  size_t i = 0, n = text.size();
+  while (i < n && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  while (n > i && std::isspace(static_cast<unsigned char>(text[n - 1]))) --n;
+
+  // Decimal number: digits, optionally '.' and more digits, kept as an integer mantissa / 10^k.
+  uint64_t mantissa = 0;
+  int frac_digits = 0, digits = 0;
+  bool in_fraction = false;
+  for (; i < n; ++i) {
+    const char c = text[i];
+    if (c == '.' && !in_fraction) {
+      in_fraction = true;
+      continue;
+    }
+    if (!std::isdigit(static_cast<unsigned char>(c))) break;
+    if (__builtin_mul_overflow(mantissa, uint64_t(10), &mantissa) ||
+        __builtin_add_overflow(mantissa, uint64_t(c - '0'), &mantissa))
+      throw bad("too large");
+    ++digits;
+    if (in_fraction) ++frac_digits;
+  }
+  if (digits == 0) throw bad("no number");
+  while (i < n && text[i] == ' ') ++i;
+
+  std::string unit;
+  for (; i < n; ++i) unit += char(std::toupper(static_cast<unsigned char>(text[i])));
+  static const std::map<std::string, uint64_t> units = {
+      {"", 1},       {"B", 1},
+      {"KB", 1000},  {"MB", 1000'000},  {"GB", 1000'000'000},  {"TB", 1000'000'000'000},
+      {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40},
+  };
+  auto u = units.find(unit);
+  if (u == units.end()) throw bad(fmt::format("unknown unit '{}'", text.substr(n - unit.size(), unit.size())));
+
+  uint64_t scaled;
+  if (__builtin_mul_overflow(mantissa, u->second, &scaled)) throw bad("too large");
+  uint64_t div = 1;
+  for (int k = 0; k < frac_digits; ++k)
+    if (__builtin_mul_overflow(div, uint64_t(10), &div)) throw bad("too many decimals");
+  if (scaled % div != 0) throw bad("not a whole number of bytes");
+  return scaled / div;
+}
+
+}  // namespace shardlm::io
