@@ -1,0 +1,132 @@
+// CPU kernel of the fused output projection + cross-entropy (ops.h: linear_cross_entropy).
+//
+// Rows are processed chunk_rows at a time so that only one [chunk_rows, V] f32 block of logits
+// exists at once. For each chunk:
+//   logits = x_chunk @ w^T                                  (BLAS, outside any OpenMP region)
+//   per row, in parallel: loss = logsumexp(logits) - logits[target]; for the backward the row
+//     becomes dlogits = grad_scale * (softmax - onehot(target)) in place (zero if ignored)
+//   dw += dlogits^T @ x_chunk;  dx_chunk = dlogits @ w      (BLAS)
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace shardlm::ops::cpu {
+
+namespace {
+
+// exp(x) for x <= 0, in a form the compiler vectorizes (std::exp is a scalar libm call, and the
+// softmax makes one per logit: with a small hidden size it costs more than the matmuls). Cephes'
+// expf: x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-7 polynomial, times 2^n built in the
+// exponent bits; relative error <= 1.5 ulp (measured). Inputs below -87 are clamped there
+// (2^-126 stays a normal float): exp(-87) ~ 2e-38 is nothing next to the row max's exp(0) = 1.
+// NaN propagates through the polynomial, so a NaN logit still gives a NaN loss.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);  // round(x / ln2)
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+}
+
+// An f32 view of `t`: `t` itself, or a widened copy in `holder` (Workspace) when it is bf16.
+// Widening here, once, keeps ops::matmul from widening the same bf16 operand again in every
+// matmul of every chunk (w is the largest tensor involved: V x D).
+Tensor widened(const Tensor& t, Buffer& holder) {
+  if (t.dtype == DType::F32) return t;
+  holder = Buffer(size_t(t.numel()) * sizeof(float), MemCategory::Workspace, /*zero=*/false);
+  Tensor out = Tensor::view(holder.data(), DType::F32, t.shape.data(), t.ndim);
+  convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out.f32(), size_t(t.numel()));
+  return out;
+}
+
+}  // namespace
+
+CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& dx,
+                                        const Tensor& dw, float grad_scale, int64_t chunk_rows) {
+  const int64_t N = x.shape[0], D = x.shape[1], V = w.shape[0];
+  const bool backward = dx.defined();
+  const int32_t* ids = targets.i32();
+  if (N == 0) return {};
+
+  const int64_t C = std::min(chunk_rows, N);
+  // All scratch is allocated once per call: the logits block and, for bf16 inputs, f32 copies.
+  Buffer logits_buf(size_t(C * V) * sizeof(float), MemCategory::Workspace, /*zero=*/false);
+  Buffer w_buf, x_buf;
+  const Tensor wf = widened(w, w_buf);
+  if (x.dtype == DType::BF16) x_buf = Buffer(size_t(C * D) * sizeof(float), MemCategory::Workspace, false);
+
+  double loss_sum = 0.0;
+  int64_t count = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t r1 = std::min(N, r0 + C), rows = r1 - r0;
+    Tensor xc = x.slice(r0, r1);
+    if (x.dtype == DType::BF16) {
+      Tensor xf = Tensor::of(x_buf, DType::F32, {rows, D});
+      convert_bf16_to_f32(static_cast<const bf16_t*>(xc.data), xf.f32(), size_t(rows * D));
+      xc = xf;
+    }
+    const Tensor logits = Tensor::of(logits_buf, DType::F32, {rows, V});
+    ops::matmul(logits, xc, wf, /*trans_a=*/false, /*trans_b=*/true);
+
+    float* L = logits.f32();
+    const int32_t* chunk_ids = ids + r0;
+    double chunk_loss = 0.0;
+    int64_t chunk_count = 0;
+    // Threads only when there is enough work: waking the OpenMP team leaves it spinning for a
+    // while afterwards, which slows the BLAS threads of the next matmul on a small problem.
+#pragma omp parallel for schedule(static) reduction(+ : chunk_loss, chunk_count) if (rows * V >= (1 << 15))
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = L + i * V;
+      const int32_t t = chunk_ids[i];
+      if (t == kIgnoreIndex) {
+        if (backward) std::fill(row, row + V, 0.0f);  // no loss, so no gradient
+        continue;
+      }
+      const float target_logit = row[t];  // read before the row is overwritten below
+      // The simd reductions let the compiler vectorize these loops without -ffast-math.
+      float m = row[0];
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 1; j < V; ++j) m = std::max(m, row[j]);
+      // Subtracting the max keeps exp() in range; the row keeps exp(z - m) for the softmax.
+      double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) {
+        const float e = exp_nonpositive(row[j] - m);
+        row[j] = e;
+        sum += e;
+      }
+      chunk_loss += double(m) + std::log(sum) - double(target_logit);
+      ++chunk_count;
+      if (backward) {
+        // dloss/dz = softmax(z) - onehot(target), scaled here so the matmuls below need no alpha.
+        const float k = float(double(grad_scale) / sum);
+        for (int64_t j = 0; j < V; ++j) row[j] *= k;
+        row[t] -= grad_scale;
+      }
+    }
+    loss_sum += chunk_loss;
+    count += chunk_count;
+
+    if (!backward) continue;
+    const Tensor dxc = dx.slice(r0, r1);
+    if (chunk_count == 0) {
+      // Every row ignored: dlogits is all zero, so skip both matmuls; dx is written, dw unchanged.
+      std::fill(dxc.f32(), dxc.f32() + rows * D, 0.0f);
+      continue;
+    }
+    // dw before dx: x_chunk's last use comes before dx_chunk is written, should they share memory.
+    ops::matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
+    ops::matmul(dxc, logits, wf, /*trans_a=*/false, /*trans_b=*/false);
+  }
+  return {loss_sum, count};
+}
+
+}  // namespace shardlm::ops::cpu

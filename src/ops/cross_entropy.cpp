@@ -1,0 +1,56 @@
+// Front end of the fused output projection + cross-entropy (ops.h): validates, then dispatches.
+#include <fmt/format.h>
+
+#include "ops/check.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+
+namespace shardlm::ops {
+
+CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                        const Tensor& dx, const Tensor& dw, float grad_scale,
+                                        int64_t chunk_rows) {
+  constexpr const char* op = "linear_cross_entropy";
+  check_usable(op, "x", x);
+  check_dtype(op, "x", x, {DType::F32, DType::BF16});
+  check_shape(op, "x", x, {-1, -1});
+  const int64_t N = x.shape[0], D = x.shape[1];
+  SHARDLM_CHECK(D >= 1, "{}: x: hidden size must be at least 1, got {}", op, x.describe());
+
+  check_usable(op, "w", w);
+  check_dtype(op, "w", w, {DType::F32, DType::BF16});
+  check_shape(op, "w", w, {-1, D});
+  const int64_t V = w.shape[0];
+  SHARDLM_CHECK(V >= 1, "{}: w: vocabulary must not be empty, got {}", op, w.describe());
+
+  check_usable(op, "targets", targets);
+  check_dtype(op, "targets", targets, {DType::I32});
+  check_shape(op, "targets", targets, {N});
+
+  // dx and dw come together: a backward that computes only one of them has no use in training.
+  SHARDLM_CHECK(dx.defined() == dw.defined(), "{}: dx and dw must both be defined or both undefined (dx {}, dw {})",
+                op, dx.defined() ? "defined" : "undefined", dw.defined() ? "defined" : "undefined");
+  if (dx.defined()) {
+    check_usable(op, "dx", dx);
+    check_dtype(op, "dx", dx, {DType::F32});
+    check_shape(op, "dx", dx, {N, D});
+    check_usable(op, "dw", dw);
+    check_dtype(op, "dw", dw, {DType::F32});
+    check_shape(op, "dw", dw, {V, D});
+  }
+  SHARDLM_CHECK(chunk_rows >= 1, "{}: chunk_rows must be at least 1, got {}", op, chunk_rows);
+
+  // A bad id would index outside the logits row in the kernel; report it here, where the row that
+  // carries it (usually a tokenizer/vocabulary mismatch in the data) can still be named.
+  const int32_t* ids = targets.i32();
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t t = ids[i];
+    if (t != kIgnoreIndex && (t < 0 || t >= V))
+      throw Error(fmt::format("{}: targets: row {} has id {}, outside the vocabulary [0, {}) (use {} to ignore a row)",
+                              op, i, t, V, kIgnoreIndex));
+  }
+
+  return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
+}
+
+}  // namespace shardlm::ops
