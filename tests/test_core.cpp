@@ -19,11 +19,6 @@ float bits_to_f32(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 }  // namespace
 
 TEST(DType, Bf16RoundTripsEveryBf16Value) {

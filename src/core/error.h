@@ -16,10 +16,10 @@
 namespace shardlm {
 
 struct ErrorContext {
-  std::string file;    // a path
+  std::string file{};    // a path
   int64_t line = -1;   // 1-based line in `file`
-  std::string key;     // a config key, JSON field or command-line option
-  std::string tensor;  // a tensor name (Hugging Face naming)
+  std::string key{};     // a config key, JSON field or command-line option
+  std::string tensor{};  // a tensor name (Hugging Face naming)
   int rank = -1;       // the rank that failed
 };
 
