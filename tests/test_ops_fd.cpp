@@ -100,3 +100,18 @@ TEST(Ops, SumSquaresIsThreadCountIndependentAndClipCoefficient) {
   EXPECT_EQ(ops::clip_coefficient(0.5, 1.0f), 1.0f);
   EXPECT_EQ(ops::clip_coefficient(5.0, 0.0f), 1.0f);  // max_norm 0 disables clipping
 }
+
+TEST(GradCheck, BiasAddAndBackward) {
+  const int64_t N = 5, M = 4;
+  std::vector<float> x = randn(N * M, 10, "x"), b = randn(M, 11, "b"), R = randn(N * M, 12, "R"), y(size_t(N * M));
+  auto loss = [&] {
+    y = x;
+    ops::add_bias(view(y, {N, M}), view(b, {M}));
+    return dot(y.data(), R.data(), N * M);
+  };
+  std::vector<float> db(size_t(M), 1.0f);
+  ops::bias_backward(view(db, {M}), view(R, {N, M}));
+  for (float& g : db) g -= 1.0f;  // accumulated onto 1
+  EXPECT_TRUE(check_gradient(loss, b.data(), M, db.data(), {}, "dbias"));
+  EXPECT_THROW(ops::add_bias(view(y, {N, M}), view(b, {M - 1})), Error);
+}

@@ -36,3 +36,25 @@ void zero(const Tensor& x) {
 }
 
 }  // namespace shardlm::ops
+
+namespace shardlm::ops {
+
+void add_bias(const Tensor& y, const Tensor& b) {
+  check_usable("add_bias", "y", y);
+  check_usable("add_bias", "b", b);
+  check_dtype("add_bias", "y", y, {DType::F32, DType::BF16});
+  check_dtype("add_bias", "b", b, {DType::F32, DType::BF16});
+  check_shape("add_bias", "b", b, {y.size(-1)});
+  cpu::add_bias(y, b);
+}
+
+void bias_backward(const Tensor& db, const Tensor& dy) {
+  check_usable("bias_backward", "db", db);
+  check_usable("bias_backward", "dy", dy);
+  check_dtype("bias_backward", "db", db, {DType::F32});
+  check_dtype("bias_backward", "dy", dy, {DType::F32, DType::BF16});
+  check_shape("bias_backward", "db", db, {dy.size(-1)});
+  cpu::bias_backward(db, dy);
+}
+
+}  // namespace shardlm::ops

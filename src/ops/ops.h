@@ -121,6 +121,12 @@ struct AdamWConfig {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWConfig& cfg, int64_t step, float grad_scale = 1.0f);
 
+// ---- Bias (Qwen2's q/k/v projections, Llama's optional attention_bias) ------------------------
+// y[i, :] += b for every row.  y [N, M] f32|bf16; b [M] f32|bf16.
+void add_bias(const Tensor& y, const Tensor& b);
+// db += sum over rows of dy (accumulated).  db [M] f32; dy [N, M] f32|bf16.
+void bias_backward(const Tensor& db, const Tensor& dy);
+
 // ---- Reductions, casts, elementwise ----------------------------------------------------------
 // Sum of squares of all elements (f32 or bf16), accumulated in double. The global L2 norm of
 // many buffers (or of shards on many ranks) is sqrt of the sum of their sum_squares.

@@ -26,6 +26,8 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
                 int64_t step, float grad_scale);
 double sum_squares(const Tensor& x);
+void add_bias(const Tensor& y, const Tensor& b);
+void bias_backward(const Tensor& db, const Tensor& dy);
 void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);

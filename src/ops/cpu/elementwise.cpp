@@ -49,3 +49,27 @@ void scale_inplace(const Tensor& x, float s) {
 }
 
 }  // namespace shardlm::ops::cpu
+
+namespace shardlm::ops::cpu {
+
+void add_bias(const Tensor& y, const Tensor& b) {
+  const int64_t M = y.size(-1), N = y.numel() / M;
+#pragma omp parallel for schedule(static) if (N * M > 65536)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < M; ++j)
+      store(y.data, y.dtype, i * M + j, load(y.data, y.dtype, i * M + j) + load(b.data, b.dtype, j));
+}
+
+void bias_backward(const Tensor& db, const Tensor& dy) {
+  // Columns are independent: threads split the columns and sum rows in order (deterministic).
+  const int64_t M = dy.size(-1), N = dy.numel() / M;
+  float* g = static_cast<float*>(db.data);
+#pragma omp parallel for schedule(static) if (N * M > 65536)
+  for (int64_t j = 0; j < M; ++j) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < N; ++i) s += load(dy.data, dy.dtype, i * M + j);
+    g[j] += s;
+  }
+}
+
+}  // namespace shardlm::ops::cpu

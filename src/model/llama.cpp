@@ -1,0 +1,301 @@
+#include "model/llama.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace shardlm::model {
+
+int64_t ParamInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+int64_t UnitLayout::numel() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : params) n += p.numel();
+  return n;
+}
+
+std::vector<UnitLayout> llama_units(const ModelConfig& c) {
+  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+  std::vector<UnitLayout> units;
+  UnitLayout root{"root", {}};
+  root.params.push_back({"model.embed_tokens.weight", {V, D}, Init::Normal, true});
+  root.params.push_back({"model.norm.weight", {D}, Init::Ones, false});
+  if (!c.tie_word_embeddings) root.params.push_back({"lm_head.weight", {V, D}, Init::Normal, true});
+  units.push_back(root);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    UnitLayout u{fmt::format("model.layers.{}", l), {}};
+    u.params.push_back({p + "input_layernorm.weight", {D}, Init::Ones, false});
+    u.params.push_back({p + "self_attn.q_proj.weight", {qd, D}, Init::Normal, true});
+    if (c.qkv_bias) u.params.push_back({p + "self_attn.q_proj.bias", {qd}, Init::Zeros, false});
+    u.params.push_back({p + "self_attn.k_proj.weight", {kvd, D}, Init::Normal, true});
+    if (c.qkv_bias) u.params.push_back({p + "self_attn.k_proj.bias", {kvd}, Init::Zeros, false});
+    u.params.push_back({p + "self_attn.v_proj.weight", {kvd, D}, Init::Normal, true});
+    if (c.qkv_bias) u.params.push_back({p + "self_attn.v_proj.bias", {kvd}, Init::Zeros, false});
+    u.params.push_back({p + "self_attn.o_proj.weight", {D, qd}, Init::Normal, true});
+    if (c.o_bias) u.params.push_back({p + "self_attn.o_proj.bias", {D}, Init::Zeros, false});
+    u.params.push_back({p + "post_attention_layernorm.weight", {D}, Init::Ones, false});
+    u.params.push_back({p + "mlp.gate_proj.weight", {F, D}, Init::Normal, true});
+    u.params.push_back({p + "mlp.up_proj.weight", {F, D}, Init::Normal, true});
+    u.params.push_back({p + "mlp.down_proj.weight", {D, F}, Init::Normal, true});
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
+LlamaWeights bind_weights(const ModelConfig& c, const std::function<Tensor(const std::string&)>& lookup) {
+  LlamaWeights w;
+  w.embed = lookup("model.embed_tokens.weight");
+  w.final_norm = lookup("model.norm.weight");
+  w.lm_head = c.tie_word_embeddings ? w.embed : lookup("lm_head.weight");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    LayerWeights L;
+    L.attn_norm = lookup(p + "input_layernorm.weight");
+    L.wq = lookup(p + "self_attn.q_proj.weight");
+    L.wk = lookup(p + "self_attn.k_proj.weight");
+    L.wv = lookup(p + "self_attn.v_proj.weight");
+    L.wo = lookup(p + "self_attn.o_proj.weight");
+    if (c.qkv_bias) {
+      L.bq = lookup(p + "self_attn.q_proj.bias");
+      L.bk = lookup(p + "self_attn.k_proj.bias");
+      L.bv = lookup(p + "self_attn.v_proj.bias");
+    }
+    if (c.o_bias) L.bo = lookup(p + "self_attn.o_proj.bias");
+    L.mlp_norm = lookup(p + "post_attention_layernorm.weight");
+    L.w_gate = lookup(p + "mlp.gate_proj.weight");
+    L.w_up = lookup(p + "mlp.up_proj.weight");
+    L.w_down = lookup(p + "mlp.down_proj.weight");
+    w.layers.push_back(L);
+  }
+  return w;
+}
+
+// ---- forward of one block ------------------------------------------------------------------
+
+namespace {
+// y = x W^T (+ b).
+void linear(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  ops::matmul(y, x, w, false, true);
+  if (b.defined()) ops::add_bias(y, b);
+}
+// Copy src into dst (same element count, any float dtypes).
+void copy(const Tensor& dst, const Tensor& src) { ops::cast(dst, src); }
+}  // namespace
+
+void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const BlockActivations& a,
+                           const Tensor& k_all, const Tensor& v_all, const Tensor& positions,
+                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk) {
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  ops::rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, eps);
+  linear(a.q, a.xn1, w.wq, w.bq);
+  linear(a.k, a.xn1, w.wk, w.bk);
+  linear(a.v, a.xn1, w.wv, w.bv);
+  const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
+  ops::rope_forward(q4, q4, positions, inv_freq);
+  ops::rope_forward(k4, k4, positions, inv_freq);
+  ops::attention_forward(a.att.reshape({B, Tq, H, Dh}), a.lse, q4, k_all.reshape({B, Tk, Hkv, Dh}),
+                         v_all.reshape({B, Tk, Hkv, Dh}), segment_ids, 1.0f / std::sqrt(float(Dh)));
+  // h1 = x_in + o_proj(att): start from the residual and let the matmul accumulate onto it.
+  copy(a.h1, a.x_in);
+  ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, 1.0f);
+  if (w.bo.defined()) ops::add_bias(a.h1, w.bo);
+  ops::rmsnorm_forward(a.xn2, a.rstd2, a.h1, w.mlp_norm, eps);
+  ops::matmul(a.gate, a.xn2, w.w_gate, false, true);
+  ops::matmul(a.up, a.xn2, w.w_up, false, true);
+  ops::swiglu_forward(a.act, a.gate, a.up);
+}
+
+// ---- LlamaCompute --------------------------------------------------------------------------
+
+// Everything LlamaCompute allocates. Saved activations are charged to Activations; buffers that
+// only carry gradients through the backward are Workspace.
+struct LlamaCompute::Arena {
+  std::vector<std::vector<OwnedTensor>> layer;  // per layer, the BlockActivations tensors
+  OwnedTensor h_final, xnf, rstdf;              // last block output, final norm output, its 1/rms
+  OwnedTensor ids, positions, segments;         // i32 copies of the batch (op inputs are Tensors)
+  OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
+};
+
+LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype) : cfg_(cfg), act_dtype_(act_dtype) {
+  SHARDLM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16,
+                "activations must be f32 or bf16, got {}", dtype_name(act_dtype));
+  inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
+}
+
+LlamaCompute::~LlamaCompute() = default;
+
+void LlamaCompute::reserve(int64_t B, int64_t T) {
+  if (arena_ && B * T <= B_ * T_ && B == B_ && T == T_) return;
+  arena_.reset();  // free the old arena before allocating the new one
+  B_ = B;
+  T_ = T;
+  const int64_t N = B * T, D = cfg_.hidden_size, F = cfg_.intermediate_size;
+  const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  const DType a = act_dtype_;
+  const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
+  auto arena = std::make_unique<Arena>();
+  acts_.assign(size_t(cfg_.num_hidden_layers), {});
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    std::vector<OwnedTensor>& t = arena->layer.emplace_back();
+    t.reserve(15);
+    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // x_in
+    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // xn1
+    t.emplace_back(DType::F32, std::initializer_list<int64_t>{N}, act, false);                 // rstd1
+    t.emplace_back(a, std::initializer_list<int64_t>{N, qd}, act, false);                      // q
+    t.emplace_back(a, std::initializer_list<int64_t>{N, kvd}, act, false);                     // k
+    t.emplace_back(a, std::initializer_list<int64_t>{N, kvd}, act, false);                     // v
+    t.emplace_back(a, std::initializer_list<int64_t>{N, qd}, act, false);                      // att
+    t.emplace_back(DType::F32, std::initializer_list<int64_t>{B, cfg_.num_attention_heads, T}, act, false);  // lse
+    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // h1
+    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // xn2
+    t.emplace_back(DType::F32, std::initializer_list<int64_t>{N}, act, false);                 // rstd2
+    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // gate
+    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // up
+    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // act
+    BlockActivations& b = acts_[size_t(l)];
+    b = {t[0].t, t[1].t, t[2].t, t[3].t, t[4].t, t[5].t, t[6].t, t[7].t, t[8].t, t[9].t, t[10].t, t[11].t, t[12].t, t[13].t};
+  }
+  arena->h_final = OwnedTensor(a, {N, D}, act, false);
+  arena->xnf = OwnedTensor(a, {N, D}, act, false);
+  arena->rstdf = OwnedTensor(DType::F32, {N}, act, false);
+  arena->ids = OwnedTensor(DType::I32, {N}, act, false);
+  arena->positions = OwnedTensor(DType::I32, {B, T}, act, false);
+  arena->segments = OwnedTensor(DType::I32, {B, T}, act, false);
+  arena->dh = OwnedTensor(DType::F32, {N, D}, ws, false);
+  arena->dtmp = OwnedTensor(DType::F32, {N, D}, ws, false);
+  arena->dxn = OwnedTensor(DType::F32, {N, D}, ws, false);
+  arena->datt = OwnedTensor(DType::F32, {N, qd}, ws, false);
+  arena->dq = OwnedTensor(DType::F32, {N, qd}, ws, false);
+  arena->dk = OwnedTensor(DType::F32, {N, kvd}, ws, false);
+  arena->dv = OwnedTensor(DType::F32, {N, kvd}, ws, false);
+  arena->d_act = OwnedTensor(DType::F32, {N, F}, ws, false);
+  arena->dgate = OwnedTensor(DType::F32, {N, F}, ws, false);
+  arena->dup = OwnedTensor(DType::F32, {N, F}, ws, false);
+  arena_ = std::move(arena);
+}
+
+void LlamaCompute::bind_positions(const Batch& batch) {
+  SHARDLM_CHECK(batch.B >= 1 && batch.T >= 1 && batch.ids, "empty batch");
+  reserve(batch.B, batch.T);
+  SHARDLM_CHECK(batch.B == B_ && batch.T == T_, "batch is {}x{} but the arena was sized for {}x{}", batch.B,
+                batch.T, B_, T_);
+  batch_ = batch;
+  const int64_t N = batch.B * batch.T;
+  int32_t* pos = arena_->positions.t.i32();
+  for (int64_t i = 0; i < N; ++i) pos[i] = batch.positions ? batch.positions[i] : int32_t(i % batch.T);
+  if (batch.segment_ids) std::copy(batch.segment_ids, batch.segment_ids + N, arena_->segments.t.i32());
+  std::copy(batch.ids, batch.ids + N, arena_->ids.t.i32());
+}
+
+void LlamaCompute::embed_forward(const Batch& batch) {
+  bind_positions(batch);
+  const Tensor out = cfg_.num_hidden_layers > 0 ? acts_[0].x_in : arena_->h_final.t;
+  ops::embedding_forward(out, w_.embed, arena_->ids.t);
+}
+
+void LlamaCompute::block_forward(int layer) {
+  const BlockActivations& a = acts_[size_t(layer)];
+  const Tensor seg = batch_.segment_ids ? arena_->segments.t : Tensor{};
+  const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
+  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->positions.t, seg, inv, B_, T_, T_);
+  // out = h1 + down_proj(act), written straight into the next block's input.
+  const Tensor out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->h_final.t;
+  copy(out, a.h1);
+  ops::matmul(out, a.act, w_.layers[size_t(layer)].w_down, false, true, 1.0f, 1.0f);
+}
+
+ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
+  SHARDLM_CHECK(batch.targets, "the batch has no targets");
+  const int64_t N = B_ * T_;
+  ops::rmsnorm_forward(arena_->xnf.t, arena_->rstdf.t, arena_->h_final.t, w_.final_norm, float(cfg_.rms_norm_eps));
+  const Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
+  if (!backward) return ops::linear_cross_entropy(arena_->xnf.t, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f);
+  const ops::CrossEntropyResult r =
+      ops::linear_cross_entropy(arena_->xnf.t, w_.lm_head, targets, arena_->dxn.t, g_.lm_head, grad_scale);
+  ops::rmsnorm_backward(arena_->dh.t, g_.final_norm, arena_->dxn.t, arena_->h_final.t, w_.final_norm, arena_->rstdf.t);
+  return r;
+}
+
+void LlamaCompute::block_backward(int layer) {
+  // On entry dh holds d(block output); on exit d(block input).
+  const ModelConfig& c = cfg_;
+  const BlockActivations& a = acts_[size_t(layer)];
+  const LayerWeights& w = w_.layers[size_t(layer)];
+  const LayerWeights& g = g_.layers[size_t(layer)];
+  Arena& r = *arena_;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
+
+  // MLP branch: out = h1 + down(silu(gate) * up), gate/up = xn2 W^T, xn2 = norm(h1).
+  ops::matmul(r.d_act.t, r.dh.t, w.w_down);
+  ops::matmul(g.w_down, r.dh.t, a.act, true, false, 1.0f, 1.0f);
+  ops::swiglu_backward(r.dgate.t, r.dup.t, r.d_act.t, a.gate, a.up);
+  ops::matmul(r.dxn.t, r.dgate.t, w.w_gate);
+  ops::matmul(r.dxn.t, r.dup.t, w.w_up, false, false, 1.0f, 1.0f);
+  ops::matmul(g.w_gate, r.dgate.t, a.xn2, true, false, 1.0f, 1.0f);
+  ops::matmul(g.w_up, r.dup.t, a.xn2, true, false, 1.0f, 1.0f);
+  ops::rmsnorm_backward(r.dtmp.t, g.mlp_norm, r.dxn.t, a.h1, w.mlp_norm, a.rstd2);
+  ops::add_inplace(r.dh.t, r.dtmp.t);  // dh = d h1
+
+  // Attention branch: h1 = x_in + o(att), att = attention(rope(q), rope(k), v), q/k/v = xn1 W^T + b.
+  ops::matmul(r.datt.t, r.dh.t, w.wo);
+  ops::matmul(g.wo, r.dh.t, a.att, true, false, 1.0f, 1.0f);
+  if (g.bo.defined()) ops::bias_backward(g.bo, r.dh.t);
+  const Tensor seg = batch_.segment_ids ? r.segments.t : Tensor{};
+  const Tensor dq4 = r.dq.t.reshape({B_, T_, H, Dh}), dk4 = r.dk.t.reshape({B_, T_, Hkv, Dh});
+  ops::attention_backward(dq4, dk4, r.dv.t.reshape({B_, T_, Hkv, Dh}), r.datt.t.reshape({B_, T_, H, Dh}),
+                          a.q.reshape({B_, T_, H, Dh}), a.k.reshape({B_, T_, Hkv, Dh}),
+                          a.v.reshape({B_, T_, Hkv, Dh}), a.att.reshape({B_, T_, H, Dh}), a.lse, seg,
+                          1.0f / std::sqrt(float(Dh)));
+  const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
+  ops::rope_backward(dq4, dq4, r.positions.t, inv);
+  ops::rope_backward(dk4, dk4, r.positions.t, inv);
+  if (g.bq.defined()) {
+    ops::bias_backward(g.bq, r.dq.t);
+    ops::bias_backward(g.bk, r.dk.t);
+    ops::bias_backward(g.bv, r.dv.t);
+  }
+  ops::matmul(r.dxn.t, r.dq.t, w.wq);
+  ops::matmul(r.dxn.t, r.dk.t, w.wk, false, false, 1.0f, 1.0f);
+  ops::matmul(r.dxn.t, r.dv.t, w.wv, false, false, 1.0f, 1.0f);
+  ops::matmul(g.wq, r.dq.t, a.xn1, true, false, 1.0f, 1.0f);
+  ops::matmul(g.wk, r.dk.t, a.xn1, true, false, 1.0f, 1.0f);
+  ops::matmul(g.wv, r.dv.t, a.xn1, true, false, 1.0f, 1.0f);
+  ops::rmsnorm_backward(r.dtmp.t, g.attn_norm, r.dxn.t, a.x_in, w.attn_norm, a.rstd1);
+  ops::add_inplace(r.dh.t, r.dtmp.t);  // dh = d x_in
+}
+
+void LlamaCompute::embed_backward(const Batch& batch) {
+  (void)batch;
+  ops::embedding_backward(g_.embed, arena_->dh.t, arena_->ids.t);
+}
+
+ops::CrossEntropyResult LlamaCompute::forward_backward(const Batch& batch, float grad_scale) {
+  embed_forward(batch);
+  for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
+  const ops::CrossEntropyResult r = head_loss(batch, grad_scale, true);
+  for (int l = int(cfg_.num_hidden_layers) - 1; l >= 0; --l) block_backward(l);
+  embed_backward(batch);
+  return r;
+}
+
+ops::CrossEntropyResult LlamaCompute::forward_loss(const Batch& batch) {
+  embed_forward(batch);
+  for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
+  return head_loss(batch, 1.0f, false);
+}
+
+void LlamaCompute::logits(const Batch& batch, const Tensor& out) {
+  embed_forward(batch);
+  for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
+  ops::rmsnorm_forward(arena_->xnf.t, arena_->rstdf.t, arena_->h_final.t, w_.final_norm, float(cfg_.rms_norm_eps));
+  ops::matmul(out, arena_->xnf.t, w_.lm_head, false, true);
+}
+
+}  // namespace shardlm::model
