@@ -1,0 +1,73 @@
+// ParamStore: the model's trainable state in one process (world size 1, nothing sharded).
+//
+// Per unit it owns four f32 flat buffers — master weights, gradient accumulators, AdamW m and v —
+// and, when the compute dtype is bf16, a bf16 copy of the weights refreshed after every
+// optimizer step. Tensors are views into these buffers by Hugging Face name; they stay valid for
+// the ParamStore's lifetime. The sharding engine generalizes this to shards of the same layout.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "ops/ops.h"
+#include "shard/flat_layout.h"
+
+namespace shardlm::io {
+class ModelWeights;
+}
+
+namespace shardlm::train {
+
+class ParamStore {
+ public:
+  ParamStore(const ModelConfig& cfg, DType compute_dtype);
+
+  // Random initialization as transformers does it (normal(0, initializer_range) for linear and
+  // embedding weights, ones for norms, zeros for biases), element i of tensor "name" drawn from
+  // the counter-based RNG at (seed, name, i): identical for any sharding.
+  void init_random(uint64_t seed);
+  // Copies every parameter from Hugging Face weights (any float dtype); names and shapes must
+  // match the config exactly, and every file tensor must be used.
+  void load(const io::ModelWeights& weights, const std::string& source);
+  // Writes the weights as a Hugging Face safetensors set into `dir` in `dtype`.
+  void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes) const;
+
+  const model::LlamaWeights& compute_weights() const { return compute_; }
+  const model::LlamaWeights& grads() const { return grads_; }
+  Tensor master(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  std::vector<std::string> names() const;
+  int64_t numel() const;
+
+  void zero_grads();
+  double grad_sum_squares() const;
+  // One AdamW step on every parameter; norms and biases get no weight decay.
+  void adamw_step(const ops::AdamWConfig& cfg, int64_t step, float grad_scale);
+  // Refreshes the compute copy from the master weights (a no-op for f32 compute).
+  void sync_compute();
+
+ private:
+  struct Unit {
+    shard::FlatLayout layout;
+    OwnedTensor master, grad, m, v, compute;
+  };
+  struct Where {
+    size_t unit;
+    const shard::FlatEntry* entry;
+  };
+  Tensor entry_view(const OwnedTensor& flat, const shard::FlatEntry& e) const;
+  const Where& where(const std::string& name) const;
+  void bind();
+
+  ModelConfig cfg_;
+  DType compute_dtype_;
+  std::vector<Unit> units_;
+  std::map<std::string, Where> index_;
+  model::LlamaWeights compute_, grads_;
+};
+
+}  // namespace shardlm::train

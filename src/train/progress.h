@@ -1,0 +1,49 @@
+// What a training run shows while it runs: a progress bar on a terminal, plain lines otherwise,
+// and metrics as JSON lines in a file.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardlm::train {
+
+struct StepStats {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
+  int64_t mem_bytes = 0;  // tracked live bytes
+};
+
+class Progress {
+ public:
+  // mode: "bar" (redraw one line on stderr), "lines" (a line every log_every steps), "none",
+  // or "auto" (bar when stderr is a terminal, else lines).
+  Progress(const std::string& mode, int64_t log_every);
+  void step(const StepStats& s);
+  // A line of its own (evaluation results, messages), printed above the bar.
+  void print(const std::string& line);
+  void finish();
+
+ private:
+  void clear_bar();
+  bool bar_ = false, quiet_ = false, bar_shown_ = false;
+  int64_t log_every_;
+};
+
+// Appends one JSON object per line, flushed each time (a crash keeps what was written).
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& path);
+  ~MetricsFile();
+  void write(const nlohmann::json& record);
+
+ private:
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+std::string format_duration(double seconds);  // "1:02:03" or "02:03"
+
+}  // namespace shardlm::train

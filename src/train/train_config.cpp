@@ -1,0 +1,101 @@
+#include "train/train_config.h"
+
+#include "io/model_files.h"
+
+namespace shardlm::train {
+
+namespace {
+template <class T>
+T positive(const ConfigTree& t, const std::string& key, T fallback) {
+  const T v = t.get<T>(key, fallback);
+  if (!(v > 0)) throw t.error_at(key, fmt::format("must be positive, got {}", v));
+  return v;
+}
+DType read_dtype(const ConfigTree& t, const std::string& key, const char* fallback) {
+  const std::string s = t.get(key, fallback);
+  try {
+    const DType d = parse_dtype(s);
+    if (d != DType::F32 && d != DType::BF16 && d != DType::F16) throw Error("");
+    return d;
+  } catch (const Error&) {
+    throw t.error_at(key, fmt::format("expected f32, bf16 or f16, got '{}'", s));
+  }
+}
+}  // namespace
+
+TrainConfig read_train_config(ConfigTree& t) {
+  TrainConfig c;
+  c.source = t.file();
+  c.model = t.require<std::string>("model");
+  c.output_dir = t.require<std::string>("output_dir");
+  c.seed = t.get<uint64_t>("seed", c.seed);
+  c.compute_dtype = read_dtype(t, "compute_dtype", "f32");
+  if (c.compute_dtype == DType::F16) throw t.error_at("compute_dtype", "f16 compute is not supported (use bf16)");
+
+  const ConfigTree d = t.section("data");
+  c.data.train = d.require<std::string>("train");
+  c.data.format = d.get("format", "auto");
+  if (c.data.format != "auto" && c.data.format != "text" && c.data.format != "tokens")
+    throw d.error_at("format", fmt::format("expected auto, text or tokens, got '{}'", c.data.format));
+  c.data.token_bytes = d.get<int>("token_bytes", 2);
+  if (c.data.token_bytes != 2 && c.data.token_bytes != 4) throw d.error_at("token_bytes", "must be 2 or 4");
+  c.data.eval = d.get("eval", "");
+  c.data.eval_fraction = d.get<double>("eval_fraction", c.data.eval_fraction);
+  if (c.data.eval_fraction < 0 || c.data.eval_fraction >= 1)
+    throw d.error_at("eval_fraction", "must be in [0, 1)");
+  c.data.digits = d.get<int>("digits", c.data.digits);
+  c.data.train_examples = positive<int64_t>(d, "train_examples", c.data.train_examples);
+  c.data.eval_examples = positive<int64_t>(d, "eval_examples", c.data.eval_examples);
+
+  c.seq_len = positive<int64_t>(t, "seq_len", c.seq_len);
+  c.micro_batch_size = positive<int64_t>(t, "micro_batch_size", c.micro_batch_size);
+  c.gradient_accumulation_steps = positive<int64_t>(t, "gradient_accumulation_steps", c.gradient_accumulation_steps);
+  c.max_steps = positive<int64_t>(t, "max_steps", c.max_steps);
+
+  const ConfigTree o = t.section("optimizer");
+  c.optimizer.lr = positive<double>(o, "lr", 3e-4);
+  const std::vector<double> betas = o.get<std::vector<double>>("betas", {0.9, 0.95});
+  if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
+    throw o.error_at("betas", "expected two values in [0, 1), e.g. [0.9, 0.95]");
+  c.optimizer.beta1 = betas[0];
+  c.optimizer.beta2 = betas[1];
+  c.optimizer.eps = positive<double>(o, "eps", 1e-8);
+  c.optimizer.weight_decay = o.get<double>("weight_decay", 0.0);
+  if (c.optimizer.weight_decay < 0) throw o.error_at("weight_decay", "must be >= 0");
+
+  const ConfigTree s = t.section("lr_scheduler");
+  try {
+    c.schedule.kind = parse_schedule_kind(s.get("type", "cosine"));
+  } catch (const Error& e) {
+    throw s.error_at("type", e.message());
+  }
+  c.schedule.lr = c.optimizer.lr;
+  c.schedule.warmup_steps = s.get<int64_t>("warmup_steps", 0);
+  if (c.schedule.warmup_steps < 0) throw s.error_at("warmup_steps", "must be >= 0");
+  c.schedule.min_lr_ratio = s.get<double>("min_lr_ratio", 0.0);
+  if (c.schedule.min_lr_ratio < 0 || c.schedule.min_lr_ratio > 1) throw s.error_at("min_lr_ratio", "must be in [0, 1]");
+  c.schedule.total_steps = c.max_steps;
+
+  c.max_grad_norm = t.get<double>("max_grad_norm", c.max_grad_norm);
+  if (c.max_grad_norm < 0) throw t.error_at("max_grad_norm", "must be >= 0 (0 disables clipping)");
+  c.eval_every = t.get<int64_t>("eval_every", c.eval_every);
+  if (c.eval_every < 0) throw t.error_at("eval_every", "must be >= 0");
+  c.eval_batches = positive<int64_t>(t, "eval_batches", c.eval_batches);
+  c.accuracy_examples = t.get<int64_t>("accuracy_examples", c.accuracy_examples);
+  c.log_every = positive<int64_t>(t, "log_every", c.log_every);
+  c.progress = t.get("progress", "auto");
+  if (c.progress != "auto" && c.progress != "bar" && c.progress != "lines" && c.progress != "none")
+    throw t.error_at("progress", fmt::format("expected auto, bar, lines or none, got '{}'", c.progress));
+  c.metrics_file = t.get("metrics_file", c.metrics_file.c_str());
+  c.save_dtype = read_dtype(t, "save_dtype", "f32");
+  c.max_shard_size = t.get("max_shard_size", c.max_shard_size.c_str());
+  try {
+    (void)io::parse_size(c.max_shard_size);
+  } catch (const Error& e) {
+    throw t.error_at("max_shard_size", e.message());
+  }
+  t.reject_unknown_keys();
+  return c;
+}
+
+}  // namespace shardlm::train

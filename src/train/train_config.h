@@ -1,0 +1,53 @@
+// The training configuration: what `shardlm train --config FILE.yaml [key=value ...]` reads.
+// docs/training.md lists every key with its default; unknown keys are errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "io/yaml_config.h"
+#include "ops/ops.h"
+#include "train/schedule.h"
+
+namespace shardlm::train {
+
+struct DataConfig {
+  std::string train;            // a text file, a token file, or "builtin:addition"
+  std::string format = "auto";  // auto | text | tokens (auto: .bin/.tokens are tokens)
+  int token_bytes = 2;          // tokens: 2 (uint16) or 4 (uint32) per id
+  std::string eval;             // a separate evaluation file (optional)
+  double eval_fraction = 0.05;  // else this tail fraction of the training data
+  // builtin:addition
+  int digits = 2;
+  int64_t train_examples = 20000;
+  int64_t eval_examples = 500;
+};
+
+struct TrainConfig {
+  std::string source;  // the YAML file, for messages
+  std::string model;   // Hugging Face model directory to start from
+  std::string output_dir;
+  uint64_t seed = 1234;
+  DType compute_dtype = DType::F32;
+  DataConfig data;
+  int64_t seq_len = 256;
+  int64_t micro_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t max_steps = 100;
+  ops::AdamWConfig optimizer;
+  LrSchedule schedule;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+  int64_t eval_every = 50;     // 0: only at the end
+  int64_t eval_batches = 8;
+  int64_t accuracy_examples = 200;  // builtin tasks: held-out problems decoded greedily at eval
+  int64_t log_every = 10;
+  std::string progress = "auto";  // auto | bar | lines | none
+  std::string metrics_file = "metrics.jsonl";  // relative to output_dir
+  DType save_dtype = DType::F32;
+  std::string max_shard_size = "5GB";
+};
+
+// Reads and validates; every error names the file, line and key. Unknown keys are errors.
+TrainConfig read_train_config(ConfigTree& tree);
+
+}  // namespace shardlm::train
