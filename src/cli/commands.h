@@ -7,5 +7,8 @@
 namespace shardlm::cli {
 
 void register_env(CLI::App& app);
+void register_init(CLI::App& app);
+void register_train(CLI::App& app);
+void register_generate(CLI::App& app);
 
 }  // namespace shardlm::cli

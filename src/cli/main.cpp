@@ -14,9 +14,15 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("shardlm ") + SHARDLM_VERSION);
   app.footer(
       "Examples:\n"
-      "  shardlm env                 what this build and machine offer (threads, BLAS, MPI, CUDA)\n"
+      "  shardlm init --preset tiny --out runs/tiny              a random tiny Llama (HF layout)\n"
+      "  shardlm train --config configs/demo-addition.yaml       train it (YAML config, key=value overrides)\n"
+      "  shardlm generate --model runs/demo --prompt \"12+34=\"   continue a prompt\n"
+      "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
       "Run 'shardlm <command> --help' for a command's options.");
+  shardlm::cli::register_init(app);
+  shardlm::cli::register_train(app);
+  shardlm::cli::register_generate(app);
   shardlm::cli::register_env(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,35 @@
+// `shardlm train`: train or fine-tune a model from a YAML configuration.
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "io/yaml_config.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+namespace shardlm::cli {
+
+void register_train(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("train", "Train or fine-tune a model (configuration in YAML)");
+  struct Opts {
+    std::string config;
+    std::vector<std::string> overrides;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--config", o->config, "Training configuration (YAML); see docs/training.md")->required();
+  cmd->add_option("overrides", o->overrides, "key=value settings that replace the file's (dotted keys for sections)");
+  cmd->footer(
+      "Examples:\n"
+      "  shardlm init --preset tiny --out runs/tiny\n"
+      "  shardlm train --config configs/tiny-shakespeare.yaml\n"
+      "  shardlm train --config configs/demo-addition.yaml max_steps=50 optimizer.lr=1e-3\n"
+      "\n"
+      "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
+  cmd->callback([o] {
+    ConfigTree tree = ConfigTree::load(o->config);
+    tree.apply_overrides(o->overrides);
+    const train::TrainConfig cfg = train::read_train_config(tree);
+    train::run_training(cfg);
+  });
+}
+
+}  // namespace shardlm::cli
