@@ -176,6 +176,27 @@ NpyArray load_npy(const std::string& path) {
   return a;
 }
 
+void save_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
+  std::string dims;
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    dims += std::to_string(s) + ",";
+    n *= s;
+  }
+  if (shape.size() > 1) dims.pop_back();
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  while ((10 + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  SHARDLM_CHECK(f.good(), "{}: cannot write", path);
+  f.write("\x93NUMPY\x01\x00", 8);
+  const uint16_t len = uint16_t(header.size());
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f.write(header.data(), std::streamsize(header.size()));
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
+  SHARDLM_CHECK(f.good(), "{}: write failed", path);
+}
+
 bool RefCase::has(const std::string& name_) const { return fs::exists(fs::path(dir) / (name_ + ".npy")); }
 
 NpyArray RefCase::array(const std::string& name_) const {

@@ -53,6 +53,8 @@ struct NpyArray {
   std::vector<uint16_t> u16() const;
 };
 NpyArray load_npy(const std::string& path);
+// Writes a little-endian f32 .npy file (C order).
+void save_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 
 struct RefCase {
   std::string op, name, dir;

@@ -1,0 +1,278 @@
+// Unit and end-to-end tests of the single-process training layer: data, schedules, the parameter
+// store, generation with a KV cache, the training loop, and the errors users see.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "data/dataset.h"
+#include "infer/generator.h"
+#include "io/model_files.h"
+#include "io/yaml_config.h"
+#include "model/llama.h"
+#include "testing.h"
+#include "train/hf_export.h"
+#include "train/param_store.h"
+#include "train/schedule.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+ModelConfig small_config() {
+  ModelConfig c = preset("tiny");
+  c.num_hidden_layers = 2;
+  c.initializer_range = 0.2;  // large enough that attention is far from uniform
+  return c;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Schedule, MatchesHuggingFaceDefinitions) {
+  train::LrSchedule s;
+  s.lr = 1.0;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  s.kind = train::LrSchedule::Kind::Cosine;
+  EXPECT_DOUBLE_EQ(s.at(1), 0.0);  // HF evaluates at completed steps: 0 / 10
+  EXPECT_DOUBLE_EQ(s.at(6), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(11), 1.0);
+  EXPECT_NEAR(s.at(61), 0.5, 1e-12);  // half-way through the decay
+  EXPECT_NEAR(s.at(111), 0.0, 1e-12);
+  s.kind = train::LrSchedule::Kind::Linear;
+  EXPECT_NEAR(s.at(61), 0.5, 1e-12);
+  s.min_lr_ratio = 0.1;
+  EXPECT_NEAR(s.at(111), 0.1, 1e-12);
+  s.kind = train::LrSchedule::Kind::Constant;
+  EXPECT_DOUBLE_EQ(s.at(100), 1.0);
+  EXPECT_THROW(train::parse_schedule_kind("exponential"), Error);
+}
+
+TEST(Data, TokenStreamWindowsAndBatches) {
+  std::vector<int32_t> tokens(23);
+  for (int i = 0; i < 23; ++i) tokens[size_t(i)] = i;
+  data::TokenStreamDataset ds(tokens, 5);
+  ASSERT_EQ(ds.size(), 4);  // (23 - 1) / 5 windows of 5 + 1 tokens
+  const data::Example e = ds.get(2);
+  EXPECT_EQ(e.ids, (std::vector<int32_t>{10, 11, 12, 13, 14}));
+  EXPECT_EQ(e.targets, (std::vector<int32_t>{11, 12, 13, 14, 15}));
+  const data::BatchBuffers b = data::make_batch({ds.get(0), {{7, 8}, {8, ops::kIgnoreIndex}}}, 5, 0);
+  EXPECT_EQ(b.B, 2);
+  EXPECT_EQ(b.count_targets(), 5 + 1);  // padding never counts
+  EXPECT_EQ(b.ids[7], 0);
+  EXPECT_EQ(b.targets[7], ops::kIgnoreIndex);
+}
+
+TEST(Data, AdditionTaskHeldOutIsDisjointAndMasksThePrompt) {
+  data::ByteTokenizer tok;
+  data::AdditionTask train(tok, 2, false, 3000, 1), held(tok, 2, true, 300, 1);
+  std::set<std::string> seen;
+  for (int64_t i = 0; i < train.size(); ++i) seen.insert(train.prompt(i));
+  for (int64_t i = 0; i < held.size(); ++i) EXPECT_EQ(seen.count(held.prompt(i)), 0u) << held.prompt(i);
+  const data::Example e = train.get(0);
+  const std::string prompt = train.prompt(0), answer = train.answer(0);
+  // The loss covers exactly the answer and EOS.
+  int64_t counted = 0;
+  for (int32_t t : e.targets) counted += t != ops::kIgnoreIndex;
+  EXPECT_EQ(counted, int64_t(answer.size()) + 1);
+  EXPECT_EQ(e.targets.back(), tok.eos_id());
+  EXPECT_EQ(std::stoi(answer), std::stoi(prompt.substr(0, prompt.find('+'))) + std::stoi(prompt.substr(prompt.find('+') + 1)));
+}
+
+TEST(Data, TokenFileErrorsNameFileAndOffset) {
+  const fs::path d = fresh_dir("tokens");
+  const std::string path = (d / "t.bin").string();
+  std::ofstream(path, std::ios::binary).write("\x05\x00\x09\x01\x07", 5);
+  EXPECT_NE(error_of([&] { data::read_token_file(path, 2, 512); }).find("not a multiple of 2 bytes"), std::string::npos);
+  std::ofstream(path, std::ios::binary).write("\x05\x00\x09\x01", 4);
+  const std::string msg = error_of([&] { data::read_token_file(path, 2, 260); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("token 265 at index 1 (byte offset 2)"), std::string::npos) << msg;
+  EXPECT_EQ(data::read_token_file(path, 2, 1000), (std::vector<int32_t>{5, 265}));
+}
+
+TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
+  const fs::path d = fresh_dir("paramstore");
+  ModelConfig cfg = small_config();
+  train::ParamStore a(cfg, DType::F32), b(cfg, DType::F32);
+  a.init_random(5);
+  b.init_random(5);
+  for (const std::string& n : a.names())
+    ASSERT_EQ(std::memcmp(a.master(n).data, b.master(n).data, a.master(n).nbytes()), 0) << n;
+  EXPECT_FLOAT_EQ(a.master("model.norm.weight").f32()[3], 1.0f);
+  train::save_hf_model((d / "m").string(), cfg, a, DType::BF16, ~uint64_t(0), "");
+  // Reloaded from bf16: equal to the bf16 rounding of the original.
+  train::ParamStore c(cfg, DType::F32);
+  c.load(io::ModelWeights((d / "m").string()), (d / "m").string());
+  const float orig = a.master("model.layers.1.mlp.up_proj.weight").f32()[17];
+  EXPECT_EQ(c.master("model.layers.1.mlp.up_proj.weight").f32()[17], bf16_to_f32(f32_to_bf16(orig)));
+  // A config that disagrees with the weights names the tensor and both shapes.
+  ModelConfig wider = cfg;
+  wider.intermediate_size += 8;
+  train::ParamStore w(wider, DType::F32);
+  const std::string msg = error_of([&] { w.load(io::ModelWeights((d / "m").string()), "m"); });
+  EXPECT_NE(msg.find("tensor 'model.layers.0.mlp.gate_proj.weight': shape [172, 64] in the file"), std::string::npos)
+      << msg;
+  ModelConfig tied = cfg;
+  tied.tie_word_embeddings = true;
+  train::ParamStore t(tied, DType::F32);
+  EXPECT_NE(error_of([&] { t.load(io::ModelWeights((d / "m").string()), "m"); }).find("lm_head.weight"),
+            std::string::npos);
+}
+
+TEST(Generator, KvCacheDecodingEqualsTheFullForward) {
+  ModelConfig cfg = small_config();
+  cfg.qkv_bias = true;  // exercise biases too
+  cfg.architecture = Architecture::Qwen2;
+  cfg.model_type = "qwen2";
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(11);
+  const std::vector<int32_t> tokens = {1, 40, 77, 300, 12, 5, 91, 250, 3};
+  const int64_t T = int64_t(tokens.size()), V = cfg.vocab_size;
+  // Reference: training's forward over the whole sequence.
+  model::LlamaCompute m(cfg, DType::F32);
+  m.set_weights(p.compute_weights());
+  std::vector<float> full(static_cast<size_t>(T * V));
+  model::Batch b;
+  b.B = 1;
+  b.T = T;
+  b.ids = tokens.data();
+  m.logits(b, Tensor::view(full.data(), DType::F32, {T, V}));
+  infer::Generator gen(cfg, p.compute_weights(), 32);
+  EXPECT_TRUE(all_close(gen.forward_all(tokens), full, 1e-5, 1e-4, "forward_all"));
+  // Prefill 4 tokens, then decode one at a time: each step's logits equal the full forward's row.
+  gen.reset();
+  std::vector<float> last = gen.forward({tokens.begin(), tokens.begin() + 4});
+  EXPECT_TRUE(all_close(last.data(), full.data() + 3 * V, V, 1e-5, 1e-4, "prefill"));
+  for (int64_t t = 4; t < T; ++t) {
+    last = gen.forward({tokens[size_t(t)]});
+    EXPECT_TRUE(all_close(last.data(), full.data() + t * V, V, 1e-5, 1e-4, "decode step " + std::to_string(t)));
+  }
+}
+
+TEST(Generator, SamplingRespectsGreedyTopKAndSeed) {
+  std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f};
+  infer::SamplingOptions o;
+  o.temperature = 0.0f;
+  EXPECT_EQ(infer::sample_token(logits, o, 0), 1);
+  o.temperature = 1.0f;
+  o.top_k = 2;
+  for (uint64_t s = 0; s < 200; ++s) {
+    const int32_t t = infer::sample_token(logits, o, s);
+    EXPECT_TRUE(t == 1 || t == 2) << t;
+  }
+  o.top_k = 0;
+  o.seed = 9;
+  EXPECT_EQ(infer::sample_token(logits, o, 5), infer::sample_token(logits, o, 5));
+}
+
+TEST(TrainConfig, ErrorsNameFileLineAndKey) {
+  const fs::path d = fresh_dir("cfg");
+  const std::string path = (d / "run.yaml").string();
+  std::ofstream(path) << "model: m\noutput_dir: o\ndata:\n  train: x.txt\nmicro_batch_size: eight\n";
+  ConfigTree t = ConfigTree::load(path);
+  std::string msg = error_of([&] { train::read_train_config(t); });
+  EXPECT_NE(msg.find(path + ":5: key 'micro_batch_size'"), std::string::npos) << msg;
+  std::ofstream(path) << "model: m\noutput_dir: o\ndata:\n  train: x.txt\ngradient_accumulation_step: 2\n";
+  ConfigTree u = ConfigTree::load(path);
+  msg = error_of([&] { train::read_train_config(u); });
+  EXPECT_NE(msg.find("did you mean 'gradient_accumulation_steps'"), std::string::npos) << msg;
+  std::ofstream(path) << "model: m\noutput_dir: o\ndata:\n  train: x.txt\nlr_scheduler:\n  type: exponential\n";
+  ConfigTree v = ConfigTree::load(path);
+  msg = error_of([&] { train::read_train_config(v); });
+  EXPECT_NE(msg.find(":6: key 'lr_scheduler.type'"), std::string::npos) << msg;
+}
+
+TEST(Training, GradientAccumulationEqualsOneBigBatch) {
+  // Two micro-batches of 2 rows give the same step as one batch of 4 rows: the loss is
+  // normalized over all non-ignored tokens of the global batch, not per micro-batch.
+  ModelConfig cfg = small_config();
+  auto run = [&](bool split) {
+    train::ParamStore p(cfg, DType::F32);
+    p.init_random(3);
+    model::LlamaCompute m(cfg, DType::F32);
+    m.set_weights(p.compute_weights());
+    m.set_grads(p.grads());
+    std::vector<data::Example> rows;
+    for (int r = 0; r < 4; ++r) {
+      data::Example e;
+      for (int t = 0; t < 8; ++t) {
+        e.ids.push_back((r * 37 + t * 11) % 300 + 3);
+        e.targets.push_back(t < 2 + r ? ops::kIgnoreIndex : (r * 13 + t * 7) % 300 + 3);  // unequal counts
+      }
+      rows.push_back(e);
+    }
+    std::vector<data::BatchBuffers> micro;
+    if (split) {
+      micro.push_back(data::make_batch({rows[0], rows[1]}, 8, 0));
+      micro.push_back(data::make_batch({rows[2], rows[3]}, 8, 0));
+    } else {
+      micro.push_back(data::make_batch(rows, 8, 0));
+    }
+    ops::AdamWConfig opt;
+    opt.lr = 1e-2;
+    const train::StepResult r = train::train_step(p, m, micro, opt, 1, 1.0);
+    std::vector<float> w(p.master("model.layers.1.self_attn.o_proj.weight").f32(),
+                         p.master("model.layers.1.self_attn.o_proj.weight").f32() + 64 * 64);
+    return std::make_pair(r, w);
+  };
+  const auto [one, w1] = run(false);
+  const auto [two, w2] = run(true);
+  EXPECT_EQ(one.tokens, two.tokens);
+  EXPECT_NEAR(one.loss, two.loss, 1e-6);
+  EXPECT_NEAR(one.grad_norm, two.grad_norm, 1e-5 * one.grad_norm);
+  EXPECT_TRUE(all_close(w2, w1, 1e-6, 1e-5, "weights after one step"));
+}
+
+TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
+  // End to end: init -> train on text -> held-out loss far below its start -> reload -> generate.
+  const fs::path d = fresh_dir("train");
+  ModelConfig cfg = preset("tiny");
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(0);
+  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(d / "corpus.txt") << text;
+  ConfigTree t = ConfigTree::parse(
+      "model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +
+      "\ndata: {train: " + (d / "corpus.txt").string() +
+      ", eval_fraction: 0.1}\nseq_len: 32\nmicro_batch_size: 8\nmax_steps: 60\n"
+      "optimizer: {lr: 3e-3}\nlr_scheduler: {warmup_steps: 5}\neval_every: 0\nprogress: none\n");
+  const train::TrainResult r = train::run_training(train::read_train_config(t));
+  EXPECT_LT(r.eval_loss, 0.25 * r.initial_eval_loss) << "held-out loss " << r.initial_eval_loss << " -> " << r.eval_loss;
+  EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(d / "out" / "metrics.jsonl"));
+  const ModelConfig back = train::load_hf_config((d / "out").string());
+  train::ParamStore q(back, DType::F32);
+  q.load(io::ModelWeights((d / "out").string()), "out");
+  data::ByteTokenizer tok;
+  infer::Generator gen(back, q.compute_weights(), 64);
+  infer::SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 12;
+  const std::string out = tok.decode(gen.generate(tok.encode_with("the quick brown ", true, false), greedy, {2}));
+  EXPECT_EQ(out.substr(0, 3), "fox") << "generated '" << out << "'";
+}
