@@ -1,0 +1,177 @@
+// bench_ops: speed of the CPU ops at Llama-like shapes.
+//
+//   build/bench/bench_ops [--tokens N] [--quick]
+//
+// Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
+// interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
+// projection shapes of a Llama 3.2 1B-like layer. Part 2 times every op's forward and backward
+// at one decoder layer's shapes. Results are recorded in bench/RESULTS.md.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/platform.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+
+using namespace shardlm;
+
+namespace {
+
+double seconds_best_of(int reps, const std::function<void()>& fn) {
+  fn();  // warm-up: page faults, BLAS thread start-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return best;
+}
+
+OwnedTensor randn(DType dtype, std::initializer_list<int64_t> shape, const char* name, float std = 1.0f) {
+  OwnedTensor t(dtype, shape, MemCategory::Other, false);
+  std::vector<float> v(size_t(t.t.numel()));
+  fill_normal(v.data(), int64_t(v.size()), 1, name, 0, 0.0f, std);
+  ops::cast(t.t, Tensor::view(v.data(), DType::F32, {int64_t(v.size())}));
+  return t;
+}
+
+void compare_matmul(int64_t M, int64_t N, int64_t K, bool trans_b, int reps, const char* what) {
+  OwnedTensor A = randn(DType::F32, {M, K}, "A");
+  OwnedTensor B = trans_b ? randn(DType::F32, {N, K}, "B") : randn(DType::F32, {K, N}, "B");
+  OwnedTensor C(DType::F32, {M, N}, MemCategory::Other);
+  const double flop = 2.0 * double(M) * double(N) * double(K);
+  // Interleave the two so that clock and thermal drift affect both alike.
+  double t_op = 1e30, t_raw = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    t_op = std::min(t_op, seconds_best_of(reps, [&] { ops::matmul(C.t, A.t, B.t, false, trans_b); }));
+    t_raw = std::min(t_raw, seconds_best_of(reps, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f,
+                  A.t.f32(), int(K), B.t.f32(), trans_b ? int(K) : int(N), 0.0f, C.t.f32(), int(N));
+    }));
+  }
+  fmt::print("  {:<34} {:>5}x{:>5}x{:>5}  ops::matmul {:7.1f} GFLOP/s   raw sgemm {:7.1f} GFLOP/s   ratio {:5.1f}%\n",
+             what, M, N, K, flop / t_op * 1e-9, flop / t_raw * 1e-9, 100.0 * t_raw / t_op);
+}
+
+void row(const char* name, const char* shape, double s, double flop = 0) {
+  if (flop > 0)
+    fmt::print("  {:<28} {:<34} {:9.3f} ms  {:7.1f} GFLOP/s\n", name, shape, s * 1e3, flop / s * 1e-9);
+  else
+    fmt::print("  {:<28} {:<34} {:9.3f} ms\n", name, shape, s * 1e3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t T = 1024;  // tokens in the micro-batch (B=1)
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick]\n");
+      return 2;
+    }
+  }
+  const int reps = quick ? 1 : 3;
+  const PlatformInfo p = platform_info();
+  fmt::print("shardlm {} bench_ops: {} OpenMP threads; {}\n\n", p.version, p.omp_threads, p.blas);
+
+  // Llama 3.2 1B-like layer: hidden 2048, 32 heads of 64, 8 kv heads, ffn 8192; Llama 2 vocab.
+  const int64_t D = 2048, H = 32, Hkv = 8, Dh = 64, F = 8192, V = 32000;
+
+  fmt::print("matmul vs raw OpenBLAS sgemm (f32, best of {} x 3 interleaved rounds)\n", reps);
+  compare_matmul(2048, 2048, 2048, false, reps, "square");
+  compare_matmul(T, D, D, true, reps, "q/o projection x W^T");
+  compare_matmul(T, F, D, true, reps, "gate/up projection x W^T");
+  {
+    OwnedTensor A = randn(DType::BF16, {2048, 2048}, "A"), B = randn(DType::BF16, {2048, 2048}, "B");
+    OwnedTensor C(DType::F32, {2048, 2048}, MemCategory::Other);
+    const double s = seconds_best_of(reps, [&] { ops::matmul(C.t, A.t, B.t); });
+    fmt::print("  {:<34} {:>5}x{:>5}x{:>5}  ops::matmul {:7.1f} GFLOP/s (bf16 inputs widened to f32)\n", "square bf16",
+               2048, 2048, 2048, 2.0 * 2048 * 2048 * 2048 / s * 1e-9);
+  }
+
+  fmt::print("\nper-op time at one decoder layer's shapes, {} tokens (f32)\n", T);
+  const std::string tok_d = fmt::format("[{}, {}]", T, D);
+  {
+    OwnedTensor x = randn(DType::F32, {T, D}, "x"), w = randn(DType::F32, {D}, "w"), y(DType::F32, {T, D}, MemCategory::Other);
+    OwnedTensor rstd(DType::F32, {T}, MemCategory::Other), dx(DType::F32, {T, D}, MemCategory::Other),
+        dw(DType::F32, {D}, MemCategory::Other);
+    row("rmsnorm forward", tok_d.c_str(), seconds_best_of(reps, [&] { ops::rmsnorm_forward(y.t, rstd.t, x.t, w.t, 1e-5f); }));
+    row("rmsnorm backward", tok_d.c_str(),
+        seconds_best_of(reps, [&] { ops::rmsnorm_backward(dx.t, dw.t, y.t, x.t, w.t, rstd.t); }));
+  }
+  {
+    OwnedTensor q = randn(DType::F32, {1, T, H, Dh}, "q"), pos(DType::I32, {1, T}, MemCategory::Other);
+    for (int64_t t = 0; t < T; ++t) pos.t.i32()[t] = int32_t(t);
+    const std::vector<float> inv = ops::rope_inv_freq(Dh, 500000.0f, {});
+    const Tensor invt = Tensor::view(const_cast<float*>(inv.data()), DType::F32, {Dh / 2});
+    const std::string shape = fmt::format("[1, {}, {}, {}]", T, H, Dh);
+    row("rope forward (q)", shape.c_str(), seconds_best_of(reps, [&] { ops::rope_forward(q.t, q.t, pos.t, invt); }));
+    row("rope backward (q)", shape.c_str(), seconds_best_of(reps, [&] { ops::rope_backward(q.t, q.t, pos.t, invt); }));
+  }
+  {
+    OwnedTensor q = randn(DType::F32, {1, T, H, Dh}, "q"), k = randn(DType::F32, {1, T, Hkv, Dh}, "k"),
+                v = randn(DType::F32, {1, T, Hkv, Dh}, "v"), o(DType::F32, {1, T, H, Dh}, MemCategory::Other),
+                lse(DType::F32, {1, H, T}, MemCategory::Other), dout = randn(DType::F32, {1, T, H, Dh}, "dout");
+    OwnedTensor dq(DType::F32, {1, T, H, Dh}, MemCategory::Other), dk(DType::F32, {1, T, Hkv, Dh}, MemCategory::Other),
+        dv(DType::F32, {1, T, Hkv, Dh}, MemCategory::Other);
+    const float scale = 1.0f / std::sqrt(float(Dh));
+    const double flop = 2.0 * 2.0 * double(T) * double(T) * double(H) * double(Dh) / 2;  // causal half
+    const std::string shape = fmt::format("q[1, {}, {}, {}] kv {} heads", T, H, Dh, Hkv);
+    row("attention forward", shape.c_str(),
+        seconds_best_of(reps, [&] { ops::attention_forward(o.t, lse.t, q.t, k.t, v.t, Tensor{}, scale); }), flop);
+    row("attention backward", shape.c_str(), seconds_best_of(reps, [&] {
+          ops::attention_backward(dq.t, dk.t, dv.t, dout.t, q.t, k.t, v.t, o.t, lse.t, Tensor{}, scale);
+        }), 2.5 * flop);
+  }
+  {
+    OwnedTensor g = randn(DType::F32, {T, F}, "g"), u = randn(DType::F32, {T, F}, "u"), o(DType::F32, {T, F}, MemCategory::Other);
+    OwnedTensor dg(DType::F32, {T, F}, MemCategory::Other), du(DType::F32, {T, F}, MemCategory::Other);
+    const std::string shape = fmt::format("[{}, {}]", T, F);
+    row("swiglu forward", shape.c_str(), seconds_best_of(reps, [&] { ops::swiglu_forward(o.t, g.t, u.t); }));
+    row("swiglu backward", shape.c_str(), seconds_best_of(reps, [&] { ops::swiglu_backward(dg.t, du.t, o.t, g.t, u.t); }));
+  }
+  {
+    OwnedTensor w = randn(DType::F32, {V, D}, "emb", 0.02f), ids(DType::I32, {T}, MemCategory::Other),
+        o(DType::F32, {T, D}, MemCategory::Other), dw(DType::F32, {V, D}, MemCategory::Other);
+    for (int64_t t = 0; t < T; ++t) ids.t.i32()[t] = int32_t((t * 7919) % V);
+    row("embedding forward", tok_d.c_str(), seconds_best_of(reps, [&] { ops::embedding_forward(o.t, w.t, ids.t); }));
+    row("embedding backward", tok_d.c_str(), seconds_best_of(reps, [&] { ops::embedding_backward(dw.t, o.t, ids.t); }));
+  }
+  {
+    OwnedTensor x = randn(DType::F32, {T, D}, "x"), w = randn(DType::F32, {V, D}, "head", 0.02f),
+        tgt(DType::I32, {T}, MemCategory::Other), dx(DType::F32, {T, D}, MemCategory::Other),
+        dw(DType::F32, {V, D}, MemCategory::Other);
+    for (int64_t t = 0; t < T; ++t) tgt.t.i32()[t] = int32_t((t * 31) % V);
+    const std::string shape = fmt::format("x[{}, {}] head[{}, {}]", T, D, V, D);
+    const double flop = 2.0 * double(T) * double(D) * double(V);
+    row("linear+cross-entropy fwd", shape.c_str(),
+        seconds_best_of(reps, [&] { ops::linear_cross_entropy(x.t, w.t, tgt.t, Tensor{}, Tensor{}, 1.0f); }), flop);
+    row("linear+cross-entropy fwd+bwd", shape.c_str(),
+        seconds_best_of(reps, [&] { ops::linear_cross_entropy(x.t, w.t, tgt.t, dx.t, dw.t, 1.0f / float(T)); }),
+        3 * flop);
+  }
+  {
+    const int64_t n = 64 * 1024 * 1024;  // 64M parameters: a 256 MiB f32 shard
+    OwnedTensor p = randn(DType::F32, {n}, "p", 0.02f), g = randn(DType::F32, {n}, "g", 0.01f);
+    OwnedTensor m(DType::F32, {n}, MemCategory::Other), v(DType::F32, {n}, MemCategory::Other),
+        h(DType::BF16, {n}, MemCategory::Other);
+    int64_t step = 0;
+    row("adamw step", "64M f32", seconds_best_of(reps, [&] { ops::adamw_step(p.t, g.t, m.t, v.t, {}, ++step); }));
+    row("sum of squares", "64M f32", seconds_best_of(reps, [&] { (void)ops::sum_squares(g.t); }));
+    row("cast f32 -> bf16", "64M", seconds_best_of(reps, [&] { ops::cast(h.t, p.t); }));
+  }
+  return 0;
+}
