@@ -21,6 +21,7 @@ ask() {  # model dir, then prompts: prints "prompt -> answer (right|wrong)"
     local got want
     got=$($shardlm generate --model "$model" --prompt "$p" --temperature 0 --max-new-tokens 6 | head -n 1)
     got=${got#"$p"}
+    got=$(printf "%s" "$got" | LC_ALL=C tr -cd "[:print:]")  # random weights emit arbitrary bytes
     want=$(( ${p%%+*} + $(echo "${p#*+}" | tr -d '=') ))
     printf '  %-9s -> %-6s %s\n' "$p" "$got" "$([[ "$got" == "$want" ]] && echo right || echo "wrong (want $want)")"
   done

@@ -1,0 +1,84 @@
+// bench_train: tokens/s of full training steps (forward, loss, backward, clipping, AdamW) of a
+// Llama in one process, on random tokens. bench/compare_torch.sh runs it beside PyTorch.
+//
+//   bench_train --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 688 --vocab 32000 --seq 256
+//               --batch 8 --steps 10 --warmup 2 [--dtype f32|bf16]
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "model/config.h"
+#include "train/param_store.h"
+#include "train/trainer.h"
+
+using namespace shardlm;
+
+int main(int argc, char** argv) {
+  ModelConfig cfg = preset("tiny");
+  int64_t seq = 256, batch = 8, steps = 10, warmup = 2;
+  DType dtype = DType::F32;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (k == "--dim") cfg.hidden_size = v;
+    else if (k == "--layers") cfg.num_hidden_layers = v;
+    else if (k == "--heads") cfg.num_attention_heads = v;
+    else if (k == "--kv-heads") cfg.num_key_value_heads = v;
+    else if (k == "--ffn") cfg.intermediate_size = v;
+    else if (k == "--vocab") cfg.vocab_size = v;
+    else if (k == "--seq") seq = v;
+    else if (k == "--batch") batch = v;
+    else if (k == "--steps") steps = v;
+    else if (k == "--warmup") warmup = v;
+    else if (k == "--dtype") dtype = parse_dtype(argv[i + 1]);
+    else {
+      fmt::print(stderr, "unknown option {}\n", k);
+      return 2;
+    }
+  }
+  cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, seq);
+  validate_model_config(cfg);
+
+  train::ParamStore params(cfg, dtype);
+  params.init_random(0);
+  model::LlamaCompute model(cfg, dtype);
+  model.set_weights(params.compute_weights());
+  model.set_grads(params.grads());
+
+  auto random_batch = [&](int64_t s) {
+    data::Example e;
+    std::vector<data::Example> rows;
+    for (int64_t r = 0; r < batch; ++r) {
+      data::Example ex;
+      for (int64_t t = 0; t <= seq; ++t)
+        ex.ids.push_back(int32_t(philox4x32({uint32_t(t), uint32_t(r), uint32_t(s), 0}, {1, 2})[0] % cfg.vocab_size));
+      ex.targets.assign(ex.ids.begin() + 1, ex.ids.end());
+      ex.ids.pop_back();
+      rows.push_back(std::move(ex));
+    }
+    return data::make_batch(rows, seq, 0);
+  };
+  ops::AdamWConfig opt;
+  opt.lr = 3e-4;
+  double seconds = 0, last_loss = 0;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    const std::vector<data::BatchBuffers> micro = {random_batch(s)};
+    const auto t0 = std::chrono::steady_clock::now();
+    last_loss = train::train_step(params, model, micro, opt, s + 1, 1.0).loss;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) seconds += dt;
+  }
+  const double tokens = double(batch * seq * steps);
+  fmt::print("{{\"impl\": \"shardlm\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, \"params\": {}, "
+             "\"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", \"last_loss\": {:.4f}, "
+             "\"peak_tracked_bytes\": {}}}\n",
+             tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), params.numel(), batch, seq, steps,
+             dtype_name(dtype), last_loss, MemoryTracker::for_device(Device::CPU).stats().peak_total);
+  return 0;
+}
