@@ -34,10 +34,6 @@ struct Input {
   }
 };
 
-Tensor f32_view(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return Tensor::view(v.data(), DType::F32, shape);
-}
-
 }  // namespace
 
 // Tolerances: the reference is computed in f64 from the same (possibly bf16-rounded) inputs, so
@@ -49,7 +45,7 @@ TEST(Parity, Matmul) {
     Input a(c, "a", {ta ? k : m, ta ? m : k});
     Input b(c, "b", {tb ? n : k, tb ? k : n});
     std::vector<float> out = c.f32("c0");
-    ops::matmul(f32_view(out, {m, n}), a.t, b.t, ta, tb, c.params["alpha"], c.params["beta"]);
+    ops::matmul(view(out, {m, n}), a.t, b.t, ta, tb, c.params["alpha"], c.params["beta"]);
     const double atol = 1e-5 * std::sqrt(double(k)) * 4;
     EXPECT_TRUE(all_close(out, c.f32("c"), atol, 1e-5, c.name));
   }
@@ -65,7 +61,7 @@ TEST(Parity, MatmulIntoBf16Output) {
     Input b(c, "b", {tb ? n : k, tb ? k : n});
     std::vector<float> f32_out(size_t(m * n));
     std::vector<bf16_t> h(size_t(m * n));
-    ops::matmul(f32_view(f32_out, {m, n}), a.t, b.t, ta, tb);
+    ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
     ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
     for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h[i].bits, f32_to_bf16(f32_out[i]).bits) << c.name << " [" << i << "]";
   }
@@ -78,10 +74,10 @@ TEST(Parity, Embedding) {
     Input weight(c, "weight", {v, d});
     Input ids(c, "ids", {n});
     std::vector<float> out(size_t(n * d)), dweight(size_t(v * d), 0.0f);
-    ops::embedding_forward(f32_view(out, {n, d}), weight.t, ids.t);
+    ops::embedding_forward(view(out, {n, d}), weight.t, ids.t);
     EXPECT_TRUE(all_close(out, c.f32("out"), 0, 0, c.name + " out"));
     std::vector<float> dout = c.f32("dout");
-    ops::embedding_backward(f32_view(dweight, {v, d}), f32_view(dout, {n, d}), ids.t);
+    ops::embedding_backward(view(dweight, {v, d}), view(dout, {n, d}), ids.t);
     EXPECT_TRUE(all_close(dweight, c.f32("dweight"), 1e-5, 1e-5, c.name + " dweight"));
   }
 }
@@ -92,10 +88,10 @@ TEST(Parity, SwiGLU) {
     const int64_t n = c.params["n"], f = c.params["f"];
     Input gate(c, "gate", {n, f}), up(c, "up", {n, f});
     std::vector<float> out(size_t(n * f)), dgate(size_t(n * f)), dup(size_t(n * f));
-    ops::swiglu_forward(f32_view(out, {n, f}), gate.t, up.t);
+    ops::swiglu_forward(view(out, {n, f}), gate.t, up.t);
     EXPECT_TRUE(all_close(out, c.f32("out"), 1e-6, 1e-5, c.name + " out"));
     std::vector<float> dout = c.f32("dout");
-    ops::swiglu_backward(f32_view(dgate, {n, f}), f32_view(dup, {n, f}), f32_view(dout, {n, f}), gate.t, up.t);
+    ops::swiglu_backward(view(dgate, {n, f}), view(dup, {n, f}), view(dout, {n, f}), gate.t, up.t);
     EXPECT_TRUE(all_close(dgate, c.f32("dgate"), 1e-6, 1e-5, c.name + " dgate"));
     EXPECT_TRUE(all_close(dup, c.f32("dup"), 1e-6, 1e-5, c.name + " dup"));
   }
@@ -113,8 +109,8 @@ TEST(Parity, AdamW) {
     cfg.eps = c.params["eps"];
     cfg.weight_decay = c.params["weight_decay"];
     for (int64_t s = 0; s < steps; ++s) {
-      ops::adamw_step(f32_view(p, {n}), Tensor::view(grads.data() + s * n, DType::F32, {n}), f32_view(m, {n}),
-                      f32_view(v, {n}), cfg, s + 1, c.params["grad_scale"]);
+      ops::adamw_step(view(p, {n}), Tensor::view(grads.data() + s * n, DType::F32, {n}), view(m, {n}),
+                      view(v, {n}), cfg, s + 1, c.params["grad_scale"]);
     }
     EXPECT_TRUE(all_close(p, c.f32("p"), 1e-7, 1e-6, c.name + " param"));
     EXPECT_TRUE(all_close(m, c.f32("m"), 1e-8, 1e-6, c.name + " exp_avg"));
@@ -141,8 +137,8 @@ TEST(Parity, GlobalNorm) {
     EXPECT_NEAR(norm, want, 1e-5 * want) << c.name;
     const float coef = ops::clip_coefficient(norm, c.params["max_norm"]);
     std::vector<float> clipped(static_cast<size_t>(total_n));
-    ops::cast(f32_view(clipped, {total_n}), grads.t);
-    ops::scale_inplace(f32_view(clipped, {total_n}), coef);
+    ops::cast(view(clipped, {total_n}), grads.t);
+    ops::scale_inplace(view(clipped, {total_n}), coef);
     EXPECT_TRUE(all_close(clipped, c.f32("clipped"), 1e-7, 1e-5, c.name + " clipped"));
   }
 }
@@ -154,8 +150,8 @@ TEST(Parity, Cast) {
     const int64_t n = int64_t(x.size());
     std::vector<bf16_t> h(x.size());
     std::vector<f16_t> half(x.size());
-    ops::cast(Tensor::view(h.data(), DType::BF16, {n}), f32_view(x, {n}));
-    ops::cast(Tensor::view(half.data(), DType::F16, {n}), f32_view(x, {n}));
+    ops::cast(Tensor::view(h.data(), DType::BF16, {n}), view(x, {n}));
+    ops::cast(Tensor::view(half.data(), DType::F16, {n}), view(x, {n}));
     const std::vector<uint16_t> want_bf16 = c.array("bf16").u16();
     const std::vector<int32_t> want_f16 = c.i32("f16_bits");
     int64_t bad_bf16 = 0, bad_f16 = 0;
@@ -166,9 +162,9 @@ TEST(Parity, Cast) {
     EXPECT_EQ(bad_bf16, 0) << "f32 -> bf16 patterns differing from torch";
     EXPECT_EQ(bad_f16, 0) << "f32 -> f16 patterns differing from torch";
     std::vector<float> back(x.size());
-    ops::cast(f32_view(back, {n}), Tensor::view(h.data(), DType::BF16, {n}));
+    ops::cast(view(back, {n}), Tensor::view(h.data(), DType::BF16, {n}));
     EXPECT_TRUE(all_close(back, c.f32("bf16_back"), 0, 0, "bf16 -> f32"));
-    ops::cast(f32_view(back, {n}), Tensor::view(half.data(), DType::F16, {n}));
+    ops::cast(view(back, {n}), Tensor::view(half.data(), DType::F16, {n}));
     EXPECT_TRUE(all_close(back, c.f32("f16_back"), 0, 0, "f16 -> f32"));
   }
 }

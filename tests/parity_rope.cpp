@@ -26,32 +26,8 @@ namespace {
 
 using namespace shardlm;
 using shardlm::testing::all_close;
+using Host = shardlm::testing::HostArray;
 
-// Host storage for an f32 or bf16 array, with a Tensor view of it.
-struct Host {
-  DType dtype = DType::F32;
-  std::vector<float> f;
-  std::vector<bf16_t> h;
-
-  Host(DType dt, const std::vector<float>& values) : dtype(dt) {
-    if (dt == DType::F32) {
-      f = values;
-    } else {
-      h.resize(values.size());
-      for (size_t i = 0; i < values.size(); ++i) h[i] = f32_to_bf16(values[i]);
-    }
-  }
-  Tensor view(std::initializer_list<int64_t> shape) {
-    return Tensor::view(dtype == DType::F32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()), dtype,
-                        shape);
-  }
-  std::vector<float> values() const {
-    if (dtype == DType::F32) return f;
-    std::vector<float> v(h.size());
-    for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_f32(h[i]);
-    return v;
-  }
-};
 
 Host load_host(const shardlm::testing::RefCase& c, const std::string& name) {
   const auto a = c.array(name);

@@ -7,24 +7,16 @@
 #include <fstream>
 #include <string>
 
+#include "testing.h"
 #include "core/error.h"
 #include "model/config.h"
 
 using namespace shardlm;
+using shardlm::testing::error_of;
 using json = nlohmann::json;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an Error";
-  return "";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

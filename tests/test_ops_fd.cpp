@@ -10,9 +10,6 @@ using namespace shardlm;
 using namespace shardlm::testing;
 
 namespace {
-Tensor view(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return Tensor::view(v.data(), DType::F32, shape);
-}
 }  // namespace
 
 TEST(GradCheck, MatmulLinearLayer) {

@@ -12,26 +12,10 @@
 #include "ops/ops.h"
 #include "testing.h"
 
-namespace {
-
 using namespace shardlm;
+using shardlm::testing::expect_error;
+using shardlm::testing::view;
 namespace st = shardlm::testing;
-
-Tensor view(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return Tensor::view(v.data(), DType::F32, shape);
-}
-
-// Runs f and expects a shardlm::Error whose message contains `needle` (the op and argument).
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
-  }
-}
-
-}  // namespace
 
 TEST(RMSNorm, GradientsMatchFiniteDifferences) {
   const int64_t N = 3, D = 7;

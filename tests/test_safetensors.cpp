@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "testing.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -21,6 +22,7 @@
 #include "io/safetensors.h"
 
 using namespace shardlm;
+using shardlm::testing::error_of;
 using namespace shardlm::io;
 namespace fs = std::filesystem;
 
@@ -54,17 +56,6 @@ class TempDir {
   fs::path path_;
 };
 
-// The message of the Error `fn` throws ("" and a test failure if it throws none).
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an Error";
-  return "";
-}
 
 // Passes when `msg` is one line containing every one of `parts`.
 ::testing::AssertionResult one_line_naming(const std::string& msg, std::initializer_list<std::string> parts) {

@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "testing.h"
 #include "core/error.h"
 #include "io/yaml_config.h"
 
 using namespace shardlm;
+using shardlm::testing::error_of;
 
 namespace {
 
@@ -23,17 +25,6 @@ std::string write_yaml(const std::string& text, const std::string& suffix = "") 
   return path;
 }
 
-// The message of the Error `fn` throws ("" and a test failure if it throws none).
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an Error";
-  return "";
-}
 
 const char* kRun = R"yaml(# a training run
 model: tiny

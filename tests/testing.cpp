@@ -55,6 +55,49 @@ double dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+Tensor view(std::vector<float>& v, std::initializer_list<int64_t> shape) {
+  return Tensor::view(v.data(), DType::F32, shape);
+}
+
+Tensor view(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
+  return Tensor::view(v.data(), DType::I32, shape);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a shardlm::Error, but nothing was thrown";
+  return "";
+}
+
+void expect_error(const std::function<void()>& fn, const std::string& needle) {
+  const std::string msg = error_of(fn);
+  EXPECT_NE(msg.find(needle), std::string::npos) << "message: '" << msg << "' lacks '" << needle << "'";
+}
+
+HostArray::HostArray(DType dt, const std::vector<float>& values) : dtype(dt) {
+  if (dt == DType::F32) {
+    f = values;
+  } else {
+    h.resize(values.size());
+    for (size_t i = 0; i < values.size(); ++i) h[i] = f32_to_bf16(values[i]);
+  }
+}
+
+Tensor HostArray::view(std::initializer_list<int64_t> shape) {
+  return Tensor::view(dtype == DType::F32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()), dtype, shape);
+}
+
+std::vector<float> HostArray::values() const {
+  if (dtype == DType::F32) return f;
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+
 ::testing::AssertionResult check_gradient(const std::function<double()>& loss, float* x, int64_t n,
                                           const float* analytic, const GradCheckOptions& opt,
                                           const std::string& label) {

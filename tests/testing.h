@@ -29,6 +29,26 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
 
 double dot(const float* a, const float* b, int64_t n);  // in double
 
+// A Tensor view of a vector (which must outlive the view): f32 or i32 by element type.
+Tensor view(std::vector<float>& v, std::initializer_list<int64_t> shape);
+Tensor view(std::vector<int32_t>& v, std::initializer_list<int64_t> shape);
+
+// Runs fn, which must throw shardlm::Error, and returns its message ("" plus a test failure when
+// nothing is thrown).
+std::string error_of(const std::function<void()>& fn);
+// Expects fn to throw an Error whose message contains `needle`.
+void expect_error(const std::function<void()>& fn, const std::string& needle);
+
+// Host storage for f32 or bf16 values (bf16: rounded to nearest even) with a Tensor view.
+struct HostArray {
+  DType dtype = DType::F32;
+  std::vector<float> f;
+  std::vector<bf16_t> h;
+  HostArray(DType dt, const std::vector<float>& values);
+  Tensor view(std::initializer_list<int64_t> shape);
+  std::vector<float> values() const;  // as f32
+};
+
 // Central finite differences: for each checked index i, perturbs x[i] by +-eps, calls loss(),
 // restores x[i], and compares (L+ - L-) / (2 eps) with analytic[i] within atol + rtol * |fd|.
 // At most max_checks indices are checked, spread evenly over [0, n).

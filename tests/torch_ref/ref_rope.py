@@ -17,22 +17,9 @@ import torch
 OP = "rope"
 
 
-def default_inv_freq(base, dim):
-    # transformers.modeling_rope_utils._compute_default_rope_parameters
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def llama3_inv_freq(base, dim, factor, low_freq_factor, high_freq_factor, old_context_len):
-    # transformers.modeling_rope_utils._compute_llama3_parameters
-    inv_freq = default_inv_freq(base, dim)
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+# The frequencies come from the model reference, so the op and the model are checked against one
+# definition of transformers' rotary parameters.
+from llama_ref import default_inv_freq, llama3_inv_freq  # noqa: E402
 
 
 def cos_sin(inv_freq, position_ids, dtype):
