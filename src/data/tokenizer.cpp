@@ -29,16 +29,19 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
-    if (fs::exists(fs::path(model_dir) / f)) {
-      throw Error(fmt::format("{} is not supported yet (only the byte-level fallback is); remove it to train with "
-                              "byte-level tokens", f),
-                  {.file = (fs::path(model_dir) / f).string()});
-    }
-  }
-  return std::make_unique<ByteTokenizer>();
+std::optional<int32_t> ByteTokenizer::special_token(std::string_view text) const {
+  if (text == "<pad>") return kPad;
+  if (text == "<s>") return kBos;
+  if (text == "</s>") return kEos;
+  return std::nullopt;
+}
+
+std::string ByteTokenizer::piece(int32_t id) const {
+  if (id == kPad) return "<pad>";
+  if (id == kBos) return "<s>";
+  if (id == kEos) return "</s>";
+  if (id >= kFirstByte && id < kFirstByte + 256) return fmt::format("<0x{:02X}>", id - kFirstByte);
+  return "<unk>";
 }
 
 }  // namespace shardlm::data

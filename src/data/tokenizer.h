@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,8 +24,14 @@ class Tokenizer {
   virtual int32_t eos_id() const = 0;
   // Encodes text without adding BOS/EOS (callers decide; see encode_with).
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  // Decodes ids to text; special tokens (BOS, EOS, pad) are dropped.
+  // Decodes ids to text; special tokens (BOS, EOS, pad, chat markers) are dropped.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The id of a special or added token by its text ("<|eot_id|>", "[INST]" is not one: plain
+  // text), or nullopt when this vocabulary has no such token.
+  virtual std::optional<int32_t> special_token(std::string_view text) const = 0;
+  // The piece an id stands for, as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>"), for
+  // inspection (`shardlm tokenize --pieces`).
+  virtual std::string piece(int32_t id) const = 0;
 
   std::vector<int32_t> encode_with(std::string_view text, bool bos, bool eos) const;
 };
@@ -38,10 +45,18 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return kEos; }
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
+  std::optional<int32_t> special_token(std::string_view text) const override;
+  std::string piece(int32_t id) const override;
 };
 
-// The tokenizer for a model directory: the byte-level one when the directory has no tokenizer
-// files. (SentencePiece, tiktoken and tokenizer.json support come with the data layer.)
+// The tokenizer for a model directory, chosen from what it holds:
+//   tokenizer.json                       Hugging Face byte-level BPE (GPT-2, Llama 3, Qwen2 style)
+//   tokenizer.model, SentencePiece proto  SentencePiece (Llama 2, Mistral)
+//   tokenizer.model, "base64 rank" lines  tiktoken BPE (Llama 3)
+//   vocab.json + merges.txt              GPT-2 byte-level BPE
+//   none of these                        the byte-level fallback
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// A tokenizer from one file (tokenizer.json, tokenizer.model, or vocab.json beside merges.txt).
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path);
 
 }  // namespace shardlm::data

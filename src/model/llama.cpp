@@ -114,13 +114,18 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
 
 // ---- LlamaCompute --------------------------------------------------------------------------
 
-// Everything LlamaCompute allocates. Saved activations are charged to Activations; buffers that
-// only carry gradients through the backward are Workspace.
+// Everything LlamaCompute allocates, sized for a capacity of tokens (rows). Each batch works on
+// views of the first B*T rows, so batches of varying shape (padding to the longest row) reuse one
+// allocation. Saved activations are charged to Activations; buffers that only carry gradients
+// through the backward are Workspace.
 struct LlamaCompute::Arena {
-  std::vector<std::vector<OwnedTensor>> layer;  // per layer, the BlockActivations tensors
-  OwnedTensor h_final, xnf, rstdf;              // last block output, final norm output, its 1/rms
-  OwnedTensor ids, positions, segments;         // i32 copies of the batch (op inputs are Tensors)
+  int64_t capacity = 0;                          // tokens
+  std::vector<std::vector<OwnedTensor>> layer;   // per layer: the 14 BlockActivations buffers
+  OwnedTensor h_final, xnf, rstdf, ids, positions, segments;
   OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
+  // Views for the current batch shape.
+  Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments;
+  Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
 };
 
 LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype) : cfg_(cfg), act_dtype_(act_dtype) {
@@ -132,81 +137,100 @@ LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype) : cfg_(cfg),
 LlamaCompute::~LlamaCompute() = default;
 
 void LlamaCompute::reserve(int64_t B, int64_t T) {
-  if (arena_ && B * T <= B_ * T_ && B == B_ && T == T_) return;
-  arena_.reset();  // free the old arena before allocating the new one
-  B_ = B;
-  T_ = T;
-  const int64_t N = B * T, D = cfg_.hidden_size, F = cfg_.intermediate_size;
-  const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
-  const DType a = act_dtype_;
+  const int64_t N = B * T;
+  if (arena_ && N <= arena_->capacity) return;
+  arena_.reset();  // free the old arena before allocating the larger one
+  const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads;
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const DType a = act_dtype_, f32 = DType::F32;
   const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
   auto arena = std::make_unique<Arena>();
-  acts_.assign(size_t(cfg_.num_hidden_layers), {});
+  arena->capacity = N;
+  // Widths of the 14 per-layer buffers, in BlockActivations order (lse holds H values per row).
+  const std::pair<DType, int64_t> widths[14] = {{a, D},  {a, D},  {f32, 1}, {a, qd}, {a, kvd}, {a, kvd}, {a, qd},
+                                                {f32, H}, {a, D}, {a, D},  {f32, 1}, {a, F},  {a, F},   {a, F}};
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     std::vector<OwnedTensor>& t = arena->layer.emplace_back();
-    t.reserve(15);
-    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // x_in
-    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // xn1
-    t.emplace_back(DType::F32, std::initializer_list<int64_t>{N}, act, false);                 // rstd1
-    t.emplace_back(a, std::initializer_list<int64_t>{N, qd}, act, false);                      // q
-    t.emplace_back(a, std::initializer_list<int64_t>{N, kvd}, act, false);                     // k
-    t.emplace_back(a, std::initializer_list<int64_t>{N, kvd}, act, false);                     // v
-    t.emplace_back(a, std::initializer_list<int64_t>{N, qd}, act, false);                      // att
-    t.emplace_back(DType::F32, std::initializer_list<int64_t>{B, cfg_.num_attention_heads, T}, act, false);  // lse
-    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // h1
-    t.emplace_back(a, std::initializer_list<int64_t>{N, D}, act, false);                       // xn2
-    t.emplace_back(DType::F32, std::initializer_list<int64_t>{N}, act, false);                 // rstd2
-    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // gate
-    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // up
-    t.emplace_back(a, std::initializer_list<int64_t>{N, F}, act, false);                       // act
-    BlockActivations& b = acts_[size_t(l)];
-    b = {t[0].t, t[1].t, t[2].t, t[3].t, t[4].t, t[5].t, t[6].t, t[7].t, t[8].t, t[9].t, t[10].t, t[11].t, t[12].t, t[13].t};
+    t.reserve(14);
+    for (const auto& [dtype, width] : widths) t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false);
   }
   arena->h_final = OwnedTensor(a, {N, D}, act, false);
   arena->xnf = OwnedTensor(a, {N, D}, act, false);
-  arena->rstdf = OwnedTensor(DType::F32, {N}, act, false);
+  arena->rstdf = OwnedTensor(f32, {N}, act, false);
   arena->ids = OwnedTensor(DType::I32, {N}, act, false);
-  arena->positions = OwnedTensor(DType::I32, {B, T}, act, false);
-  arena->segments = OwnedTensor(DType::I32, {B, T}, act, false);
-  arena->dh = OwnedTensor(DType::F32, {N, D}, ws, false);
-  arena->dtmp = OwnedTensor(DType::F32, {N, D}, ws, false);
-  arena->dxn = OwnedTensor(DType::F32, {N, D}, ws, false);
-  arena->datt = OwnedTensor(DType::F32, {N, qd}, ws, false);
-  arena->dq = OwnedTensor(DType::F32, {N, qd}, ws, false);
-  arena->dk = OwnedTensor(DType::F32, {N, kvd}, ws, false);
-  arena->dv = OwnedTensor(DType::F32, {N, kvd}, ws, false);
-  arena->d_act = OwnedTensor(DType::F32, {N, F}, ws, false);
-  arena->dgate = OwnedTensor(DType::F32, {N, F}, ws, false);
-  arena->dup = OwnedTensor(DType::F32, {N, F}, ws, false);
+  arena->positions = OwnedTensor(DType::I32, {N}, act, false);
+  arena->segments = OwnedTensor(DType::I32, {N}, act, false);
+  arena->dh = OwnedTensor(f32, {N, D}, ws, false);
+  arena->dtmp = OwnedTensor(f32, {N, D}, ws, false);
+  arena->dxn = OwnedTensor(f32, {N, D}, ws, false);
+  arena->datt = OwnedTensor(f32, {N, qd}, ws, false);
+  arena->dq = OwnedTensor(f32, {N, qd}, ws, false);
+  arena->dk = OwnedTensor(f32, {N, kvd}, ws, false);
+  arena->dv = OwnedTensor(f32, {N, kvd}, ws, false);
+  arena->d_act = OwnedTensor(f32, {N, F}, ws, false);
+  arena->dgate = OwnedTensor(f32, {N, F}, ws, false);
+  arena->dup = OwnedTensor(f32, {N, F}, ws, false);
   arena_ = std::move(arena);
+  B_ = T_ = 0;  // views must be rebuilt
+}
+
+void LlamaCompute::bind_shape(int64_t B, int64_t T) {
+  reserve(B, T);
+  if (B == B_ && T == T_) return;
+  B_ = B;
+  T_ = T;
+  const int64_t N = B * T, H = cfg_.num_attention_heads;
+  Arena& r = *arena_;
+  auto rows = [N](const OwnedTensor& t) { return t.t.slice(0, N); };
+  acts_.assign(size_t(cfg_.num_hidden_layers), {});
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    const std::vector<OwnedTensor>& t = r.layer[l];
+    acts_[l] = {rows(t[0]),  rows(t[1]),  rows(t[2]).reshape({N}), rows(t[3]), rows(t[4]),  rows(t[5]),
+                rows(t[6]),  rows(t[7]).reshape({B, H, T}),          rows(t[8]), rows(t[9]),  rows(t[10]).reshape({N}),
+                rows(t[11]), rows(t[12]), rows(t[13])};
+  }
+  r.v_h_final = rows(r.h_final);
+  r.v_xnf = rows(r.xnf);
+  r.v_rstdf = rows(r.rstdf);
+  r.v_ids = rows(r.ids);
+  r.v_positions = rows(r.positions).reshape({B, T});
+  r.v_segments = rows(r.segments).reshape({B, T});
+  r.v_dh = rows(r.dh);
+  r.v_dtmp = rows(r.dtmp);
+  r.v_dxn = rows(r.dxn);
+  r.v_datt = rows(r.datt);
+  r.v_dq = rows(r.dq);
+  r.v_dk = rows(r.dk);
+  r.v_dv = rows(r.dv);
+  r.v_d_act = rows(r.d_act);
+  r.v_dgate = rows(r.dgate);
+  r.v_dup = rows(r.dup);
 }
 
 void LlamaCompute::bind_positions(const Batch& batch) {
   SHARDLM_CHECK(batch.B >= 1 && batch.T >= 1 && batch.ids, "empty batch");
-  reserve(batch.B, batch.T);
-  SHARDLM_CHECK(batch.B == B_ && batch.T == T_, "batch is {}x{} but the arena was sized for {}x{}", batch.B,
-                batch.T, B_, T_);
+  bind_shape(batch.B, batch.T);
   batch_ = batch;
   const int64_t N = batch.B * batch.T;
-  int32_t* pos = arena_->positions.t.i32();
+  int32_t* pos = arena_->v_positions.i32();
   for (int64_t i = 0; i < N; ++i) pos[i] = batch.positions ? batch.positions[i] : int32_t(i % batch.T);
-  if (batch.segment_ids) std::copy(batch.segment_ids, batch.segment_ids + N, arena_->segments.t.i32());
-  std::copy(batch.ids, batch.ids + N, arena_->ids.t.i32());
+  if (batch.segment_ids) std::copy(batch.segment_ids, batch.segment_ids + N, arena_->v_segments.i32());
+  std::copy(batch.ids, batch.ids + N, arena_->v_ids.i32());
 }
 
 void LlamaCompute::embed_forward(const Batch& batch) {
   bind_positions(batch);
-  const Tensor out = cfg_.num_hidden_layers > 0 ? acts_[0].x_in : arena_->h_final.t;
-  ops::embedding_forward(out, w_.embed, arena_->ids.t);
+  const Tensor out = cfg_.num_hidden_layers > 0 ? acts_[0].x_in : arena_->v_h_final;
+  ops::embedding_forward(out, w_.embed, arena_->v_ids);
 }
 
 void LlamaCompute::block_forward(int layer) {
   const BlockActivations& a = acts_[size_t(layer)];
-  const Tensor seg = batch_.segment_ids ? arena_->segments.t : Tensor{};
+  const Tensor seg = batch_.segment_ids ? arena_->v_segments : Tensor{};
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->positions.t, seg, inv, B_, T_, T_);
+  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv, B_, T_, T_);
   // out = h1 + down_proj(act), written straight into the next block's input.
-  const Tensor out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->h_final.t;
+  const Tensor out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   copy(out, a.h1);
   ops::matmul(out, a.act, w_.layers[size_t(layer)].w_down, false, true, 1.0f, 1.0f);
 }
@@ -214,12 +238,12 @@ void LlamaCompute::block_forward(int layer) {
 ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
   SHARDLM_CHECK(batch.targets, "the batch has no targets");
   const int64_t N = B_ * T_;
-  ops::rmsnorm_forward(arena_->xnf.t, arena_->rstdf.t, arena_->h_final.t, w_.final_norm, float(cfg_.rms_norm_eps));
+  ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
   const Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
-  if (!backward) return ops::linear_cross_entropy(arena_->xnf.t, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f);
+  if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f);
   const ops::CrossEntropyResult r =
-      ops::linear_cross_entropy(arena_->xnf.t, w_.lm_head, targets, arena_->dxn.t, g_.lm_head, grad_scale);
-  ops::rmsnorm_backward(arena_->dh.t, g_.final_norm, arena_->dxn.t, arena_->h_final.t, w_.final_norm, arena_->rstdf.t);
+      ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, arena_->v_dxn, g_.lm_head, grad_scale);
+  ops::rmsnorm_backward(arena_->v_dh, g_.final_norm, arena_->v_dxn, arena_->v_h_final, w_.final_norm, arena_->v_rstdf);
   return r;
 }
 
@@ -233,47 +257,47 @@ void LlamaCompute::block_backward(int layer) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
 
   // MLP branch: out = h1 + down(silu(gate) * up), gate/up = xn2 W^T, xn2 = norm(h1).
-  ops::matmul(r.d_act.t, r.dh.t, w.w_down);
-  ops::matmul(g.w_down, r.dh.t, a.act, true, false, 1.0f, 1.0f);
-  ops::swiglu_backward(r.dgate.t, r.dup.t, r.d_act.t, a.gate, a.up);
-  ops::matmul(r.dxn.t, r.dgate.t, w.w_gate);
-  ops::matmul(r.dxn.t, r.dup.t, w.w_up, false, false, 1.0f, 1.0f);
-  ops::matmul(g.w_gate, r.dgate.t, a.xn2, true, false, 1.0f, 1.0f);
-  ops::matmul(g.w_up, r.dup.t, a.xn2, true, false, 1.0f, 1.0f);
-  ops::rmsnorm_backward(r.dtmp.t, g.mlp_norm, r.dxn.t, a.h1, w.mlp_norm, a.rstd2);
-  ops::add_inplace(r.dh.t, r.dtmp.t);  // dh = d h1
+  ops::matmul(r.v_d_act, r.v_dh, w.w_down);
+  ops::matmul(g.w_down, r.v_dh, a.act, true, false, 1.0f, 1.0f);
+  ops::swiglu_backward(r.v_dgate, r.v_dup, r.v_d_act, a.gate, a.up);
+  ops::matmul(r.v_dxn, r.v_dgate, w.w_gate);
+  ops::matmul(r.v_dxn, r.v_dup, w.w_up, false, false, 1.0f, 1.0f);
+  ops::matmul(g.w_gate, r.v_dgate, a.xn2, true, false, 1.0f, 1.0f);
+  ops::matmul(g.w_up, r.v_dup, a.xn2, true, false, 1.0f, 1.0f);
+  ops::rmsnorm_backward(r.v_dtmp, g.mlp_norm, r.v_dxn, a.h1, w.mlp_norm, a.rstd2);
+  ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d h1
 
   // Attention branch: h1 = x_in + o(att), att = attention(rope(q), rope(k), v), q/k/v = xn1 W^T + b.
-  ops::matmul(r.datt.t, r.dh.t, w.wo);
-  ops::matmul(g.wo, r.dh.t, a.att, true, false, 1.0f, 1.0f);
-  if (g.bo.defined()) ops::bias_backward(g.bo, r.dh.t);
-  const Tensor seg = batch_.segment_ids ? r.segments.t : Tensor{};
-  const Tensor dq4 = r.dq.t.reshape({B_, T_, H, Dh}), dk4 = r.dk.t.reshape({B_, T_, Hkv, Dh});
-  ops::attention_backward(dq4, dk4, r.dv.t.reshape({B_, T_, Hkv, Dh}), r.datt.t.reshape({B_, T_, H, Dh}),
+  ops::matmul(r.v_datt, r.v_dh, w.wo);
+  ops::matmul(g.wo, r.v_dh, a.att, true, false, 1.0f, 1.0f);
+  if (g.bo.defined()) ops::bias_backward(g.bo, r.v_dh);
+  const Tensor seg = batch_.segment_ids ? r.v_segments : Tensor{};
+  const Tensor dq4 = r.v_dq.reshape({B_, T_, H, Dh}), dk4 = r.v_dk.reshape({B_, T_, Hkv, Dh});
+  ops::attention_backward(dq4, dk4, r.v_dv.reshape({B_, T_, Hkv, Dh}), r.v_datt.reshape({B_, T_, H, Dh}),
                           a.q.reshape({B_, T_, H, Dh}), a.k.reshape({B_, T_, Hkv, Dh}),
                           a.v.reshape({B_, T_, Hkv, Dh}), a.att.reshape({B_, T_, H, Dh}), a.lse, seg,
                           1.0f / std::sqrt(float(Dh)));
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  ops::rope_backward(dq4, dq4, r.positions.t, inv);
-  ops::rope_backward(dk4, dk4, r.positions.t, inv);
+  ops::rope_backward(dq4, dq4, r.v_positions, inv);
+  ops::rope_backward(dk4, dk4, r.v_positions, inv);
   if (g.bq.defined()) {
-    ops::bias_backward(g.bq, r.dq.t);
-    ops::bias_backward(g.bk, r.dk.t);
-    ops::bias_backward(g.bv, r.dv.t);
+    ops::bias_backward(g.bq, r.v_dq);
+    ops::bias_backward(g.bk, r.v_dk);
+    ops::bias_backward(g.bv, r.v_dv);
   }
-  ops::matmul(r.dxn.t, r.dq.t, w.wq);
-  ops::matmul(r.dxn.t, r.dk.t, w.wk, false, false, 1.0f, 1.0f);
-  ops::matmul(r.dxn.t, r.dv.t, w.wv, false, false, 1.0f, 1.0f);
-  ops::matmul(g.wq, r.dq.t, a.xn1, true, false, 1.0f, 1.0f);
-  ops::matmul(g.wk, r.dk.t, a.xn1, true, false, 1.0f, 1.0f);
-  ops::matmul(g.wv, r.dv.t, a.xn1, true, false, 1.0f, 1.0f);
-  ops::rmsnorm_backward(r.dtmp.t, g.attn_norm, r.dxn.t, a.x_in, w.attn_norm, a.rstd1);
-  ops::add_inplace(r.dh.t, r.dtmp.t);  // dh = d x_in
+  ops::matmul(r.v_dxn, r.v_dq, w.wq);
+  ops::matmul(r.v_dxn, r.v_dk, w.wk, false, false, 1.0f, 1.0f);
+  ops::matmul(r.v_dxn, r.v_dv, w.wv, false, false, 1.0f, 1.0f);
+  ops::matmul(g.wq, r.v_dq, a.xn1, true, false, 1.0f, 1.0f);
+  ops::matmul(g.wk, r.v_dk, a.xn1, true, false, 1.0f, 1.0f);
+  ops::matmul(g.wv, r.v_dv, a.xn1, true, false, 1.0f, 1.0f);
+  ops::rmsnorm_backward(r.v_dtmp, g.attn_norm, r.v_dxn, a.x_in, w.attn_norm, a.rstd1);
+  ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d x_in
 }
 
 void LlamaCompute::embed_backward(const Batch& batch) {
   (void)batch;
-  ops::embedding_backward(g_.embed, arena_->dh.t, arena_->ids.t);
+  ops::embedding_backward(g_.embed, arena_->v_dh, arena_->v_ids);
 }
 
 ops::CrossEntropyResult LlamaCompute::forward_backward(const Batch& batch, float grad_scale) {
@@ -294,8 +318,8 @@ ops::CrossEntropyResult LlamaCompute::forward_loss(const Batch& batch) {
 void LlamaCompute::logits(const Batch& batch, const Tensor& out) {
   embed_forward(batch);
   for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
-  ops::rmsnorm_forward(arena_->xnf.t, arena_->rstdf.t, arena_->h_final.t, w_.final_norm, float(cfg_.rms_norm_eps));
-  ops::matmul(out, arena_->xnf.t, w_.lm_head, false, true);
+  ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
+  ops::matmul(out, arena_->v_xnf, w_.lm_head, false, true);
 }
 
 }  // namespace shardlm::model

@@ -86,7 +86,8 @@ class LlamaCompute {
   void set_weights(const LlamaWeights& w) { w_ = w; }
   void set_grads(const LlamaWeights& g) { g_ = g; }
 
-  // Sizes the activation arena for micro-batches of B x T (reallocates only when it grows).
+  // Sizes the activation arena for B x T tokens; it only ever grows, and any batch shape with at
+  // most that many tokens reuses it.
   void reserve(int64_t B, int64_t T);
 
   // ---- the unit-by-unit step -----------------------------------------------------------------
@@ -111,6 +112,7 @@ class LlamaCompute {
  private:
   struct Arena;
   void bind_positions(const Batch& batch);
+  void bind_shape(int64_t B, int64_t T);
 
   ModelConfig cfg_;
   DType act_dtype_;

@@ -10,7 +10,6 @@ For bf16 cases out and dx are HF's bf16 computation (cos and sin cast to bf16 an
 rounded), and out_f32 / dx_f32 are the float32 computation on the same bf16 values, which is what
 the op promises (f32 arithmetic, one rounding at the end).
 """
-import math
 
 import torch
 

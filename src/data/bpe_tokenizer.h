@@ -1,0 +1,22 @@
+// Byte-level BPE tokenizers: tiktoken files (Llama 3's tokenizer.model), Hugging Face
+// tokenizer.json (GPT-2 / Llama 3 / Qwen2 style), and GPT-2's vocab.json + merges.txt.
+// Pre-tokenization uses the model's Unicode regex through PCRE2.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/tokenizer.h"
+
+namespace shardlm::data {
+
+// Llama 3's tokenizer.model: lines of "base64(token bytes) rank". Adds Llama 3's pre-tokenizer
+// pattern and its 256 special tokens (<|begin_of_text|> = 128000, ...). BOS <|begin_of_text|>,
+// EOS <|end_of_text|>.
+std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path);
+// A Hugging Face tokenizer.json whose model is BPE with a ByteLevel pre-tokenizer/decoder.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
+// GPT-2's vocab.json and merges.txt (pattern of GPT-2, <|endoftext|> as BOS and EOS).
+std::unique_ptr<Tokenizer> load_gpt2_bpe(const std::string& vocab_json, const std::string& merges_txt);
+
+}  // namespace shardlm::data
