@@ -1,0 +1,88 @@
+#include "comm/communicator.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace shardlm::comm {
+
+void Communicator::check_tensor(const char* op, const Tensor& t) const {
+  SHARDLM_CHECK(t.defined() && t.is_contiguous() && t.device == Device::CPU, "{}: expected a contiguous CPU tensor, got {}",
+                op, t.describe());
+  SHARDLM_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "{}: expected f32 or bf16, got {}", op, t.describe());
+}
+
+void Communicator::check_gather(const char* op, const Tensor& full, const Tensor& part) const {
+  check_tensor(op, full);
+  check_tensor(op, part);
+  SHARDLM_CHECK(full.dtype == part.dtype, "{}: dtypes differ ({} and {})", op, full.describe(), part.describe());
+  SHARDLM_CHECK(full.numel() == part.numel() * size(), "{}: the full buffer has {} elements, expected {} x {}", op,
+                full.numel(), size(), part.numel());
+}
+
+namespace {
+
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+};
+
+// World size 1: every collective is a copy or nothing.
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "local"; }
+  std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor& in) override {
+    check_gather("all_gather", out, in);
+    if (out.data != in.data) std::memcpy(out.data, in.data, in.nbytes());
+    ++stats_.calls;
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp) override {
+    check_gather("reduce_scatter", in, out);
+    if (out.data != in.data) std::memcpy(out.data, in.data, in.nbytes());
+    ++stats_.calls;
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp) override {
+    check_tensor("all_reduce", buf);
+    ++stats_.calls;
+    return std::make_unique<DoneRequest>();
+  }
+  double all_reduce_sum(double value) override { return value; }
+  void broadcast(const Tensor&, int root) override {
+    SHARDLM_CHECK(root == 0, "broadcast: root {} out of range for 1 rank", root);
+  }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
+  [[noreturn]] void abort(const std::string& message) override {
+    std::fprintf(stderr, "shardlm: error: %s\n", message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+
+bool launched_by_mpi() {
+  auto set = [](const char* v) { return std::getenv(v) != nullptr; };
+  if (set("OMPI_COMM_WORLD_SIZE") || set("PMIX_RANK") || set("PMI_RANK")) return true;
+  // srun: a Slurm step with more than one task.
+  const char* ntasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  return ntasks && std::atoi(ntasks) > 1;
+}
+
+#ifndef SHARDLM_HAVE_MPI
+std::unique_ptr<Communicator> make_world_communicator() {
+  if (launched_by_mpi())
+    throw Error("started by mpirun or srun, but this shardlm was built without MPI (install libopenmpi-dev and rebuild)");
+  return make_local_communicator();
+}
+#endif
+
+}  // namespace shardlm::comm

@@ -1,0 +1,86 @@
+// Communicator: the collectives the sharding engine needs, behind one interface.
+//
+// Implementations: LocalCommunicator (one process, no MPI) and MpiCommunicator (OpenMPI; CPU ranks,
+// and the bootstrap for NCCL later). Every collective has a non-blocking form returning a Request;
+// the blocking form is that followed by wait(). Tensors must be contiguous, on the CPU, f32 or bf16.
+//
+// Reductions: f32 is summed by MPI in f32. bf16 is summed by a custom MPI op that adds pairs in
+// f32 and rounds each partial sum to bf16, as NCCL does for bf16; use reduce_dtype f32 in the
+// mixed-precision policy when that rounding matters. Avg = Sum, then a multiply by 1/size.
+//
+// Byte accounting (stats()): for each collective, the bytes one rank sends with a ring algorithm:
+// all-gather and reduce-scatter (size-1)/size of the full buffer, all-reduce twice that. These are
+// the units of the ZeRO paper's communication volumes (2Ψ for DDP, 3Ψ for ZeRO-3 ...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace shardlm::comm {
+
+enum class ReduceOp { Sum, Avg };
+
+struct CommStats {
+  int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, broadcast_bytes = 0;
+  int64_t calls = 0;
+  int64_t total() const { return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes; }
+};
+
+// A collective in flight. wait() completes it (and applies any post-processing, such as the
+// 1/size of an average); destroying an unwaited Request waits.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // out [size * n] = the concatenation of every rank's in [n]. `in` may be this rank's slice of out.
+  virtual std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor& in) = 0;
+  // out [n] = rank's slice of the reduction of every rank's in [size * n].
+  virtual std::unique_ptr<Request> reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  // buf = the reduction of every rank's buf, in place.
+  virtual std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp op) = 0;
+  virtual void broadcast(const Tensor& buf, int root) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Ends every rank of the job: prints "rank R: message" once and exits non-zero.
+  [[noreturn]] virtual void abort(const std::string& message) = 0;
+
+  void all_gather(const Tensor& out, const Tensor& in) { all_gather_async(out, in)->wait(); }
+  void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) { reduce_scatter_async(out, in, op)->wait(); }
+  void all_reduce(const Tensor& buf, ReduceOp op) { all_reduce_async(buf, op)->wait(); }
+  // Sum of one double over ranks, in double (losses, squared norms, token counts).
+  virtual double all_reduce_sum(double value) = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  // Validate a collective's tensors: contiguous CPU f32/bf16; for gathers and scatters also the
+  // same dtype and full = size x part.
+  void check_tensor(const char* op, const Tensor& t) const;
+  void check_gather(const char* op, const Tensor& full, const Tensor& part) const;
+  CommStats stats_;
+};
+
+std::unique_ptr<Communicator> make_local_communicator();
+
+// True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
+bool launched_by_mpi();
+// The world: MPI when launched by mpirun or srun (MPI is initialized here and finalized when the
+// last MPI communicator is destroyed), otherwise the local communicator. Throws when launched by
+// mpirun but built without MPI.
+std::unique_ptr<Communicator> make_world_communicator();
+
+}  // namespace shardlm::comm

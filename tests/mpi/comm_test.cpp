@@ -1,0 +1,123 @@
+// Collectives under MPI: run by ctest with 1, 2 and 4 ranks (mpirun --oversubscribe). Values
+// depend on the rank so that a wrong slice, order or reduction shows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "comm/communicator.h"
+
+using namespace shardlm;
+using namespace shardlm::comm;
+
+static Communicator* g_world = nullptr;
+
+namespace {
+Tensor view(std::vector<float>& v) { return Tensor::view(v.data(), DType::F32, {int64_t(v.size())}); }
+}  // namespace
+
+TEST(Comm, AllGatherPlacesEachRankSlice) {
+  const int R = g_world->rank(), W = g_world->size(), n = 5;
+  std::vector<float> in(n), out(size_t(n * W), -1.0f);
+  for (int i = 0; i < n; ++i) in[size_t(i)] = float(R * 100 + i);
+  g_world->all_gather(view(out), view(in));
+  for (int r = 0; r < W; ++r)
+    for (int i = 0; i < n; ++i) ASSERT_EQ(out[size_t(r * n + i)], float(r * 100 + i)) << "rank " << R;
+  // In place: the input is this rank's slice of the output.
+  std::vector<float> buf(size_t(n * W), 0.0f);
+  for (int i = 0; i < n; ++i) buf[size_t(R * n + i)] = float(R * 100 + i);
+  g_world->all_gather(view(buf), Tensor::view(buf.data() + R * n, DType::F32, {n}));
+  EXPECT_EQ(buf, out);
+}
+
+TEST(Comm, ReduceScatterSumAndAverage) {
+  const int R = g_world->rank(), W = g_world->size(), n = 3;
+  std::vector<float> in(size_t(n * W)), out(n);
+  for (int j = 0; j < n * W; ++j) in[size_t(j)] = float((R + 1) * j);
+  g_world->reduce_scatter(view(out), view(in), ReduceOp::Sum);
+  const float ranks_sum = float(W * (W + 1) / 2);  // sum of (r + 1)
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[size_t(i)], ranks_sum * float(R * n + i));
+  g_world->reduce_scatter(view(out), view(in), ReduceOp::Avg);
+  for (int i = 0; i < n; ++i) EXPECT_FLOAT_EQ(out[size_t(i)], ranks_sum * float(R * n + i) / float(W));
+}
+
+TEST(Comm, AllReduceF32AndBf16) {
+  const int R = g_world->rank(), W = g_world->size();
+  std::vector<float> v = {float(R), 1.0f, -2.0f * float(R)};
+  g_world->all_reduce(view(v), ReduceOp::Sum);
+  const float s = float(W * (W - 1) / 2);
+  EXPECT_EQ(v, (std::vector<float>{s, float(W), -2.0f * s}));
+  std::vector<bf16_t> h = {f32_to_bf16(float(R + 1)), f32_to_bf16(0.5f)};
+  g_world->all_reduce(Tensor::view(h.data(), DType::BF16, {2}), ReduceOp::Sum);
+  EXPECT_EQ(bf16_to_f32(h[0]), float(W * (W + 1) / 2));  // small integers are exact in bf16
+  EXPECT_EQ(bf16_to_f32(h[1]), 0.5f * float(W));
+  g_world->all_reduce(Tensor::view(h.data(), DType::BF16, {2}), ReduceOp::Avg);
+  EXPECT_EQ(bf16_to_f32(h[1]), 0.5f * float(W));
+  EXPECT_NEAR(g_world->all_reduce_sum(0.1 * (R + 1)), 0.1 * W * (W + 1) / 2, 1e-12);
+}
+
+TEST(Comm, BroadcastFromTheLastRank) {
+  const int R = g_world->rank(), W = g_world->size();
+  std::vector<float> v = {float(R), float(R) * 2};
+  g_world->broadcast(view(v), W - 1);
+  EXPECT_EQ(v, (std::vector<float>{float(W - 1), float(W - 1) * 2}));
+}
+
+TEST(Comm, SplitIntoShardAndReplicaGroups) {
+  // A 2-wide mesh: shard groups of consecutive ranks, replica groups of equal position.
+  const int R = g_world->rank(), W = g_world->size();
+  const int width = W >= 2 ? 2 : 1;
+  auto shard = g_world->split(R / width, R);
+  auto replica = g_world->split(R % width, R);
+  EXPECT_EQ(shard->size(), width);
+  EXPECT_EQ(shard->rank(), R % width);
+  EXPECT_EQ(replica->size(), W / width);
+  std::vector<float> v = {float(R)};
+  shard->all_reduce(view(v), ReduceOp::Sum);
+  const int base = R / width * width;
+  EXPECT_EQ(v[0], float(width == 2 ? 2 * base + 1 : base));
+}
+
+TEST(Comm, TwoCollectivesInFlight) {
+  const int R = g_world->rank(), W = g_world->size(), n = 64;
+  std::vector<float> in(n, float(R)), gathered(size_t(n * W)), big(size_t(n * W), 1.0f), part(n);
+  auto a = g_world->all_gather_async(view(gathered), view(in));
+  auto b = g_world->reduce_scatter_async(view(part), view(big), ReduceOp::Sum);
+  b->wait();
+  a->wait();
+  EXPECT_EQ(gathered[size_t(n * (W - 1))], float(W - 1));
+  EXPECT_EQ(part[0], float(W));
+}
+
+TEST(Comm, BytesFollowRingAccounting) {
+  const int W = g_world->size(), n = 1000;
+  g_world->reset_stats();
+  std::vector<float> in(n), out(size_t(n * W));
+  g_world->all_gather(view(out), view(in));
+  g_world->reduce_scatter(view(in), view(out), ReduceOp::Sum);
+  g_world->all_reduce(view(out), ReduceOp::Sum);
+  const int64_t full = int64_t(n) * W * 4;
+  EXPECT_EQ(g_world->stats().all_gather_bytes, full * (W - 1) / W);
+  EXPECT_EQ(g_world->stats().reduce_scatter_bytes, full * (W - 1) / W);
+  EXPECT_EQ(g_world->stats().all_reduce_bytes, 2 * full * (W - 1) / W);
+}
+
+TEST(Comm, MismatchedSizesAreErrors) {
+  std::vector<float> in(3), out(5);
+  EXPECT_THROW(g_world->all_gather(view(out), view(in)), Error);
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  g_world = world.get();
+  if (world->rank() != 0) {  // one rank's report is enough; failures still fail the exit code
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  std::vector<float> failed = {rc != 0 ? 1.0f : 0.0f};
+  world->all_reduce(Tensor::view(failed.data(), DType::F32, {1}), ReduceOp::Sum);
+  if (world->rank() == 0 && failed[0] > 0) std::fprintf(stderr, "%g rank(s) failed\n", double(failed[0]));
+  return failed[0] > 0 ? 1 : 0;
+}
