@@ -48,31 +48,37 @@ std::vector<UnitLayout> llama_units(const ModelConfig& c) {
   return units;
 }
 
-LlamaWeights bind_weights(const ModelConfig& c, const std::function<Tensor(const std::string&)>& lookup) {
-  LlamaWeights w;
+LayerWeights bind_layer(const ModelConfig& c, int64_t l, const std::function<Tensor(const std::string&)>& lookup) {
+  const std::string p = fmt::format("model.layers.{}.", l);
+  LayerWeights L;
+  L.attn_norm = lookup(p + "input_layernorm.weight");
+  L.wq = lookup(p + "self_attn.q_proj.weight");
+  L.wk = lookup(p + "self_attn.k_proj.weight");
+  L.wv = lookup(p + "self_attn.v_proj.weight");
+  L.wo = lookup(p + "self_attn.o_proj.weight");
+  if (c.qkv_bias) {
+    L.bq = lookup(p + "self_attn.q_proj.bias");
+    L.bk = lookup(p + "self_attn.k_proj.bias");
+    L.bv = lookup(p + "self_attn.v_proj.bias");
+  }
+  if (c.o_bias) L.bo = lookup(p + "self_attn.o_proj.bias");
+  L.mlp_norm = lookup(p + "post_attention_layernorm.weight");
+  L.w_gate = lookup(p + "mlp.gate_proj.weight");
+  L.w_up = lookup(p + "mlp.up_proj.weight");
+  L.w_down = lookup(p + "mlp.down_proj.weight");
+  return L;
+}
+
+void bind_root(const ModelConfig& c, LlamaWeights& w, const std::function<Tensor(const std::string&)>& lookup) {
   w.embed = lookup("model.embed_tokens.weight");
   w.final_norm = lookup("model.norm.weight");
   w.lm_head = c.tie_word_embeddings ? w.embed : lookup("lm_head.weight");
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    LayerWeights L;
-    L.attn_norm = lookup(p + "input_layernorm.weight");
-    L.wq = lookup(p + "self_attn.q_proj.weight");
-    L.wk = lookup(p + "self_attn.k_proj.weight");
-    L.wv = lookup(p + "self_attn.v_proj.weight");
-    L.wo = lookup(p + "self_attn.o_proj.weight");
-    if (c.qkv_bias) {
-      L.bq = lookup(p + "self_attn.q_proj.bias");
-      L.bk = lookup(p + "self_attn.k_proj.bias");
-      L.bv = lookup(p + "self_attn.v_proj.bias");
-    }
-    if (c.o_bias) L.bo = lookup(p + "self_attn.o_proj.bias");
-    L.mlp_norm = lookup(p + "post_attention_layernorm.weight");
-    L.w_gate = lookup(p + "mlp.gate_proj.weight");
-    L.w_up = lookup(p + "mlp.up_proj.weight");
-    L.w_down = lookup(p + "mlp.down_proj.weight");
-    w.layers.push_back(L);
-  }
+}
+
+LlamaWeights bind_weights(const ModelConfig& c, const std::function<Tensor(const std::string&)>& lookup) {
+  LlamaWeights w;
+  bind_root(c, w, lookup);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) w.layers.push_back(bind_layer(c, l, lookup));
   return w;
 }
 

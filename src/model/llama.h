@@ -53,6 +53,9 @@ struct LlamaWeights {
 };
 // Looks every parameter up by its Hugging Face name (lookup throws for unknown names).
 LlamaWeights bind_weights(const ModelConfig& cfg, const std::function<Tensor(const std::string&)>& lookup);
+// The same for one decoder layer, or for the root unit's tensors (embedding, final norm, head).
+LayerWeights bind_layer(const ModelConfig& cfg, int64_t layer, const std::function<Tensor(const std::string&)>& lookup);
+void bind_root(const ModelConfig& cfg, LlamaWeights& w, const std::function<Tensor(const std::string&)>& lookup);
 
 // One micro-batch: B sequences of T tokens. positions and segment_ids may be null (then
 // positions are 0..T-1 and there is one segment per sequence); packed sequences set both.
@@ -85,6 +88,9 @@ class LlamaCompute {
   const ModelConfig& config() const { return cfg_; }
   void set_weights(const LlamaWeights& w) { w_ = w; }
   void set_grads(const LlamaWeights& g) { g_ = g; }
+  // Views the engine rebinds unit by unit as it gathers parameters and gradient buffers.
+  LlamaWeights& weights() { return w_; }
+  LlamaWeights& grads() { return g_; }
 
   // Sizes the activation arena for B x T tokens; it only ever grows, and any batch shape with at
   // most that many tokens reuses it.

@@ -1,0 +1,386 @@
+#include "shard/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/rng.h"
+#include "io/model_files.h"
+
+namespace shardlm::shard {
+
+// One engine unit: consecutive model units (the root and/or decoder layers) in one flat buffer.
+struct ShardedModel::Unit {
+  std::vector<int> model_units;  // 0 = root, 1 + l = layer l
+  FlatLayout layout;             // padded to a multiple of the shard group size
+  int64_t shard_numel = 0;       // padded / shard group size
+  int64_t own_begin = 0;         // first flat element this rank stores (0 when unsharded)
+  int64_t own_numel = 0;         // elements this rank stores: shard_numel, or padded when unsharded
+  bool has_root = false;
+  std::vector<int64_t> layers;   // decoder layers, in order
+  OwnedTensor master, m, v;      // f32 [own_numel]: what this rank optimizes
+  OwnedTensor grad_shard;        // f32 [shard_numel]: reduced gradients (sharded strategies and ZeRO-1)
+  OwnedTensor full_params;       // param_dtype [padded] while gathered (persistent for NO_SHARD / ZERO1)
+  OwnedTensor full_grad;         // f32 [padded] while the backward accumulates into it
+  OwnedTensor send;              // param_dtype [shard_numel]: this rank's slice for the all-gather
+  std::unique_ptr<comm::Request> pending;
+  bool gathered = false;
+};
+
+namespace {
+// Intersection of [a0, a1) and [b0, b1).
+bool overlap(int64_t a0, int64_t a1, int64_t b0, int64_t b1, int64_t& lo, int64_t& hi) {
+  lo = std::max(a0, b0);
+  hi = std::min(a1, b1);
+  return lo < hi;
+}
+}  // namespace
+
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
+    : cfg_(cfg), sharding_(sharding), mesh_(mesh) {
+  const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
+  // Group model units into engine units by the wrap policy. The root stays a unit of its own
+  // unless nothing is wrapped (then everything is one unit, as FSDP's NO_WRAP).
+  std::vector<std::vector<int>> groups;
+  if (sharding.wrap == WrapPolicy::NoWrap) {
+    groups.emplace_back();
+    for (size_t i = 0; i < parts.size(); ++i) groups.back().push_back(int(i));
+  } else {
+    groups.push_back({0});
+    int64_t acc = 0;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      if (sharding.wrap == WrapPolicy::TransformerBased || groups.size() == 1 || acc >= sharding.min_num_params) {
+        groups.emplace_back();
+        acc = 0;
+      }
+      groups.back().push_back(int(i));
+      acc += parts[i].numel();
+    }
+  }
+  const int S = mesh.shard->size(), r = mesh.shard->rank();
+  unit_of_layer_.assign(size_t(cfg.num_hidden_layers), -1);
+  for (const std::vector<int>& g : groups) {
+    auto u = std::make_unique<Unit>();
+    u->model_units = g;
+    model::UnitLayout merged{parts[size_t(g[0])].name, {}};
+    for (int part : g) {
+      if (part == 0) u->has_root = true;
+      else {
+        u->layers.push_back(part - 1);
+        unit_of_layer_[size_t(part - 1)] = int(units_.size());
+      }
+      for (const model::ParamInfo& p : parts[size_t(part)].params) merged.params.push_back(p);
+    }
+    u->layout = make_flat_layout(merged, S);
+    u->shard_numel = u->layout.padded_numel / S;
+    const bool sharded = sharding.shard_optimizer();
+    u->own_begin = sharded ? r * u->shard_numel : 0;
+    u->own_numel = sharded ? u->shard_numel : u->layout.padded_numel;
+    u->master = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Parameters);
+    u->m = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
+    u->v = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
+    if (sharded) {
+      u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
+      u->send = OwnedTensor(sharding.param_dtype, {u->shard_numel}, MemCategory::Communication);
+    }
+    units_.push_back(std::move(u));
+  }
+}
+
+ShardedModel::~ShardedModel() = default;
+
+std::vector<std::string> ShardedModel::names() const {
+  std::vector<std::string> out;
+  for (const auto& u : units_)
+    for (const FlatEntry& e : u->layout.entries) out.push_back(e.info.name);
+  return out;
+}
+
+ShardedModel::Unit& ShardedModel::unit_of_layer(int64_t layer) { return *units_[size_t(unit_of_layer_[size_t(layer)])]; }
+
+// ---- initialization and loading: only this rank's elements -----------------------------------
+
+void ShardedModel::init_random(uint64_t seed) {
+  for (auto& up : units_) {
+    Unit& u = *up;
+    for (const FlatEntry& e : u.layout.entries) {
+      int64_t lo, hi;
+      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
+      float* p = u.master.t.f32() + (lo - u.own_begin);
+      const int64_t n = hi - lo;
+      if (e.info.init == model::Init::Normal)
+        fill_normal(p, n, seed, e.info.name, uint64_t(lo - e.offset), 0.0f, float(cfg_.initializer_range));
+      else
+        std::fill(p, p + n, e.info.init == model::Init::Ones ? 1.0f : 0.0f);
+    }
+    refresh_full_params(u);
+  }
+}
+
+void ShardedModel::load(const io::ModelWeights& weights, const std::string& source) {
+  std::vector<char> tmp;
+  for (auto& up : units_) {
+    Unit& u = *up;
+    for (const FlatEntry& e : u.layout.entries) {
+      const std::string& name = e.info.name;
+      if (!weights.has(name)) throw Error("missing from the model weights", {.file = source, .tensor = name});
+      const io::TensorInfo& info = weights.info(name);
+      if (info.shape != e.info.shape) {
+        const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
+        throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
+                    {.file = source, .tensor = name});
+      }
+      if (!info.dtype || !is_float(*info.dtype))
+        throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = source, .tensor = name});
+      int64_t lo, hi;
+      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
+      // Read only this rank's byte range of the tensor, then widen it into the f32 master.
+      const int64_t n = hi - lo;
+      tmp.resize(size_t(n) * dtype_size(*info.dtype));
+      weights.read_range(name, uint64_t(lo - e.offset), uint64_t(n), tmp.data());
+      ops::cast(Tensor::view(u.master.t.f32() + (lo - u.own_begin), DType::F32, {n}),
+                Tensor::view(tmp.data(), *info.dtype, {n}));
+    }
+    refresh_full_params(u);
+  }
+  for (const std::string& name : weights.names()) {
+    bool known = name.find("rotary_emb.inv_freq") != std::string::npos;
+    for (const auto& u : units_)
+      for (const FlatEntry& e : u->layout.entries) known = known || e.info.name == name;
+    if (!known) throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
+  }
+}
+
+// ---- parameters: gather, bind, release ---------------------------------------------------------
+
+// Strategies that keep full parameters between steps (NO_SHARD, ZERO1) refresh them here after
+// the master weights change; the others gather on demand.
+void ShardedModel::refresh_full_params(Unit& u) {
+  const bool persistent = !sharding_.shard_gradients();
+  if (!persistent) return;
+  const int64_t padded = u.layout.padded_numel;
+  if (!u.full_params.buffer.data() && !(sharding_.strategy == Strategy::NoShard && sharding_.param_dtype == DType::F32))
+    u.full_params = OwnedTensor(sharding_.param_dtype, {padded}, MemCategory::Parameters);
+  if (sharding_.strategy == Strategy::NoShard) {
+    if (sharding_.param_dtype == DType::F32)
+      u.full_params.t = u.master.t;  // the master weights are the full parameters
+    else
+      ops::cast(u.full_params.t, u.master.t);
+  } else {  // ZERO1: every rank owns a shard; gather them
+    ops::cast(u.send.t, u.master.t);
+    mesh_.shard->all_gather(u.full_params.t, u.send.t);
+  }
+  u.gathered = true;
+}
+
+void ShardedModel::gather_start(Unit& u) {
+  if (u.gathered || u.pending) return;
+  u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false);
+  ops::cast(u.send.t, u.master.t);
+  u.pending = mesh_.shard->all_gather_async(u.full_params.t, u.send.t);
+}
+
+void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
+  if (!u.gathered) {
+    gather_start(u);
+    u.pending->wait();
+    u.pending.reset();
+    u.gathered = true;
+  }
+  bind(u, c, false);
+}
+
+void ShardedModel::release(Unit& u, model::LlamaCompute& c) {
+  if (!sharding_.shard_gradients() || !u.gathered) return;  // NO_SHARD / ZERO1 keep full parameters
+  u.full_params = OwnedTensor();
+  u.gathered = false;
+  // Unbind, so that any use of a freed unit fails loudly instead of reading freed memory.
+  auto none = [](const std::string&) { return Tensor{}; };
+  for (int64_t l : u.layers) c.weights().layers[size_t(l)] = model::bind_layer(cfg_, l, none);
+  if (u.has_root) model::bind_root(cfg_, c.weights(), none);
+}
+
+void ShardedModel::bind(Unit& u, model::LlamaCompute& c, bool grads) {
+  const OwnedTensor& flat = grads ? u.full_grad : u.full_params;
+  auto lookup = [&](const std::string& name) -> Tensor {
+    for (const FlatEntry& e : u.layout.entries) {
+      if (e.info.name != name) continue;
+      char* base = static_cast<char*>(flat.t.data) + size_t(e.offset) * dtype_size(flat.t.dtype);
+      return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()));
+    }
+    throw Error("not in this unit", {.tensor = name});
+  };
+  model::LlamaWeights& w = grads ? c.grads() : c.weights();
+  if (w.layers.size() != size_t(cfg_.num_hidden_layers)) w.layers.resize(size_t(cfg_.num_hidden_layers));
+  for (int64_t l : u.layers) w.layers[size_t(l)] = model::bind_layer(cfg_, l, lookup);
+  if (u.has_root) model::bind_root(cfg_, w, lookup);
+}
+
+// ---- gradients -----------------------------------------------------------------------------
+
+void ShardedModel::ensure_grad(Unit& u, model::LlamaCompute& c) {
+  if (!u.full_grad.buffer.data())
+    u.full_grad = OwnedTensor(DType::F32, {u.layout.padded_numel}, MemCategory::Gradients);  // zeroed
+  bind(u, c, true);
+}
+
+// After a unit's backward: hand its gradients to their owners. Unsharded gradients (NO_SHARD,
+// ZERO1) accumulate in the full buffer over all micro-batches and are reduced once, at the last;
+// sharded ones are reduce-scattered every micro-batch (or at the last, with no_sync) and the
+// full buffer is freed.
+void ShardedModel::reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro) {
+  const bool sharded = sharding_.shard_gradients();
+  if (!last_micro && (!sharded || !sharding_.reduce_every_microbatch)) return;
+  comm::Communicator& group = *mesh_.shard;
+  const DType rd = sharding_.reduce_dtype;
+  if (sharding_.strategy == Strategy::NoShard) {
+    // Sum, not average: each rank's gradients are already scaled by 1 / (global batch tokens).
+    if (rd == DType::F32) {
+      group.all_reduce(u.full_grad.t, comm::ReduceOp::Sum);
+    } else {
+      OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false);
+      ops::cast(low.t, u.full_grad.t);
+      group.all_reduce(low.t, comm::ReduceOp::Sum);
+      ops::cast(u.full_grad.t, low.t);
+    }
+    return;
+  }
+  OwnedTensor part(DType::F32, {u.shard_numel}, MemCategory::Communication, false);
+  if (rd == DType::F32) {
+    group.reduce_scatter(part.t, u.full_grad.t, comm::ReduceOp::Sum);
+  } else {
+    OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false);
+    OwnedTensor low_part(rd, {u.shard_numel}, MemCategory::Communication, false);
+    ops::cast(low.t, u.full_grad.t);
+    group.reduce_scatter(low_part.t, low.t, comm::ReduceOp::Sum);
+    ops::cast(part.t, low_part.t);
+  }
+  if (sharding_.hybrid()) mesh_.replicate->all_reduce(part.t, comm::ReduceOp::Sum);
+  ops::add_inplace(u.grad_shard.t, part.t);
+  if (sharded) {
+    u.full_grad = OwnedTensor();
+    auto none = [](const std::string&) { return Tensor{}; };
+    for (int64_t l : u.layers) c.grads().layers[size_t(l)] = model::bind_layer(cfg_, l, none);
+    if (u.has_root) model::bind_root(cfg_, c.grads(), none);
+  }
+}
+
+// ---- the step ------------------------------------------------------------------------------
+
+ops::CrossEntropyResult ShardedModel::run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
+                                                      bool last) {
+  const bool reshard = sharding_.reshard_after_forward();
+  const int n = int(units_.size());
+  // Forward, unit by unit; the root (embedding, head) stays gathered until its backward ends.
+  for (int i = 0; i < n; ++i) {
+    Unit& u = *units_[size_t(i)];
+    ensure_gathered(u, c);
+    if (sharding_.forward_prefetch && i + 1 < n) gather_start(*units_[size_t(i) + 1]);
+    if (u.has_root) c.embed_forward(b);
+    for (int64_t l : u.layers) c.block_forward(int(l));
+    if (reshard && !u.has_root) release(u, c);
+  }
+  Unit& root = *units_[0];
+  ensure_grad(root, c);
+  const ops::CrossEntropyResult loss = c.head_loss(b, grad_scale, true);
+  // Backward in reverse; BACKWARD_PRE issues the next unit's gather before this unit's compute,
+  // BACKWARD_POST after it (FSDP's meanings).
+  for (int i = n - 1; i >= 0; --i) {
+    Unit& u = *units_[size_t(i)];
+    ensure_gathered(u, c);
+    if (sharding_.backward_prefetch == BackwardPrefetch::Pre && i > 0) gather_start(*units_[size_t(i) - 1]);
+    ensure_grad(u, c);
+    for (auto it = u.layers.rbegin(); it != u.layers.rend(); ++it) c.block_backward(int(*it));
+    if (u.has_root) c.embed_backward(b);
+    if (sharding_.backward_prefetch == BackwardPrefetch::Post && i > 0) gather_start(*units_[size_t(i) - 1]);
+    reduce_grad(u, c, last);
+    if (sharding_.shard_gradients()) release(u, c);
+  }
+  return loss;
+}
+
+StepStats ShardedModel::train_step(model::LlamaCompute& c, const std::vector<model::Batch>& micro,
+                                   const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
+  comm::Communicator& group = *mesh_.shard;
+  // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
+  int64_t local_tokens = 0;
+  for (const model::Batch& b : micro)
+    for (int64_t i = 0; i < b.B * b.T; ++i) local_tokens += b.targets[i] != ops::kIgnoreIndex;
+  double world_tokens = group.all_reduce_sum(double(local_tokens));
+  if (sharding_.hybrid()) world_tokens = mesh_.replicate->all_reduce_sum(world_tokens);
+  const float grad_scale = world_tokens > 0 ? float(1.0 / world_tokens) : 0.0f;
+
+  for (auto& u : units_) {
+    if (u->grad_shard.buffer.data()) ops::zero(u->grad_shard.t);
+    if (u->full_grad.buffer.data()) ops::zero(u->full_grad.t);
+  }
+  double loss_sum = 0.0;
+  for (size_t m = 0; m < micro.size(); ++m) {
+    c.reserve(micro[m].B, micro[m].T);
+    loss_sum += run_micro_batch(c, micro[m], grad_scale, m + 1 == micro.size()).loss_sum;
+  }
+  StepStats st;
+  st.tokens = int64_t(world_tokens);
+  loss_sum = group.all_reduce_sum(loss_sum);
+  if (sharding_.hybrid()) loss_sum = mesh_.replicate->all_reduce_sum(loss_sum);
+  st.loss = world_tokens > 0 ? loss_sum / world_tokens : 0.0;
+
+  // Global gradient norm. Sharded gradients: each shard group holds every element once (replicas
+  // hold copies), so sum over the shard group. NO_SHARD: every rank holds all of it.
+  double sumsq = 0.0;
+  for (auto& u : units_) sumsq += ops::sum_squares(sharding_.shard_optimizer() ? u->grad_shard.t : u->full_grad.t);
+  if (sharding_.shard_optimizer()) sumsq = group.all_reduce_sum(sumsq);
+  st.grad_norm = std::sqrt(sumsq);
+  const float clip = ops::clip_coefficient(st.grad_norm, float(max_grad_norm));
+
+  // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay).
+  ops::AdamWConfig no_decay = opt;
+  no_decay.weight_decay = 0.0;
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const Tensor& g = sharding_.shard_optimizer() ? u.grad_shard.t : u.full_grad.t;
+    for (const FlatEntry& e : u.layout.entries) {
+      int64_t lo, hi;
+      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
+      const int64_t a = lo - u.own_begin, z = hi - u.own_begin;
+      ops::adamw_step(u.master.t.slice(a, z), g.slice(a, z), u.m.t.slice(a, z), u.v.t.slice(a, z),
+                      e.info.weight_decay ? opt : no_decay, step, clip);
+    }
+    refresh_full_params(u);
+  }
+  return st;
+}
+
+ops::CrossEntropyResult ShardedModel::forward_loss(model::LlamaCompute& c, const model::Batch& b) {
+  c.reserve(b.B, b.T);
+  for (auto& up : units_) {
+    Unit& u = *up;
+    ensure_gathered(u, c);
+    if (u.has_root) c.embed_forward(b);
+    for (int64_t l : u.layers) c.block_forward(int(l));
+    if (!u.has_root) release(u, c);
+  }
+  const ops::CrossEntropyResult r = c.head_loss(b, 1.0f, false);
+  release(*units_[0], c);
+  return r;
+}
+
+std::vector<float> ShardedModel::gather_tensor(const std::string& name) {
+  for (auto& up : units_) {
+    Unit& u = *up;
+    for (const FlatEntry& e : u.layout.entries) {
+      if (e.info.name != name) continue;
+      std::vector<float> full(static_cast<size_t>(u.layout.padded_numel));
+      if (sharding_.shard_optimizer())
+        mesh_.shard->all_gather(Tensor::view(full.data(), DType::F32, {u.layout.padded_numel}), u.master.t);
+      else
+        std::memcpy(full.data(), u.master.t.data, full.size() * 4);
+      return std::vector<float>(full.begin() + e.offset, full.begin() + e.offset + e.info.numel());
+    }
+  }
+  throw Error("no such parameter in this model", {.tensor = name});
+}
+
+}  // namespace shardlm::shard

@@ -1,0 +1,78 @@
+// The sharding engine: one code path for every strategy (sharding.h), driving a LlamaCompute
+// unit by unit — gathering each unit's parameters before its forward and backward, freeing them
+// as the strategy says, reducing its gradients to their owners, and stepping AdamW on this rank's
+// shard only.
+//
+// Ownership: the engine owns every parameter, gradient and optimizer buffer (tracked under their
+// categories); it rebinds the LlamaCompute's weight and gradient views to gathered buffers as it
+// goes, so the compute object must not be used with other weights while the engine drives it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "ops/ops.h"
+#include "shard/flat_layout.h"
+#include "shard/sharding.h"
+
+namespace shardlm::io {
+class ModelWeights;
+}
+
+namespace shardlm::shard {
+
+// One optimizer step's results, global over all ranks.
+struct StepStats {
+  double loss = 0;      // mean over the global batch's non-ignored targets
+  int64_t tokens = 0;   // those targets, all ranks together
+  double grad_norm = 0; // global L2 norm before clipping
+};
+
+class ShardedModel {
+ public:
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
+  ~ShardedModel();
+
+  // Each rank initializes / reads only the elements of its own shard (or everything for NO_SHARD).
+  void init_random(uint64_t seed);
+  void load(const io::ModelWeights& weights, const std::string& source);
+
+  // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
+  // over the non-ignored targets of the whole global batch (all micro-batches of all ranks).
+  StepStats train_step(model::LlamaCompute& compute, const std::vector<model::Batch>& micro,
+                       const ops::AdamWConfig& opt, int64_t step, double max_grad_norm);
+  // Forward and loss of this rank's batch (evaluation); returns the local sum and count.
+  ops::CrossEntropyResult forward_loss(model::LlamaCompute& compute, const model::Batch& batch);
+
+  // The f32 master values of one tensor, gathered from its shards (collective: every rank calls).
+  std::vector<float> gather_tensor(const std::string& name);
+  std::vector<std::string> names() const;
+  int num_units() const { return int(units_.size()); }
+  const ShardingConfig& sharding() const { return sharding_; }
+  comm::Communicator& shard_comm() { return *mesh_.shard; }
+
+ private:
+  struct Unit;
+  void gather_start(Unit& u);
+  void ensure_gathered(Unit& u, model::LlamaCompute& c);
+  void release(Unit& u, model::LlamaCompute& c);
+  void ensure_grad(Unit& u, model::LlamaCompute& c);
+  void reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro);
+  void bind(Unit& u, model::LlamaCompute& c, bool grads);
+  void refresh_full_params(Unit& u);
+  Unit& unit_of_layer(int64_t layer);
+  ops::CrossEntropyResult run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
+                                          bool last_micro);
+
+  ModelConfig cfg_;
+  ShardingConfig sharding_;
+  Mesh& mesh_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<int> unit_of_layer_;  // engine unit index per decoder layer
+};
+
+}  // namespace shardlm::shard

@@ -1,0 +1,61 @@
+// How a model is sharded: FSDP's strategies as three switches plus a mesh (DESIGN.md).
+//
+//   strategy            shard optimizer  shard gradients  reshard after forward
+//   NO_SHARD (DDP)      no               no               no (parameters always full)
+//   ZERO1               yes              no               no (all-gather after the step)
+//   SHARD_GRAD_OP       yes              yes              no (gathered in forward, kept to backward end)
+//   FULL_SHARD          yes              yes              yes (freed after forward, re-gathered)
+//   HYBRID_SHARD        as FULL_SHARD inside a shard group, gradients all-reduced across replicas
+//   _HYBRID_SHARD_ZERO2 as SHARD_GRAD_OP inside a shard group, likewise
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/dtype.h"
+
+namespace shardlm::shard {
+
+enum class Strategy { NoShard, Zero1, ShardGradOp, FullShard, HybridShard, HybridShardZero2 };
+enum class WrapPolicy { TransformerBased, SizeBased, NoWrap };
+enum class BackwardPrefetch { None, Pre, Post };
+
+// FSDP's names ("FULL_SHARD"), accelerate's numbers ("1" = FULL_SHARD ... "5" = _HYBRID_SHARD_ZERO2)
+// and "ZERO1". Unknown names throw an Error listing the accepted ones.
+Strategy parse_strategy(const std::string& name);
+const char* strategy_name(Strategy s);
+WrapPolicy parse_wrap_policy(const std::string& name);  // TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
+BackwardPrefetch parse_backward_prefetch(const std::string& name);  // BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH
+
+struct ShardingConfig {
+  Strategy strategy = Strategy::FullShard;
+  WrapPolicy wrap = WrapPolicy::TransformerBased;
+  int64_t min_num_params = 100000000;  // SIZE_BASED_WRAP: decoder layers per unit until this many
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
+  int shard_group_size = 0;           // hybrid: ranks per shard group; 0 = ranks per node
+  DType param_dtype = DType::F32;     // gathered parameters and compute
+  DType reduce_dtype = DType::F32;    // gradient communication
+  bool reduce_every_microbatch = true;  // false: defer gradient reduction to the last micro-batch (no_sync)
+
+  bool shard_optimizer() const { return strategy != Strategy::NoShard; }
+  bool shard_gradients() const;
+  bool reshard_after_forward() const {
+    return strategy == Strategy::FullShard || strategy == Strategy::HybridShard;
+  }
+  bool hybrid() const { return strategy == Strategy::HybridShard || strategy == Strategy::HybridShardZero2; }
+};
+
+// Ranks as replicate groups x shard groups. Plain strategies: one shard group of all ranks (for
+// NO_SHARD the "shard group" is the data-parallel group over which gradients are all-reduced).
+struct Mesh {
+  std::unique_ptr<comm::Communicator> shard;      // parameters are split over these ranks
+  std::unique_ptr<comm::Communicator> replicate;  // hybrid: gradients are all-reduced over these
+  int world_rank = 0, world_size = 1;
+};
+// Refuses impossible layouts before any work, e.g. a shard group size that does not divide the world.
+Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node);
+
+}  // namespace shardlm::shard
