@@ -98,6 +98,14 @@ std::vector<std::string> ShardedModel::names() const {
   return out;
 }
 
+int64_t ShardedModel::padded_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u->layout.padded_numel;
+  return n;
+}
+
+int64_t ShardedModel::padded_numel(int unit) const { return units_[size_t(unit)]->layout.padded_numel; }
+
 ShardedModel::Unit& ShardedModel::unit_of_layer(int64_t layer) { return *units_[size_t(unit_of_layer_[size_t(layer)])]; }
 
 // ---- initialization and loading: only this rank's elements -----------------------------------

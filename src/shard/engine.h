@@ -52,6 +52,9 @@ class ShardedModel {
   std::vector<float> gather_tensor(const std::string& name);
   std::vector<std::string> names() const;
   int num_units() const { return int(units_.size()); }
+  // Elements of all units' flat buffers (padding included), or of one unit.
+  int64_t padded_numel() const;
+  int64_t padded_numel(int unit) const;
   const ShardingConfig& sharding() const { return sharding_; }
   comm::Communicator& shard_comm() { return *mesh_.shard; }
 

@@ -20,7 +20,7 @@ static comm::Communicator* g_world = nullptr;
 
 namespace {
 
-constexpr int kSteps = 6, kAccum = 2, kRowsPerMicro = 4, kT = 12;  // global batch: 8 rows of 12 tokens
+constexpr int kSteps = 20, kAccum = 2, kRowsPerMicro = 4, kT = 12;  // global batch: 8 rows of 12 tokens
 
 ModelConfig test_config() {
   ModelConfig c = preset("tiny");
@@ -156,6 +156,109 @@ TEST(Engine, OptimizerBytesFallWithTheShardCount) {
   const double full = double(optimizer_bytes(shard::Strategy::NoShard));
   const double sharded = double(optimizer_bytes(shard::Strategy::FullShard));
   EXPECT_NEAR(sharded * g_world->size() / full, 1.0, 0.01);  // padding adds at most a few elements
+}
+
+namespace {
+// One step of the engine on this rank's slice of a global batch of `global_rows` rows, split into
+// `micro_batches` micro-batches.
+shard::StepStats one_step(shard::ShardedModel& engine, model::LlamaCompute& compute, int step, int micro_batches,
+                          const ops::AdamWConfig& opt, int global_rows = kRowsPerMicro) {
+  const int W = g_world->size(), R = g_world->rank();
+  const int rows_per_micro = global_rows / micro_batches;
+  std::vector<data::BatchBuffers> bufs;
+  for (int m = 0; m < micro_batches; ++m) {
+    std::vector<data::Example> rows;
+    const int per = rows_per_micro / W;
+    for (int r = R * per; r < (R + 1) * per; ++r) rows.push_back(row(step, 0, m * rows_per_micro + r));
+    bufs.push_back(data::make_batch(rows, kT, 0));
+  }
+  std::vector<model::Batch> micro;
+  for (const auto& b : bufs) micro.push_back(b.batch());
+  return engine.train_step(compute, micro, opt, step + 1, 1.0);
+}
+}  // namespace
+
+TEST(Engine, BytesPerStepMatchZeroTheory) {
+  // Per step with one micro-batch, in units of the (padded) parameter count Psi, ring accounting:
+  // NO_SHARD all-reduce 2 Psi; ZERO1 reduce-scatter + all-gather 2 Psi; SHARD_GRAD_OP 2 Psi;
+  // FULL_SHARD 3 Psi, less one all-gather of the root, which (as FSDP's root) is not freed
+  // between forward and backward.
+  const ModelConfig cfg = test_config();
+  const int W = g_world->size();
+  for (shard::Strategy s : {shard::Strategy::NoShard, shard::Strategy::Zero1, shard::Strategy::ShardGradOp,
+                            shard::Strategy::FullShard}) {
+    SCOPED_TRACE(shard::strategy_name(s));
+    shard::ShardingConfig c;
+    c.strategy = s;
+    shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
+    shard::ShardedModel engine(cfg, c, mesh);
+    engine.init_random(1);
+    model::LlamaCompute compute(cfg, DType::F32);
+    mesh.shard->reset_stats();
+    one_step(engine, compute, 0, 1, {});
+    const comm::CommStats& st = mesh.shard->stats();
+    const int64_t psi = engine.padded_numel(), root = engine.padded_numel(0);
+    auto ring = [&](int64_t elems) { return elems * 4 * (W - 1) / W; };
+    switch (s) {
+      case shard::Strategy::NoShard:
+        EXPECT_EQ(st.all_reduce_bytes, 2 * ring(psi));
+        EXPECT_EQ(st.all_gather_bytes + st.reduce_scatter_bytes, 0);
+        break;
+      case shard::Strategy::Zero1:
+      case shard::Strategy::ShardGradOp:
+        EXPECT_EQ(st.reduce_scatter_bytes, ring(psi));
+        EXPECT_EQ(st.all_gather_bytes, ring(psi));
+        break;
+      default:
+        EXPECT_EQ(st.reduce_scatter_bytes, ring(psi));
+        EXPECT_EQ(st.all_gather_bytes, 2 * ring(psi) - ring(root));
+    }
+    EXPECT_EQ(st.all_reduce_bytes + st.all_gather_bytes + st.reduce_scatter_bytes,
+              s == shard::Strategy::FullShard ? 3 * ring(psi) - ring(root) : 2 * ring(psi));
+  }
+}
+
+TEST(Engine, GradientBytesFallWithTheShardCount) {
+  // After a step NO_SHARD keeps full gradients; sharded strategies keep 1/W of them.
+  const ModelConfig cfg = test_config();
+  auto gradient_bytes = [&](shard::Strategy s) {
+    shard::ShardingConfig c;
+    c.strategy = s;
+    shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
+    const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Gradients)];
+    shard::ShardedModel engine(cfg, c, mesh);
+    engine.init_random(1);
+    model::LlamaCompute compute(cfg, DType::F32);
+    one_step(engine, compute, 0, 1, {});
+    return double(MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Gradients)] - before);
+  };
+  const double full = gradient_bytes(shard::Strategy::NoShard);
+  EXPECT_NEAR(gradient_bytes(shard::Strategy::FullShard) * g_world->size() / full, 1.0, 0.01);
+  EXPECT_NEAR(gradient_bytes(shard::Strategy::ShardGradOp) * g_world->size() / full, 1.0, 0.01);
+}
+
+TEST(Engine, TwoMicroBatchesEqualOneBatchTwiceTheSize) {
+  const ModelConfig cfg = test_config();
+  for (bool no_sync : {false, true}) {
+    SCOPED_TRACE(no_sync ? "no_sync" : "reduce every micro-batch");
+    shard::ShardingConfig c;
+    c.strategy = shard::Strategy::FullShard;
+    c.reduce_every_microbatch = !no_sync;
+    shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
+    shard::ShardedModel one(cfg, c, mesh), two(cfg, c, mesh);
+    one.init_random(9);
+    two.init_random(9);
+    model::LlamaCompute compute(cfg, DType::F32);
+    ops::AdamWConfig opt;
+    opt.lr = 1e-3;
+    for (int s = 0; s < 3; ++s) {
+      const shard::StepStats a = one_step(one, compute, s, 1, opt, 8);
+      const shard::StepStats b = one_step(two, compute, s, 2, opt, 8);
+      EXPECT_EQ(a.tokens, b.tokens);
+      EXPECT_NEAR(a.loss, b.loss, 1e-6 * a.loss);
+      EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * a.grad_norm);
+    }
+  }
 }
 
 TEST(Engine, ImpossibleMeshIsRefusedBeforeAnyWork) {
