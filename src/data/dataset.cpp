@@ -30,11 +30,40 @@ Example TokenStreamDataset::get(int64_t index) const {
   return e;
 }
 
+size_t utf8_error_offset(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp, min;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = cp << 6 | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
 std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer& tok) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("cannot open the text file", {.file = path});
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (text.empty()) throw Error("the text file is empty", {.file = path});
+  if (const size_t bad = utf8_error_offset(text); bad != std::string::npos)
+    throw Error(fmt::format("invalid UTF-8 (byte 0x{:02X}); the data must be UTF-8 text", uint8_t(text[bad])),
+                {.file = path, .line = 1 + std::count(text.begin(), text.begin() + int64_t(bad), '\n')});
   return tok.encode_with(text, true, true);
 }
 

@@ -1,4 +1,5 @@
 // Datasets of training examples and the batcher that turns them into model::Batch.
+// Owner: the data pipeline (src/data; see docs/data.md).
 //
 // An Example is one row: input ids and aligned targets (targets[t] is the token to predict
 // after ids[0..t]; kIgnoreIndex where there is no loss). Datasets index examples; the batcher
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/tokenizer.h"
@@ -25,7 +27,27 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual Example get(int64_t index) const = 0;
+  // Input tokens of example `index` (what packing needs), without building the example where
+  // a dataset can tell.
+  virtual int64_t length(int64_t index) const { return int64_t(get(index).ids.size()); }
 };
+
+// Examples held in memory (instruction and chat data, rendered once at load).
+class ExampleDataset final : public Dataset {
+ public:
+  explicit ExampleDataset(std::vector<Example> examples) : examples_(std::move(examples)) {}
+  int64_t size() const override { return int64_t(examples_.size()); }
+  Example get(int64_t index) const override { return examples_[size_t(index)]; }
+  int64_t length(int64_t index) const override { return int64_t(examples_[size_t(index)].ids.size()); }
+  const std::vector<Example>& examples() const { return examples_; }
+
+ private:
+  std::vector<Example> examples_;
+};
+
+// The byte offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates
+// and code points above U+10FFFF are invalid), or std::string_view::npos when all is valid.
+size_t utf8_error_offset(std::string_view s);
 
 // A token stream cut into windows of seq_len + 1 tokens (inputs = window[0..T), targets =
 // window[1..T]). Windows do not overlap; a final partial window is dropped.
@@ -34,6 +56,7 @@ class TokenStreamDataset final : public Dataset {
   TokenStreamDataset(std::vector<int32_t> tokens, int64_t seq_len);
   int64_t size() const override;
   Example get(int64_t index) const override;
+  int64_t length(int64_t) const override { return seq_len_; }
   int64_t num_tokens() const { return int64_t(tokens_.size()); }
 
  private:
@@ -41,7 +64,8 @@ class TokenStreamDataset final : public Dataset {
   int64_t seq_len_;
 };
 
-// Reads a whole text file and tokenizes it (BOS at the start, EOS at the end).
+// Reads a whole text file and tokenizes it (BOS at the start, EOS at the end). Text that is not
+// UTF-8 is an error naming the file and line.
 std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer& tok);
 // Reads a pre-tokenized file of little-endian uint16 or uint32 ids (token_bytes 2 or 4) and
 // checks every id against the vocabulary, naming the file and offset of the first bad one.

@@ -1,5 +1,9 @@
 #include "train/train_config.h"
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
 #include "io/model_files.h"
 
 namespace shardlm::train {
@@ -32,17 +36,36 @@ TrainConfig read_train_config(ConfigTree& t) {
   c.compute_dtype = read_dtype(t, "compute_dtype", "f32");
   if (c.compute_dtype == DType::F16) throw t.error_at("compute_dtype", "f16 compute is not supported (use bf16)");
 
+  // `data.format` was this key's name before instruction data existed.
+  t.alias("data.format", "data.type");
   const ConfigTree d = t.section("data");
-  c.data.train = d.require<std::string>("train");
-  c.data.format = d.get("format", "auto");
-  if (c.data.format != "auto" && c.data.format != "text" && c.data.format != "tokens")
-    throw d.error_at("format", fmt::format("expected auto, text or tokens, got '{}'", c.data.format));
+  c.data.type = d.get("type", "auto");
+  static const char* kTypes[] = {"auto", "text", "tokens", "alpaca", "chat", "builtin:addition"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), c.data.type) == std::end(kTypes))
+    throw d.error_at("type", fmt::format("expected auto, text, tokens, alpaca, chat or builtin:addition, got '{}'",
+                                         c.data.type));
+  c.data.train = c.data.type == "builtin:addition" ? d.get("train", "builtin:addition")
+                                                   : d.require<std::string>("train");
   c.data.token_bytes = d.get<int>("token_bytes", 2);
   if (c.data.token_bytes != 2 && c.data.token_bytes != 4) throw d.error_at("token_bytes", "must be 2 or 4");
   c.data.eval = d.get("eval", "");
   c.data.eval_fraction = d.get<double>("eval_fraction", c.data.eval_fraction);
   if (c.data.eval_fraction < 0 || c.data.eval_fraction >= 1)
     throw d.error_at("eval_fraction", "must be in [0, 1)");
+  const ConfigTree cols = d.section("columns");
+  for (auto [key, field] : {std::pair{"instruction", &c.data.columns.instruction},
+                            std::pair{"input", &c.data.columns.input}, std::pair{"output", &c.data.columns.output}}) {
+    *field = cols.get(key, field->c_str());
+    if (field->empty()) throw cols.error_at(key, "must name a field");
+  }
+  c.data.train_on_input = d.get<bool>("train_on_input", false);
+  c.data.chat_format = d.get("chat_format", "auto");
+  if (c.data.chat_format != "auto" && c.data.chat_format != "llama3" && c.data.chat_format != "llama2")
+    throw d.error_at("chat_format", fmt::format("expected auto, llama3 or llama2, got '{}'", c.data.chat_format));
+  c.data.packing = d.get_optional<bool>("packing");
+  c.data.on_bad_row = d.get("on_bad_row", "fail");
+  if (c.data.on_bad_row != "fail" && c.data.on_bad_row != "skip")
+    throw d.error_at("on_bad_row", fmt::format("expected fail or skip, got '{}'", c.data.on_bad_row));
   c.data.digits = d.get<int>("digits", c.data.digits);
   c.data.train_examples = positive<int64_t>(d, "train_examples", c.data.train_examples);
   c.data.eval_examples = positive<int64_t>(d, "eval_examples", c.data.eval_examples);

@@ -9,6 +9,9 @@
 
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "data/instruct.h"
+#include "data/packing.h"
+#include "data/sampler.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
 #include "model/llama.h"
@@ -24,38 +27,96 @@ namespace {
 
 constexpr const char* kBuiltinAddition = "builtin:addition";
 
-// The training and evaluation data of a run.
-struct RunData {
-  std::unique_ptr<data::Dataset> train, eval;
-  const data::AdditionTask* task = nullptr;  // the eval set when it is a built-in task
-  int64_t seq_len = 0;
-  std::string describe;
-};
+// The data type of a file when `data.type` is auto.
+std::string resolve_type(const DataConfig& dc, const std::string& path) {
+  if (dc.type != "auto") return dc.type;
+  if (path == kBuiltinAddition) return kBuiltinAddition;
+  if (path.ends_with(".bin") || path.ends_with(".tokens")) return "tokens";
+  if (path.ends_with(".json") || path.ends_with(".jsonl")) return data::detect_json_kind(path, dc.columns);
+  return "text";
+}
 
-RunData make_data(const TrainConfig& c, const data::Tokenizer& tok) {
+// Record k of a file is held out when this hash of k falls below the fraction: deterministic,
+// independent of the seed and of which other records were skipped, and spread over the file.
+bool held_out_record(int64_t k, double fraction) {
+  const auto r = philox4x32({uint32_t(k), uint32_t(uint64_t(k) >> 32), 0xe7a1, 0}, {0x5eed, 0x5711});
+  return double(r[0]) < fraction * 4294967296.0;
+}
+
+}  // namespace
+
+RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
   RunData d;
   const DataConfig& dc = c.data;
-  if (dc.train == kBuiltinAddition) {
+  d.type = resolve_type(dc, dc.train);
+  d.seq_len = c.seq_len;
+  if (d.type == kBuiltinAddition) {
     d.train = std::make_unique<data::AdditionTask>(tok, dc.digits, false, dc.train_examples, c.seed);
     auto eval = std::make_unique<data::AdditionTask>(tok, dc.digits, true, dc.eval_examples, c.seed);
     d.task = eval.get();
     d.eval = std::move(eval);
-    // Rows are short: no need to pad them to seq_len.
+    // Rows are short: no need for longer rows than the longest problem.
     d.seq_len = std::min(c.seq_len, data::AdditionTask::max_tokens(dc.digits));
-    d.describe = fmt::format("{} ({}-digit operands, {} training problems, {} held-out)", dc.train, dc.digits,
-                             dc.train_examples, dc.eval_examples);
+    d.packing = dc.packing.value_or(false);
+    d.report.push_back(fmt::format("{} ({}-digit operands, {} training problems, {} held-out)", dc.train, dc.digits,
+                                   dc.train_examples, dc.eval_examples));
     return d;
   }
-  d.seq_len = c.seq_len;
+  if (d.type == "alpaca" || d.type == "chat") {
+    d.packing = dc.packing.value_or(true);
+    data::InstructOptions opt;
+    opt.columns = dc.columns;
+    opt.train_on_input = dc.train_on_input;
+    opt.chat_format = dc.chat_format;
+    opt.on_bad_row = dc.on_bad_row == "skip" ? data::BadRowPolicy::Skip : data::BadRowPolicy::Fail;
+    opt.max_seq_len = c.seq_len;
+    data::LoadReport rep;
+    std::vector<int64_t> ordinals;
+    std::vector<data::Example> all = data::load_instruct_file(dc.train, d.type, tok, opt, rep, &ordinals);
+    std::vector<data::Example> train, eval;
+    if (!dc.eval.empty()) {
+      const std::string eval_type = resolve_type(dc, dc.eval);
+      if (eval_type != d.type)
+        throw Error(fmt::format("the eval file is {} data but the training file is {}", eval_type, d.type),
+                    {.file = dc.eval});
+      data::LoadReport erep;
+      eval = data::load_instruct_file(dc.eval, d.type, tok, opt, erep);
+      train = std::move(all);
+      d.report.push_back(fmt::format("train {}: {}", dc.train, rep.summary()));
+      d.report.push_back(fmt::format("eval {}: {}", dc.eval, erep.summary()));
+    } else {
+      for (size_t i = 0; i < all.size(); ++i)
+        (dc.eval_fraction > 0 && held_out_record(ordinals[i], dc.eval_fraction) ? eval : train)
+            .push_back(std::move(all[i]));
+      // A tiny file may draw no held-out record: hold out its last example rather than none.
+      if (dc.eval_fraction > 0 && eval.empty() && train.size() >= 2) {
+        eval.push_back(std::move(train.back()));
+        train.pop_back();
+      }
+      d.report.push_back(fmt::format("{}: {}", dc.train, rep.summary()));
+      d.report.push_back(fmt::format("split: {} training examples, {} held out (eval_fraction {}, by a hash of "
+                                     "the record number)",
+                                     train.size(), eval.size(), dc.eval_fraction));
+    }
+    if (train.empty()) throw Error("no training examples are left after the eval split", {.file = dc.train});
+    d.train = std::make_unique<data::ExampleDataset>(std::move(train));
+    d.eval = std::make_unique<data::ExampleDataset>(std::move(eval));
+    return d;
+  }
+  d.packing = dc.packing.value_or(false);
   auto load = [&](const std::string& path) {
-    const bool tokens = dc.format == "tokens" ||
-                        (dc.format == "auto" && (path.ends_with(".bin") || path.ends_with(".tokens")));
-    return tokens ? data::read_token_file(path, dc.token_bytes, tok.vocab_size()) : data::tokenize_text_file(path, tok);
+    const std::string type = resolve_type(dc, path);
+    if (type != "tokens" && type != "text")
+      throw Error(fmt::format("the {} file is {} data, but the training file is {}", path, type, d.type),
+                  {.file = path});
+    return type == "tokens" ? data::read_token_file(path, dc.token_bytes, tok.vocab_size())
+                            : data::tokenize_text_file(path, tok);
   };
   std::vector<int32_t> train_tokens = load(dc.train), eval_tokens;
   if (!dc.eval.empty()) {
     eval_tokens = load(dc.eval);
   } else if (dc.eval_fraction > 0) {
+    // A token stream is split at the tail: windows from either side never share text.
     const size_t split = size_t(double(train_tokens.size()) * (1.0 - dc.eval_fraction));
     eval_tokens.assign(train_tokens.begin() + int64_t(split), train_tokens.end());
     train_tokens.resize(split);
@@ -66,56 +127,47 @@ RunData make_data(const TrainConfig& c, const data::Tokenizer& tok) {
   if (d.train->size() == 0)
     throw Error(fmt::format("{} training tokens make no sequence of seq_len {} + 1", n_train, d.seq_len),
                 {.file = dc.train});
-  d.describe = fmt::format("{} ({} training tokens, {} held-out tokens)", dc.train, n_train, n_eval);
+  d.report.push_back(fmt::format("{} ({}: {} training tokens, {} held-out tokens)", dc.train, d.type, n_train, n_eval));
   return d;
 }
 
-// A deterministic pass over a dataset in shuffled order, reshuffled every epoch from (seed, epoch).
-class Sampler {
- public:
-  Sampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) { shuffle(); }
-  int64_t next() {
-    if (pos_ == n_) {
-      ++epoch_;
-      shuffle();
-    }
-    return order_[size_t(pos_++)];
+double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, bool packing, int64_t B, int64_t T,
+                 int64_t max_batches, int32_t pad) {
+  if (eval.size() == 0) return NAN;
+  std::vector<int64_t> order(static_cast<size_t>(eval.size()));
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<std::vector<int64_t>> rows;
+  if (packing) {
+    rows = data::pack_greedy(order, [&](int64_t i) { return eval.length(i); }, T);
+  } else {
+    for (const int64_t i : order) rows.push_back({i});
   }
-  int64_t epoch() const { return epoch_; }
-
- private:
-  void shuffle() {
-    order_.resize(size_t(n_));
-    std::iota(order_.begin(), order_.end(), 0);
-    const uint64_t stream = stream_id("sampler") ^ uint64_t(epoch_);
-    for (int64_t i = n_ - 1; i > 0; --i) {  // Fisher-Yates
-      const uint32_t r = philox4x32({uint32_t(i), uint32_t(i >> 32), uint32_t(stream), uint32_t(stream >> 32)},
-                                    {uint32_t(seed_), uint32_t(seed_ >> 32)})[0];
-      std::swap(order_[size_t(i)], order_[size_t(r % uint32_t(i + 1))]);
-    }
-    pos_ = 0;
-  }
-  int64_t n_;
-  uint64_t seed_;
-  int64_t epoch_ = 0, pos_ = 0;
-  std::vector<int64_t> order_;
-};
-
-double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, int64_t B, int64_t T, int64_t max_batches,
-                 int32_t pad) {
   double sum = 0.0;
   int64_t count = 0;
-  for (int64_t b = 0; b < max_batches && b * B < eval.size(); ++b) {
-    std::vector<data::Example> rows;
-    for (int64_t i = b * B; i < std::min(eval.size(), (b + 1) * B); ++i) rows.push_back(eval.get(i));
-    while (int64_t(rows.size()) < B) rows.push_back({{pad}, {ops::kIgnoreIndex}});  // the arena's fixed shape
-    const data::BatchBuffers buf = data::make_batch(rows, T, pad);
+  for (int64_t b = 0; b < max_batches && b * B < int64_t(rows.size()); ++b) {
+    // The last batch may have fewer rows: the arena holds any shape of at most B x T tokens.
+    const int64_t end = std::min<int64_t>(int64_t(rows.size()), (b + 1) * B);
+    data::BatchBuffers buf;
+    if (packing) {
+      std::vector<std::vector<data::Example>> packed;
+      for (int64_t r = b * B; r < end; ++r) {
+        packed.emplace_back();
+        for (const int64_t i : rows[size_t(r)]) packed.back().push_back(eval.get(i));
+      }
+      buf = data::make_packed_batch(packed, T, pad);
+    } else {
+      std::vector<data::Example> padded;
+      for (int64_t r = b * B; r < end; ++r) padded.push_back(eval.get(rows[size_t(r)][0]));
+      buf = data::make_padded_batch(padded, T, pad);
+    }
     const ops::CrossEntropyResult r = model.forward_loss(buf.batch());
     sum += r.loss_sum;
     count += r.count;
   }
   return count ? sum / double(count) : NAN;
 }
+
+namespace {
 
 // Exact-match accuracy of greedy answers to held-out problems.
 double task_accuracy(const ModelConfig& cfg, const model::LlamaWeights& w, const data::AdditionTask& task,
@@ -159,7 +211,7 @@ TrainResult run_training(const TrainConfig& c) {
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", tok->name(),
                             tok->vocab_size(), mcfg.vocab_size),
                 {.file = c.model + "/config.json", .key = "vocab_size"});
-  const RunData data = make_data(c, *tok);
+  const RunData data = load_run_data(c, *tok);
   const int64_t T = data.seq_len, B = c.micro_batch_size;
   if (T > mcfg.max_position_embeddings)
     throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T,
@@ -190,13 +242,30 @@ TrainResult run_training(const TrainConfig& c) {
   progress.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c.model,
                              mcfg.num_hidden_layers, mcfg.hidden_size, double(params.numel()) / 1e6,
                              dtype_name(c.compute_dtype)));
-  progress.print(fmt::format("data: {}; tokenizer: {}", data.describe, tok->name()));
+  // World size 1 until the sharding engine drives this loop; the sampler already takes any.
+  data::SamplerOptions so;
+  so.seq_len = T;
+  so.packing = data.packing;
+  so.micro_batch_size = B;
+  so.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  so.seed = c.seed;
+  so.pad_id = pad;
+  data::DistributedSampler sampler(*data.train, so);
+  progress.print(fmt::format("data ({}; tokenizer: {}):", data.type, tok->name()));
+  for (const std::string& line : data.report) progress.print("  " + line);
+  {
+    const int64_t rows = int64_t(sampler.epoch_rows(0).size()), truncated = sampler.truncated_in_epoch(0);
+    progress.print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows",
+                               rows, data.packing ? "packed rows" : "padded rows", T, data.train->size(),
+                               truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, T) : "",
+                               sampler.steps_in_epoch(0), sampler.rows_per_step()));
+  }
   progress.print(fmt::format("batch: {} x {} tokens x {} accumulation = {} tokens per step; {} steps", B, T,
                              c.gradient_accumulation_steps, B * T * c.gradient_accumulation_steps, c.max_steps));
 
   TrainResult result;
   auto evaluate = [&](int64_t step) {
-    const double loss = eval_loss(model, *data.eval, B, T, c.eval_batches, pad);
+    const double loss = eval_loss(model, *data.eval, data.packing, B, T, c.eval_batches, pad);
     nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
     std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
     double acc = -1;
@@ -218,31 +287,29 @@ TrainResult run_training(const TrainConfig& c) {
   };
   evaluate(0);
 
-  Sampler sampler(data.train->size(), c.seed);
   ops::AdamWConfig opt = c.optimizer;
   const auto t_train = clock::now();
   int64_t tokens_seen = 0;
+  // The next step's micro-batches are assembled on a background thread while this one trains.
+  // Every micro-batch of a step is built before the step, so the loss can be normalized by the
+  // non-ignored tokens of the whole global batch (what one big batch would do). From here on
+  // only the prefetch thread touches the sampler.
+  data::Prefetcher prefetch([&sampler] { return sampler.next(); });
   for (int64_t step = 1; step <= c.max_steps; ++step) {
-    // Every micro-batch of the step is built first, so the loss can be normalized by the
-    // non-ignored tokens of the whole global batch (what one big batch would do).
-    std::vector<data::BatchBuffers> micro;
-    for (int64_t m = 0; m < c.gradient_accumulation_steps; ++m) {
-      std::vector<data::Example> rows;
-      for (int64_t r = 0; r < B; ++r) rows.push_back(data.train->get(sampler.next()));
-      micro.push_back(data::make_batch(rows, T, pad));
-    }
+    const data::StepBatch sb = prefetch.next();
+    const std::vector<data::BatchBuffers>& micro = sb.micro;
     opt.lr = c.schedule.at(step);
     const StepResult sr = train_step(params, model, micro, opt, step, c.max_grad_norm);
     const double loss = sr.loss, norm = sr.grad_norm;
     if (!std::isfinite(loss)) throw Error(fmt::format("training diverged: loss is {} at step {}", loss, step));
-    tokens_seen += B * T * c.gradient_accumulation_steps;
+    for (const data::BatchBuffers& mb : micro) tokens_seen += mb.B * mb.T;
 
     const double elapsed = std::chrono::duration<double>(clock::now() - t_train).count();
     StepStats s{step, c.max_steps, loss, opt.lr, norm, double(tokens_seen) / elapsed, elapsed,
                 MemoryTracker::for_device(Device::CPU).stats().live_total};
     progress.step(s);
     metrics.write({{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
-                   {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sampler.epoch()},
+                   {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch},
                    {"mem_live_bytes", s.mem_bytes}});
     if (step == 1) result.first_loss = loss;
     result.last_loss = loss;

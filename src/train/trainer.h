@@ -1,8 +1,12 @@
 // The single-process training loop: data, accumulation, schedule, clipping, evaluation,
 // progress and metrics, and the trained model saved as a Hugging Face directory.
+// The data side (load_run_data, the sampler integration) is owned by the data pipeline.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "model/llama.h"
@@ -20,6 +24,22 @@ struct TrainResult {
 };
 
 TrainResult run_training(const TrainConfig& cfg);
+
+// The training and evaluation data of a run, as `data:` describes it (docs/data.md).
+struct RunData {
+  std::unique_ptr<data::Dataset> train, eval;
+  const data::AdditionTask* task = nullptr;  // the eval set when it is the built-in task
+  std::string type;                          // resolved: text, tokens, alpaca, chat, builtin:addition
+  int64_t seq_len = 0;                       // row length
+  bool packing = false;
+  std::vector<std::string> report;           // what loading found, one line each, for the log
+};
+// Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
+RunData load_run_data(const TrainConfig& cfg, const data::Tokenizer& tok);
+// Mean loss over the non-ignored targets of up to max_batches batches of B rows of `eval`, rows
+// formed in the dataset's order (packed or padded as in training). NaN when there is no target.
+double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, bool packing, int64_t B, int64_t T,
+                 int64_t max_batches, int32_t pad);
 
 struct StepResult {
   double loss = 0;        // mean over the non-ignored targets of all micro-batches

@@ -1,0 +1,449 @@
+// Alpaca and chat records -> Examples (see instruct.h). Owner: the data pipeline.
+#include "data/instruct.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace shardlm::data {
+
+using nlohmann::json;
+
+// ---- Alpaca ----------------------------------------------------------------------------------
+
+std::string alpaca_prompt(std::string_view instruction, std::string_view input) {
+  const std::string_view tpl = input.empty() ? kAlpacaPromptNoInput : kAlpacaPromptInput;
+  // One pass over the template (as Python's str.format does), so braces or placeholder names
+  // inside the record's own text are never substituted.
+  std::string out;
+  out.reserve(tpl.size() + instruction.size() + input.size());
+  for (size_t i = 0; i < tpl.size();) {
+    if (tpl.substr(i).starts_with("{instruction}")) {
+      out += instruction;
+      i += 13;
+    } else if (tpl.substr(i).starts_with("{input}")) {
+      out += input;
+      i += 7;
+    } else {
+      out += tpl[i++];
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// ids/targets from a full token sequence and, per token, whether predicting it is trained.
+Example from_sequence(const std::vector<int32_t>& seq, const std::vector<char>& trained) {
+  Example e;
+  if (seq.size() < 2) return e;
+  e.ids.assign(seq.begin(), seq.end() - 1);
+  e.targets.resize(seq.size() - 1);
+  for (size_t t = 0; t + 1 < seq.size(); ++t) e.targets[t] = trained[t + 1] ? seq[t + 1] : ops::kIgnoreIndex;
+  return e;
+}
+
+// Appends a string's tokens (prefix + full) where the first n_prompt tokens are not trained,
+// matching how stanford_alpaca and Meta's llama2 chat code mask a tokenized prompt+answer.
+void append_masked_prefix(std::vector<int32_t>& seq, std::vector<char>& trained, const std::vector<int32_t>& full,
+                          size_t n_prompt, bool train_all) {
+  for (size_t i = 0; i < full.size(); ++i) {
+    seq.push_back(full[i]);
+    trained.push_back(train_all || i >= n_prompt);
+  }
+}
+
+bool starts_with(const std::vector<int32_t>& full, const std::vector<int32_t>& prefix) {
+  return full.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), full.begin());
+}
+
+std::string_view strip(std::string_view s) {
+  // Python's str.strip(): Unicode whitespace, of which ASCII whitespace is what matters here.
+  const char* ws = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+}  // namespace
+
+Example alpaca_example(const Tokenizer& tok, std::string_view prompt, std::string_view output, bool train_on_input,
+                       bool* boundary_mismatch) {
+  std::string text(prompt);
+  text += output;
+  const std::vector<int32_t> full = tok.encode_with(text, true, true);
+  const std::vector<int32_t> source = tok.encode_with(prompt, true, false);
+  if (boundary_mismatch) *boundary_mismatch = !starts_with(full, source);
+  std::vector<int32_t> seq;
+  std::vector<char> trained;
+  append_masked_prefix(seq, trained, full, source.size(), train_on_input);
+  return from_sequence(seq, trained);
+}
+
+// ---- chat ------------------------------------------------------------------------------------
+
+ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok) {
+  if (name == "llama3") return ChatFormat::Llama3;
+  if (name == "llama2") return ChatFormat::Llama2;
+  if (name == "auto") return tok.special_token("<|start_header_id|>") ? ChatFormat::Llama3 : ChatFormat::Llama2;
+  throw Error(fmt::format("unknown chat format '{}' (expected auto, llama3 or llama2)", name));
+}
+
+const char* chat_format_name(ChatFormat f) { return f == ChatFormat::Llama3 ? "llama3" : "llama2"; }
+
+namespace {
+
+int32_t required_special(const Tokenizer& tok, std::string_view text) {
+  const std::optional<int32_t> id = tok.special_token(text);
+  if (!id)
+    throw Error(fmt::format("the llama3 chat format needs the special token {}, which the {} tokenizer lacks "
+                            "(use chat_format: llama2)",
+                            text, tok.name()));
+  return *id;
+}
+
+Example render_llama3(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input) {
+  const int32_t start = required_special(tok, "<|start_header_id|>");
+  const int32_t end = required_special(tok, "<|end_header_id|>");
+  const int32_t eot = required_special(tok, "<|eot_id|>");
+  const int32_t begin = tok.special_token("<|begin_of_text|>").value_or(tok.bos_id());
+  std::vector<int32_t> seq{begin};
+  std::vector<char> trained{0};
+  auto add = [&](const std::vector<int32_t>& ids, bool train) {
+    seq.insert(seq.end(), ids.begin(), ids.end());
+    trained.insert(trained.end(), ids.size(), char(train || train_on_input));
+  };
+  const std::vector<int32_t> nl2 = tok.encode("\n\n");
+  for (const ChatMessage& m : msgs) {
+    // The header is given, not learned; "\n\n" is its own pre-token in Llama 3's tokenizer, so
+    // encoding it apart from the content gives the tokens of the template's single string.
+    std::vector<int32_t> header{start};
+    const std::vector<int32_t> role = tok.encode(m.role);
+    header.insert(header.end(), role.begin(), role.end());
+    header.push_back(end);
+    header.insert(header.end(), nl2.begin(), nl2.end());
+    add(header, false);
+    std::vector<int32_t> body = tok.encode(strip(m.content));
+    body.push_back(eot);
+    add(body, m.role == "assistant");
+  }
+  return from_sequence(seq, trained);
+}
+
+Example render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
+                      bool* boundary_mismatch) {
+  size_t first = 0;
+  std::string system;
+  if (msgs[0].role == "system") {
+    system = msgs[0].content;
+    first = 1;
+  }
+  if (first == msgs.size()) throw Error("the conversation has only a system message");
+  std::vector<int32_t> seq;
+  std::vector<char> trained;
+  for (size_t i = first; i < msgs.size(); i += 2) {
+    const size_t turn = (i - first) / 2;
+    if (msgs[i].role != "user")
+      throw Error(fmt::format("message {} has role '{}' but the llama2 format needs user/assistant turns in "
+                              "alternation after an optional system message",
+                              i, msgs[i].role));
+    std::string user = msgs[i].content;
+    if (turn == 0 && first == 1) user = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + user;
+    const std::string prompt = "[INST] " + std::string(strip(user)) + " [/INST]";
+    const std::vector<int32_t> source = tok.encode_with(prompt, true, false);
+    if (i + 1 == msgs.size()) {  // a final question without an answer: context only
+      append_masked_prefix(seq, trained, source, source.size(), train_on_input);
+      break;
+    }
+    if (msgs[i + 1].role != "assistant")
+      throw Error(fmt::format("message {} has role '{}' but the llama2 format needs an assistant answer after "
+                              "each user message",
+                              i + 1, msgs[i + 1].role));
+    const std::vector<int32_t> full =
+        tok.encode_with(prompt + " " + std::string(strip(msgs[i + 1].content)) + " ", true, true);
+    if (boundary_mismatch && !starts_with(full, source)) *boundary_mismatch = true;
+    append_masked_prefix(seq, trained, full, source.size(), train_on_input);
+  }
+  return from_sequence(seq, trained);
+}
+
+}  // namespace
+
+Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
+                     bool train_on_input, bool* boundary_mismatch) {
+  if (boundary_mismatch) *boundary_mismatch = false;
+  if (messages.empty()) throw Error("the conversation has no messages");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& r = messages[i].role;
+    if (r != "system" && r != "user" && r != "assistant")
+      throw Error(fmt::format("message {} has unknown role '{}' (expected system, user or assistant)", i, r));
+    if (r == "system" && i != 0) throw Error(fmt::format("message {}: a system message may only come first", i));
+  }
+  return format == ChatFormat::Llama3 ? render_llama3(tok, messages, train_on_input)
+                                      : render_llama2(tok, messages, train_on_input, boundary_mismatch);
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+namespace {
+
+struct RawRecord {
+  std::string_view text;
+  int64_t line;  // 1-based line of the record's first character
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot open the data file", {.file = path});
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+size_t first_non_space(std::string_view s, size_t from = 0) {
+  while (from < s.size() && (s[from] == ' ' || s[from] == '\t' || s[from] == '\n' || s[from] == '\r')) ++from;
+  return from;
+}
+
+// The items of a top-level JSON array as raw text spans, each with its line, found by a scan
+// that tracks strings and nesting only. Each item is parsed on its own afterwards, so one
+// malformed record is reported at its own line and can be skipped like a bad JSONL line.
+std::vector<RawRecord> split_json_array(const std::string& path, std::string_view text, size_t open) {
+  std::vector<RawRecord> out;
+  int64_t line = 1 + std::count(text.begin(), text.begin() + int64_t(open), '\n');
+  int64_t depth = 0, item_line = 0;
+  bool in_str = false, esc = false;
+  size_t item = std::string_view::npos;
+  auto close_item = [&](size_t end, bool allow_empty) {
+    if (item == std::string_view::npos) {
+      if (!allow_empty) throw Error("malformed JSON array: an empty item (two commas?)", {.file = path, .line = line});
+    } else {
+      out.push_back({text.substr(item, end - item), item_line});
+    }
+    item = std::string_view::npos;
+  };
+  for (size_t i = open + 1; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (depth == 0 && c == ',') {
+      close_item(i, false);
+      continue;
+    }
+    if (depth == 0 && c == ']') {
+      close_item(i, out.empty());
+      if (first_non_space(text, i + 1) != text.size())
+        throw Error("unexpected text after the top-level JSON array", {.file = path, .line = line});
+      return out;
+    }
+    if (item == std::string_view::npos) {
+      item = i;
+      item_line = line;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '{' || c == '[') ++depth;
+    else if (c == '}' || c == ']') --depth;
+  }
+  throw Error("malformed JSON array: no closing ']' (truncated file?)", {.file = path, .line = line});
+}
+
+std::vector<RawRecord> split_records(const std::string& path, std::string_view text) {
+  const size_t first = first_non_space(text);
+  if (first == text.size()) throw Error("the data file is empty", {.file = path});
+  if (text[first] == '[') return split_json_array(path, text, first);
+  std::vector<RawRecord> out;  // JSONL: one record per non-blank line
+  int64_t line = 1;
+  for (size_t pos = 0; pos < text.size(); ++line) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    const std::string_view l = text.substr(pos, eol - pos);
+    if (first_non_space(l) != l.size()) out.push_back({l, line});
+    pos = eol + 1;
+  }
+  return out;
+}
+
+// Parses one record; errors name the line inside the record where the parser stopped.
+json parse_record(const std::string& path, const RawRecord& r) {
+  const size_t bad = utf8_error_offset(r.text);
+  if (bad != std::string_view::npos)
+    throw Error(fmt::format("invalid UTF-8 (byte 0x{:02X}); the data must be UTF-8 text", uint8_t(r.text[bad])),
+                {.file = path, .line = r.line + std::count(r.text.begin(), r.text.begin() + int64_t(bad), '\n')});
+  try {
+    return json::parse(r.text);
+  } catch (const json::parse_error& e) {
+    const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, r.text.size());
+    std::string what = e.what();
+    // nlohmann's text is "[json.exception.parse_error.101] parse error at line 1, column 5: ...";
+    // keep only the reason, the location is ours.
+    if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
+    throw Error("malformed JSON: " + what,
+                {.file = path, .line = r.line + std::count(r.text.begin(), r.text.begin() + int64_t(at), '\n')});
+  }
+}
+
+std::string string_field(const json& rec, const std::string& name, bool required, const std::string& what) {
+  if (!rec.is_object()) throw Error(fmt::format("expected a JSON object ({}), got {}", what, rec.type_name()));
+  const auto it = rec.find(name);
+  if (it == rec.end() || it->is_null()) {
+    if (required) throw Error(fmt::format("missing field '{}' ({})", name, what));
+    return "";
+  }
+  if (!it->is_string()) throw Error(fmt::format("field '{}' must be a string, got {}", name, it->type_name()));
+  return it->get<std::string>();
+}
+
+std::vector<ChatMessage> chat_messages(const json& rec) {
+  if (!rec.is_object()) throw Error(fmt::format("expected a JSON object with \"messages\", got {}", rec.type_name()));
+  const auto it = rec.find("messages");
+  if (it == rec.end()) throw Error("missing field 'messages'");
+  if (!it->is_array()) throw Error(fmt::format("field 'messages' must be an array, got {}", it->type_name()));
+  if (it->empty()) throw Error("field 'messages' is empty");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    out.push_back({string_field(m, "role", true, where), string_field(m, "content", true, where)});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns) {
+  const std::string text = read_file(path);
+  const std::vector<RawRecord> recs = split_records(path, text);
+  if (recs.empty()) throw Error("the data file holds no records", {.file = path});
+  const json first = parse_record(path, recs[0]);
+  if (first.is_object() && first.contains("messages")) return "chat";
+  if (first.is_object() && first.contains(columns.instruction)) return "alpaca";
+  throw Error(fmt::format("cannot tell the data type from the first record: it has neither '{}' (alpaca) nor "
+                          "'messages' (chat); set data.type or data.columns",
+                          columns.instruction),
+              {.file = path, .line = recs[0].line});
+}
+
+std::vector<Example> load_instruct_file(const std::string& path, const std::string& kind, const Tokenizer& tok,
+                                        const InstructOptions& opt, LoadReport& report,
+                                        std::vector<int64_t>* ordinals) {
+  SHARDLM_CHECK(kind == "alpaca" || kind == "chat", "unknown instruction data kind '{}'", kind);
+  const std::string text = read_file(path);
+  const std::vector<RawRecord> recs = split_records(path, text);
+  const ChatFormat fmt_ = kind == "chat" ? resolve_chat_format(opt.chat_format, tok) : ChatFormat::Llama2;
+  report.format = kind == "chat" ? fmt::format("chat ({})", chat_format_name(fmt_)) : "alpaca";
+  const std::string what = fmt::format("an Alpaca record; data.columns maps {{instruction: {}, input: {}, output: {}}}",
+                                       opt.columns.instruction, opt.columns.input, opt.columns.output);
+  std::vector<Example> out;
+  for (size_t k = 0; k < recs.size(); ++k) {
+    ++report.records;
+    Example e;
+    bool mismatch = false;
+    try {
+      const json rec = parse_record(path, recs[k]);
+      if (kind == "alpaca") {
+        const std::string instruction = string_field(rec, opt.columns.instruction, true, what);
+        const std::string input = string_field(rec, opt.columns.input, false, what);
+        const std::string output = string_field(rec, opt.columns.output, true, what);
+        e = alpaca_example(tok, alpaca_prompt(instruction, input), output, opt.train_on_input, &mismatch);
+      } else {
+        e = chat_example(tok, fmt_, chat_messages(rec), opt.train_on_input, &mismatch);
+      }
+      for (int32_t id : e.ids)
+        if (id < 0 || id >= tok.vocab_size())
+          throw Error(fmt::format("token id {} is outside the tokenizer's vocabulary of {}", id, tok.vocab_size()));
+    } catch (Error& err) {
+      err.set_file(path);
+      err.set_line(recs[k].line);
+      if (opt.on_bad_row == BadRowPolicy::Fail) throw;
+      if (report.skipped++ == 0) report.first_skip = err.what();
+      continue;
+    }
+    report.boundary_mismatch += mismatch;
+    if (opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len) {
+      e.ids.resize(size_t(opt.max_seq_len));
+      e.targets.resize(size_t(opt.max_seq_len));
+      ++report.truncated;
+    }
+    const int64_t trained = std::count_if(e.targets.begin(), e.targets.end(),
+                                          [](int32_t t) { return t != ops::kIgnoreIndex; });
+    if (trained == 0) {  // e.g. a prompt longer than max_seq_len: nothing to learn from it
+      ++report.dropped_no_target;
+      continue;
+    }
+    report.tokens += int64_t(e.ids.size());
+    report.trained_tokens += trained;
+    if (ordinals) ordinals->push_back(int64_t(k));
+    out.push_back(std::move(e));
+  }
+  report.examples += int64_t(out.size());
+  if (out.empty())
+    throw Error(fmt::format("no usable examples in {} records{}", recs.size(),
+                            report.skipped ? fmt::format(" ({} bad rows skipped; first: {})", report.skipped,
+                                                         report.first_skip)
+                                           : ""),
+                {.file = path});
+  return out;
+}
+
+std::string LoadReport::summary() const {
+  std::string s = fmt::format("{}: {} examples from {} records, {} tokens ({} trained)", format, examples, records,
+                              tokens, trained_tokens);
+  if (truncated) s += fmt::format(", {} truncated", truncated);
+  if (dropped_no_target) s += fmt::format(", {} dropped (nothing to learn after truncation)", dropped_no_target);
+  if (boundary_mismatch)
+    s += fmt::format(", {} with a prompt/answer token boundary merge", boundary_mismatch);
+  if (skipped) s += fmt::format("; skipped {} bad rows (first: {})", skipped, first_skip);
+  return s;
+}
+
+std::string render_masked(const Tokenizer& tok, const Example& e) {
+  if (e.ids.empty()) return "";
+  // The full sequence is ids plus the last target; token i (i >= 1) is trained iff targets[i-1] is.
+  std::vector<int32_t> seq = e.ids;
+  std::vector<char> trained(seq.size(), 0);
+  for (size_t t = 1; t < seq.size(); ++t) trained[t] = e.targets[t - 1] != ops::kIgnoreIndex;
+  if (e.targets.back() != ops::kIgnoreIndex) {
+    seq.push_back(e.targets.back());
+    trained.push_back(1);
+  }
+  auto is_special = [&](int32_t id) {
+    if (id == tok.bos_id() || id == tok.eos_id()) return true;
+    const std::string p = tok.piece(id);
+    return tok.decode({id}).empty() && tok.special_token(p) == id;
+  };
+  std::string out;
+  bool open = false;  // inside «...»
+  std::vector<int32_t> run;
+  auto flush = [&] {
+    if (!run.empty()) out += tok.decode(run);
+    run.clear();
+  };
+  for (size_t i = 0; i < seq.size(); ++i) {
+    if (bool(trained[i]) == open) {  // the mask changes here
+      flush();
+      out += open ? "»" : "«";
+      open = !open;
+    }
+    if (is_special(seq[i])) {
+      flush();
+      out += tok.piece(seq[i]);
+    } else {
+      run.push_back(seq[i]);
+    }
+  }
+  flush();
+  if (open) out += "»";
+  return out;
+}
+
+}  // namespace shardlm::data

@@ -1,0 +1,110 @@
+// Instruction data: Alpaca records and chat conversations, read from JSON / JSONL files and
+// rendered into training Examples with the loss only where the model should learn.
+// Owner: the data pipeline (src/data). See docs/data.md for formats and masking.
+//
+//   Alpaca  {"instruction": ..., "input": ..., "output": ...}, one per JSONL line or the items of
+//           one JSON array; the prompt is stanford_alpaca's PROMPT_DICT template (prompt_input iff
+//           input is non-empty), tokenized as stanford_alpaca's train.py does (below).
+//   Chat    {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}, rendered
+//           in the Llama 3 or Llama 2 chat format; loss on assistant content and its end marker.
+//
+// Every problem with a record (malformed JSON, a missing field, invalid UTF-8, an unknown role)
+// is an Error naming FILE:LINE; with BadRowPolicy::Skip such records are counted and skipped.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace shardlm::data {
+
+// stanford_alpaca train.py PROMPT_DICT (tatsu-lab/stanford_alpaca@761dc5bf), verbatim.
+inline constexpr std::string_view kAlpacaPromptInput =
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:";
+inline constexpr std::string_view kAlpacaPromptNoInput =
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:";
+
+// The field names of a record (config `data.columns`): {instruction: question, ...} reads the
+// instruction from the field "question".
+struct AlpacaColumns {
+  std::string instruction = "instruction", input = "input", output = "output";
+};
+
+// The prompt for a record: prompt_input when input is non-empty, else prompt_no_input.
+std::string alpaca_prompt(std::string_view instruction, std::string_view input);
+
+// Tokenizes like stanford_alpaca: the sequence is BOS + encode(prompt + output) + EOS, and the
+// first len(BOS + encode(prompt)) tokens are prompt (no loss unless train_on_input). When the
+// tokens of prompt + output do not start with the tokens of the prompt alone (a SentencePiece
+// merge across the boundary), the mask still covers that many tokens, as stanford's does, and
+// *boundary_mismatch (when given) is set.
+Example alpaca_example(const Tokenizer& tok, std::string_view prompt, std::string_view output, bool train_on_input,
+                       bool* boundary_mismatch = nullptr);
+
+enum class ChatFormat { Llama3, Llama2 };
+// "llama3", "llama2", or "auto": llama3 when the tokenizer has <|start_header_id|>, else llama2.
+ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok);
+const char* chat_format_name(ChatFormat f);
+
+struct ChatMessage {
+  std::string role, content;
+};
+// Renders a conversation (errors carry no location; the loader adds FILE:LINE):
+//   llama3: <|begin_of_text|> then per message <|start_header_id|>role<|end_header_id|>\n\n
+//           content.strip() <|eot_id|> (Hugging Face's Llama 3 template); the loss covers
+//           assistant content and its <|eot_id|>.
+//   llama2: Meta's format: per (user, assistant) pair BOS "[INST] {user} [/INST] {answer} " EOS,
+//           a system message folded into the first user turn as "<<SYS>>\n{system}\n<</SYS>>\n\n";
+//           roles must alternate user/assistant after an optional system message. Each turn is
+//           tokenized as one string; its first len(BOS + encode("[INST] ... [/INST]")) tokens
+//           are masked, the rest (answer and EOS) trained.
+// train_on_input: every token after the first is in the loss.
+Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
+                     bool train_on_input = false, bool* boundary_mismatch = nullptr);
+
+enum class BadRowPolicy { Fail, Skip };
+
+struct InstructOptions {
+  AlpacaColumns columns;
+  bool train_on_input = false;
+  std::string chat_format = "auto";
+  BadRowPolicy on_bad_row = BadRowPolicy::Fail;
+  int64_t max_seq_len = 0;  // > 0: examples longer than this many input tokens are truncated
+};
+
+// What loading found; summary() is the line the trainer prints.
+struct LoadReport {
+  int64_t records = 0;            // records read (including skipped ones)
+  int64_t examples = 0;           // examples kept
+  int64_t skipped = 0;            // bad records skipped (on_bad_row: skip)
+  std::string first_skip;         // the first skipped record's error
+  int64_t truncated = 0;          // examples cut to max_seq_len
+  int64_t dropped_no_target = 0;  // examples with nothing left to learn after truncation
+  int64_t boundary_mismatch = 0;  // prompt/answer tokenization boundary effects (see alpaca_example)
+  int64_t tokens = 0, trained_tokens = 0;  // input tokens and loss-counted targets of the kept examples
+  std::string format;             // "alpaca", "chat (llama3)", ...
+  std::string summary() const;
+};
+
+// The kind of a .json/.jsonl file, from its first record: "alpaca" when it has the instruction
+// column, "chat" when it has "messages". Throws when it is neither.
+std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns);
+
+// Reads every record of an Alpaca or chat file ("alpaca" | "chat") and renders it. ordinals (when
+// given) receives each kept example's record number in the file (0-based), for the eval split.
+std::vector<Example> load_instruct_file(const std::string& path, const std::string& kind, const Tokenizer& tok,
+                                        const InstructOptions& opt, LoadReport& report,
+                                        std::vector<int64_t>* ordinals = nullptr);
+
+// The text of an example with the loss-masked parts in «guillemets» and the trained parts plain;
+// special tokens (BOS, EOS, chat markers) appear as their pieces ("<s>", "<|eot_id|>").
+std::string render_masked(const Tokenizer& tok, const Example& e);
+
+}  // namespace shardlm::data

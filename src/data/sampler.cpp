@@ -1,0 +1,157 @@
+// The distributed sampler and the prefetch thread (see sampler.h). Owner: the data pipeline.
+#include "data/sampler.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/packing.h"
+
+namespace shardlm::data {
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  // Counter = (i, epoch), key = seed, in the stream "sampler": each swap's random number depends
+  // only on these, never on how many ranks there are or what ran before.
+  const uint64_t stream = stream_id("sampler");
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto r = philox4x32({uint32_t(i), uint32_t(i >> 32), uint32_t(epoch), uint32_t(stream)},
+                              {uint32_t(seed), uint32_t(seed >> 32)});
+    const uint64_t x = uint64_t(r[0]) | uint64_t(r[1]) << 32;
+    std::swap(order[size_t(i)], order[size_t(x % uint64_t(i + 1))]);
+  }
+  return order;
+}
+
+DistributedSampler::DistributedSampler(const Dataset& data, SamplerOptions opt) : data_(data), opt_(opt) {
+  SHARDLM_CHECK(opt_.world_size >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world_size,
+                "rank {} is outside a world of size {}", opt_.rank, opt_.world_size);
+  SHARDLM_CHECK(opt_.micro_batch_size >= 1 && opt_.gradient_accumulation_steps >= 1 && opt_.seq_len >= 1,
+                "micro_batch_size, gradient_accumulation_steps and seq_len must be >= 1");
+  G_ = opt_.micro_batch_size * opt_.gradient_accumulation_steps * opt_.world_size;
+  if (opt_.packing) {
+    lengths_.resize(size_t(data_.size()));
+    for (int64_t i = 0; i < data_.size(); ++i) lengths_[size_t(i)] = data_.length(i);
+  }
+  const int64_t rows = int64_t(epoch_rows(0).size());
+  if (rows < G_)
+    throw Error(fmt::format("the training data makes {} rows of up to {} tokens ({} examples), fewer than one global "
+                            "batch of {} rows (micro_batch_size {} x gradient_accumulation_steps {} x {} ranks)",
+                            rows, opt_.seq_len, data_.size(), G_, opt_.micro_batch_size,
+                            opt_.gradient_accumulation_steps, opt_.world_size));
+}
+
+const std::vector<std::vector<int64_t>>& DistributedSampler::epoch_rows(int64_t epoch) {
+  if (epoch == cached_epoch_) return cached_rows_;
+  std::vector<int64_t> order(static_cast<size_t>(data_.size()));
+  if (opt_.shuffle) {
+    order = epoch_order(data_.size(), opt_.seed, epoch);
+  } else {
+    std::iota(order.begin(), order.end(), 0);
+  }
+  cached_rows_.clear();
+  cached_truncated_ = 0;
+  if (opt_.packing) {
+    cached_rows_ = pack_greedy(order, [&](int64_t i) { return lengths_[size_t(i)]; }, opt_.seq_len,
+                               &cached_truncated_);
+  } else {
+    cached_rows_.reserve(order.size());
+    for (const int64_t i : order) cached_rows_.push_back({i});
+  }
+  cached_epoch_ = epoch;
+  return cached_rows_;
+}
+
+int64_t DistributedSampler::truncated_in_epoch(int64_t epoch) {
+  epoch_rows(epoch);
+  if (opt_.packing) return cached_truncated_;
+  int64_t n = 0;
+  for (const auto& row : cached_rows_) n += data_.length(row[0]) > opt_.seq_len;
+  return n;
+}
+
+void DistributedSampler::set_state(const SamplerState& s) {
+  SHARDLM_CHECK(s.epoch >= 0 && s.step >= 0 && s.step <= steps_in_epoch(s.epoch),
+                "sampler state epoch {} step {} is outside the data ({} steps in that epoch)", s.epoch, s.step,
+                steps_in_epoch(s.epoch));
+  state_ = s;
+}
+
+StepBatch DistributedSampler::next() {
+  if (state_.step >= steps_in_epoch(state_.epoch)) state_ = {state_.epoch + 1, 0};
+  StepBatch out;
+  out.state = state_;
+  const auto& rows = epoch_rows(state_.epoch);
+  const int64_t per_rank = G_ / opt_.world_size;
+  const int64_t first = state_.step * G_ + opt_.rank * per_rank;
+  for (int64_t m = 0; m < opt_.gradient_accumulation_steps; ++m) {
+    std::vector<std::vector<Example>> packed;
+    std::vector<Example> padded;
+    for (int64_t b = 0; b < opt_.micro_batch_size; ++b) {
+      const std::vector<int64_t>& row = rows[size_t(first + m * opt_.micro_batch_size + b)];
+      out.rows.push_back(row);
+      if (opt_.packing) {
+        packed.emplace_back();
+        for (const int64_t i : row) packed.back().push_back(data_.get(i));
+      } else {
+        padded.push_back(data_.get(row[0]));
+      }
+    }
+    out.micro.push_back(opt_.packing ? make_packed_batch(packed, opt_.seq_len, opt_.pad_id)
+                                     : make_padded_batch(padded, opt_.seq_len, opt_.pad_id));
+  }
+  ++state_.step;
+  if (state_.step >= steps_in_epoch(state_.epoch)) state_ = {state_.epoch + 1, 0};
+  out.next = state_;
+  return out;
+}
+
+// ---- prefetch --------------------------------------------------------------------------------
+
+Prefetcher::Prefetcher(std::function<StepBatch()> produce, size_t depth)
+    : produce_(std::move(produce)), depth_(depth < 1 ? 1 : depth), thread_([this] { run(); }) {}
+
+Prefetcher::~Prefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Prefetcher::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || queue_.size() < depth_; });
+      if (stop_) return;
+    }
+    try {
+      StepBatch b = produce_();  // outside the lock: this is the work that overlaps training
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(b));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+      return;
+    }
+    cv_.notify_all();
+  }
+}
+
+StepBatch Prefetcher::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !queue_.empty() || error_; });
+  if (queue_.empty()) std::rethrow_exception(error_);
+  StepBatch b = std::move(queue_.front());
+  queue_.pop_front();
+  cv_.notify_all();
+  return b;
+}
+
+}  // namespace shardlm::data

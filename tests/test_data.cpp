@@ -1,0 +1,476 @@
+// Tests of the data pipeline: Alpaca and chat rendering and masking, bad inputs, the eval split,
+// the distributed sampler and prefetch, the data config, and an end-to-end run on Alpaca data.
+// Owner: the data pipeline. Reads <repo>/../shared/data when present (skips what needs it).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "data/instruct.h"
+#include "data/packing.h"
+#include "data/sampler.h"
+#include "io/yaml_config.h"
+#include "ops/ops.h"
+#include "testing.h"
+#include "model/config.h"
+#include "train/hf_export.h"
+#include "train/param_store.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kData = fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / "data";
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_data_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
+// The ids whose prediction is trained, in order.
+std::vector<int32_t> trained_targets(const data::Example& e) {
+  std::vector<int32_t> out;
+  for (int32_t t : e.targets)
+    if (t != ops::kIgnoreIndex) out.push_back(t);
+  return out;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Byte-level tokens plus Llama 3's chat markers as special tokens 259..262.
+class ChatStubTokenizer final : public data::Tokenizer {
+ public:
+  std::string name() const override { return "stub"; }
+  int64_t vocab_size() const override { return 263; }
+  int32_t bos_id() const override { return 259; }
+  int32_t eos_id() const override { return 2; }
+  std::vector<int32_t> encode(std::string_view text) const override { return bytes_.encode(text); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return bytes_.decode(ids); }
+  std::optional<int32_t> special_token(std::string_view text) const override {
+    for (int32_t i = 0; i < 4; ++i)
+      if (text == kSpecials[i]) return 259 + i;
+    return bytes_.special_token(text);
+  }
+  std::string piece(int32_t id) const override { return id >= 259 ? kSpecials[id - 259] : bytes_.piece(id); }
+
+ private:
+  static constexpr const char* kSpecials[4] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                                               "<|eot_id|>"};
+  data::ByteTokenizer bytes_;
+};
+
+// An ExampleDataset of n examples with lengths 1..max_len (ids encode the example index).
+data::ExampleDataset varied_dataset(int64_t n, int64_t max_len) {
+  std::vector<data::Example> ex;
+  for (int64_t i = 0; i < n; ++i) {
+    data::Example e;
+    const int64_t len = 1 + (i * 7) % max_len;
+    for (int64_t t = 0; t < len; ++t) {
+      e.ids.push_back(int32_t(3 + i % 200));
+      e.targets.push_back(t == 0 ? ops::kIgnoreIndex : int32_t(3 + (i + t) % 200));
+    }
+    ex.push_back(e);
+  }
+  return data::ExampleDataset(std::move(ex));
+}
+
+}  // namespace
+
+// ---- Alpaca ----------------------------------------------------------------------------------
+
+TEST(Alpaca, TemplatesAreStanfordsExactly) {
+  const fs::path f = kData / "alpaca_prompt_templates.json";
+  if (!fs::exists(f)) GTEST_SKIP() << "shared test data not found at " << kData;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(f));
+  EXPECT_EQ(std::string(data::kAlpacaPromptInput), j["prompt_input"].get<std::string>());
+  EXPECT_EQ(std::string(data::kAlpacaPromptNoInput), j["prompt_no_input"].get<std::string>());
+  // Placeholders in a record's own text are not substituted (one pass, like str.format).
+  EXPECT_EQ(data::alpaca_prompt("say {input}", ""),
+            "Below is an instruction that describes a task. Write a response that appropriately completes the "
+            "request.\n\n### Instruction:\nsay {input}\n\n### Response:");
+}
+
+TEST(Alpaca, ByteLevelMaskCoversExactlyThePrompt) {
+  data::ByteTokenizer tok;
+  for (const std::string input : {"", "ctx"}) {
+    const std::string prompt = data::alpaca_prompt("Add 2 and 3.", input);
+    EXPECT_EQ(prompt.find("### Input:") != std::string::npos, !input.empty());
+    bool mismatch = true;
+    const data::Example e = data::alpaca_example(tok, prompt, "5", false, &mismatch);
+    EXPECT_FALSE(mismatch);
+    // ids = BOS + prompt + output; the first trained prediction is the output's first token.
+    ASSERT_EQ(e.ids.size(), 1 + prompt.size() + 1);
+    EXPECT_EQ(trained_targets(e), concat(tok.encode("5"), {tok.eos_id()}));
+    EXPECT_EQ(e.targets[prompt.size()], tok.encode("5")[0]);
+    EXPECT_EQ(e.targets[prompt.size() - 1], ops::kIgnoreIndex);
+    const data::Example all = data::alpaca_example(tok, prompt, "5", true);
+    EXPECT_EQ(trained_targets(all).size(), all.ids.size());  // train_on_input: every target
+  }
+}
+
+TEST(Alpaca, Llama2LossMaskMatchesStanfordTokenization) {
+  // Expected ids from python sentencepiece on llama2_tokenizer.model: BOS + encode(prompt), and
+  // the rest of BOS + encode(prompt + output) + EOS (the trained targets).
+  const std::string model = (kData / "llama2_tokenizer.model").string();
+  if (!fs::exists(model)) GTEST_SKIP() << "shared test data not found at " << kData;
+  const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer_file(model);
+  const nlohmann::json recs = nlohmann::json::parse(std::ifstream(kData / "alpaca_en_demo.json"));
+  struct Case {
+    int record;
+    std::vector<int32_t> prompt, trained;
+  };
+  const std::vector<Case> cases = {
+      {362,  // "Calculate 15% of 500." without input
+       {1,     13866, 338,   385,   15278, 393,   16612, 263,   3414,  29889, 14350, 263,   2933,  393, 7128, 2486,
+        1614,  2167,  278,   2009,  29889, 13,    13,    2277,  29937, 2799,  4080,  29901, 13,    27065, 403, 29871,
+        29896, 29945, 29995, 310,   29871, 29945, 29900, 29900, 29889, 13,    13,    2277,  29937, 13291, 29901},
+       {29896, 29945, 29995, 310, 29871, 29945, 29900, 29900, 338, 29871, 29955, 29945, 29889, 2}},
+      {554,  // "Sum up the numbers." with input "3, 2, 5"
+       {1,     13866, 338,   385,   15278, 393,   16612, 263,   3414,  29892, 3300,  2859,  411,   385,   1881,  393,
+        8128,  4340,  3030,  29889, 14350, 263,   2933,  393,   7128,  2486,  1614,  2167,  278,   2009,  29889, 13,
+        13,    2277,  29937, 2799,  4080,  29901, 13,    11139, 701,   278,   3694,  29889, 13,    13,    2277,  29937,
+        10567, 29901, 13,    29941, 29892, 29871, 29906, 29892, 29871, 29945, 13,    13,    2277,  29937, 13291, 29901},
+       {1576, 2533, 310, 278, 3694, 338, 29871, 29896, 29900, 29889, 2}},
+  };
+  for (const Case& c : cases) {
+    const nlohmann::json& r = recs[size_t(c.record)];
+    const std::string prompt = data::alpaca_prompt(r["instruction"].get<std::string>(), r["input"].get<std::string>());
+    bool mismatch = true;
+    const data::Example e = data::alpaca_example(*tok, prompt, r["output"].get<std::string>(), false, &mismatch);
+    EXPECT_FALSE(mismatch) << c.record;
+    const std::vector<int32_t> full = concat(c.prompt, c.trained);
+    EXPECT_EQ(e.ids, std::vector<int32_t>(full.begin(), full.end() - 1)) << c.record;
+    EXPECT_EQ(trained_targets(e), c.trained) << c.record;
+    // Masked: exactly the predictions of prompt tokens 1..n-1 (BOS is never a target).
+    for (size_t t = 0; t < e.targets.size(); ++t)
+      EXPECT_EQ(e.targets[t] == ops::kIgnoreIndex, t + 1 < c.prompt.size()) << c.record << " position " << t;
+  }
+  // All 999 records load; 57 of them have a SentencePiece merge across the prompt/output
+  // boundary (counted with python sentencepiece), which is reported, not an error.
+  data::LoadReport rep;
+  const auto ex = data::load_instruct_file((kData / "alpaca_en_demo.json").string(), "alpaca", *tok, {}, rep);
+  EXPECT_EQ(rep.records, 999);
+  EXPECT_EQ(rep.examples, 999);
+  EXPECT_EQ(rep.boundary_mismatch, 57);
+  EXPECT_NE(rep.summary().find("57 with a prompt/answer token boundary merge"), std::string::npos) << rep.summary();
+}
+
+TEST(Alpaca, ColumnMapJsonArrayAndTruncation) {
+  const fs::path d = fresh_dir("columns");
+  const std::string path =
+      write(d / "qa.json", R"([
+  {"question": "Name a color.", "answer": "Blue"},
+  {"question": "Double it.", "context": "4", "answer": "8"}
+])");
+  data::ByteTokenizer tok;
+  data::InstructOptions opt;
+  opt.columns = {"question", "context", "answer"};
+  EXPECT_EQ(data::detect_json_kind(path, opt.columns), "alpaca");
+  data::LoadReport rep;
+  std::vector<int64_t> ordinals;
+  const auto ex = data::load_instruct_file(path, "alpaca", tok, opt, rep, &ordinals);
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ordinals, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(ex[1].ids, data::alpaca_example(tok, data::alpaca_prompt("Double it.", "4"), "8", false).ids);
+  EXPECT_EQ(trained_targets(ex[0]), concat(tok.encode("Blue"), {2}));
+  // max_seq_len cuts an example (counted); one whose cut leaves nothing to learn is dropped.
+  opt.max_seq_len = int64_t(data::alpaca_prompt("Name a color.", "").size()) + 2;
+  data::LoadReport cut;
+  const auto short_ex = data::load_instruct_file(path, "alpaca", tok, opt, cut);
+  EXPECT_EQ(cut.truncated, 2);
+  EXPECT_EQ(cut.dropped_no_target, 1);  // the second prompt is longer than the limit
+  ASSERT_EQ(short_ex.size(), 1u);
+  EXPECT_EQ(int64_t(short_ex[0].ids.size()), opt.max_seq_len);
+  EXPECT_EQ(trained_targets(short_ex[0]), tok.encode("Bl"));
+}
+
+// ---- chat ------------------------------------------------------------------------------------
+
+TEST(Chat, Llama3RenderingTrainsOnlyAssistantContentAndEot) {
+  ChatStubTokenizer tok;
+  EXPECT_EQ(data::resolve_chat_format("auto", tok), data::ChatFormat::Llama3);
+  const std::vector<data::ChatMessage> msgs = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello! "}, {"user", "Bye"}, {"assistant", "Ciao"}};
+  const data::Example e = data::chat_example(tok, data::ChatFormat::Llama3, msgs);
+  EXPECT_EQ(data::render_masked(tok, e),
+            "«<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n»Hello!<|eot_id|>"
+            "«<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n»Ciao<|eot_id|>");
+  EXPECT_EQ(trained_targets(e), concat(concat(tok.encode("Hello!"), {262}), concat(tok.encode("Ciao"), {262})));
+  EXPECT_EQ(e.ids[0], 259);
+}
+
+TEST(Chat, Llama2MatchesMetasFormat) {
+  data::ByteTokenizer tok;  // no <|start_header_id|>: auto picks llama2
+  EXPECT_EQ(data::resolve_chat_format("auto", tok), data::ChatFormat::Llama2);
+  const std::vector<data::ChatMessage> msgs = {
+      {"system", "Sys"}, {"user", "Hi "}, {"assistant", "Yo"}, {"user", "Again"}, {"assistant", "Sure"}};
+  const data::Example e = data::chat_example(tok, data::ChatFormat::Llama2, msgs);
+  // Hugging Face's Llama-2 template gives
+  //   <s>[INST] <<SYS>>\nSys\n<</SYS>>\n\nHi [/INST] Yo </s><s>[INST] Again [/INST] Sure </s>
+  EXPECT_EQ(data::render_masked(tok, e),
+            "«<s>[INST] <<SYS>>\nSys\n<</SYS>>\n\nHi [/INST]» Yo </s>«<s>[INST] Again [/INST]» Sure </s>");
+  EXPECT_EQ(trained_targets(e), concat(concat(tok.encode(" Yo "), {2}), concat(tok.encode(" Sure "), {2})));
+  expect_error([&] { data::chat_example(tok, data::ChatFormat::Llama2, {{"user", "a"}, {"user", "b"}}); },
+               "needs an assistant answer");
+  expect_error([&] { data::chat_example(tok, data::ChatFormat::Llama3, msgs); }, "lacks");
+}
+
+TEST(Chat, BadConversationsNameFileAndLine) {
+  const fs::path d = fresh_dir("chat");
+  data::ByteTokenizer tok;
+  auto load = [&](const std::string& body) {
+    const std::string p = write(d / "c.jsonl", R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
+                                                   "\n" + body + "\n");
+    data::LoadReport rep;
+    return data::load_instruct_file(p, "chat", tok, {}, rep);
+  };
+  EXPECT_EQ(load(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})").size(), 2u);
+  const std::string p = (d / "c.jsonl").string();
+  expect_error([&] { load(R"({"messages": [{"role": "robot", "content": "x"}]})"); },
+               p + ":2: message 0 has unknown role 'robot'");
+  expect_error([&] { load(R"({"messages": []})"); }, p + ":2: field 'messages' is empty");
+  expect_error([&] { load(R"({"messages": [{"role": "user"}]})"); }, p + ":2: missing field 'content' (messages[0])");
+  expect_error([&] { load(R"({"text": "hi"})"); }, p + ":2: missing field 'messages'");
+}
+
+// ---- bad input -------------------------------------------------------------------------------
+
+TEST(DataErrors, BadRowsNameFileAndLineAndSkipCounts) {
+  const fs::path d = fresh_dir("bad");
+  data::ByteTokenizer tok;
+  const std::string good = R"({"instruction": "i", "input": "", "output": "o"})";
+  const std::string path = write(d / "a.jsonl", good + "\n" + R"({"instruction": "i", "input": ""})" + "\n\n" +
+                                                    R"({"instruction": "i", "output": )" + "\n" + good + "\n" +
+                                                    "{\"instruction\": \"caf\xff\", \"output\": \"o\"}\n" + good + "\n");
+  data::LoadReport rep;
+  expect_error([&] { data::load_instruct_file(path, "alpaca", tok, {}, rep); }, path + ":2: missing field 'output'");
+  data::InstructOptions skip;
+  skip.on_bad_row = data::BadRowPolicy::Skip;
+  data::LoadReport srep;
+  const auto ex = data::load_instruct_file(path, "alpaca", tok, skip, srep);
+  EXPECT_EQ(ex.size(), 3u);
+  EXPECT_EQ(srep.records, 6);
+  EXPECT_EQ(srep.skipped, 3);
+  EXPECT_NE(srep.summary().find("skipped 3 bad rows (first: " + path + ":2: missing field 'output'"),
+            std::string::npos)
+      << srep.summary();
+  // Each kind of bad line on its own, in fail mode.
+  const std::string one = (d / "one.jsonl").string();
+  auto fails = [&](const std::string& text, const std::string& needle) {
+    write(one, text);
+    data::LoadReport r;
+    expect_error([&] { data::load_instruct_file(one, "alpaca", tok, {}, r); }, needle);
+  };
+  fails(good + "\n" + good + "\n{\"instruction\": \"i\", \"output\": \n", one + ":3: malformed JSON");
+  fails(good + "\n\n\n{\"instruction\": \"caf\xff\", \"output\": \"o\"}\n", one + ":4: invalid UTF-8 (byte 0xFF)");
+  fails(good + "\n{\"instruction\": 3, \"output\": \"o\"}\n", one + ":2: field 'instruction' must be a string");
+  fails("  \n\n", one + ": the data file is empty");
+  fails("[\n  " + good + ",\n  {\"instruction\": \"x\",\n   \"output\": oops}\n]", one + ":4: malformed JSON");
+  fails("[\n  " + good + ",\n", one + ":3: malformed JSON array: no closing ']'");
+  // Nothing usable, even when skipping.
+  write(one, "{\"x\": 1}\n");
+  data::LoadReport r;
+  expect_error([&] { data::load_instruct_file(one, "alpaca", tok, skip, r); }, "no usable examples in 1 records");
+  // Plain text must be UTF-8 too.
+  const std::string txt = write(d / "t.txt", "fine\nbad \xc3\x28 here\n");
+  expect_error([&] { data::tokenize_text_file(txt, tok); }, txt + ":2: invalid UTF-8 (byte 0xC3)");
+  EXPECT_EQ(data::utf8_error_offset("h\xc3\xa9llo \xf0\x9f\x98\x80"), std::string_view::npos);
+  EXPECT_EQ(data::utf8_error_offset("\xed\xa0\x80"), 0u);  // a surrogate
+  EXPECT_EQ(data::utf8_error_offset("ab\xc0\xaf"), 2u);    // overlong
+}
+
+// ---- the data config, type detection and the eval split --------------------------------------
+
+TEST(DataConfig, KeysTypesAndSplit) {
+  const fs::path d = fresh_dir("cfg");
+  std::string jsonl;
+  for (int i = 0; i < 200; ++i)
+    jsonl += fmt::format(R"({{"q": "question {}", "a": "answer {}"}})", i, i) + "\n";
+  const std::string path = write(d / "qa.jsonl", jsonl);
+  ConfigTree t = ConfigTree::parse("model: m\noutput_dir: o\nseq_len: 64\ndata:\n  train: " + path +
+                                   "\n  columns: {instruction: q, output: a}\n  eval_fraction: 0.1\n"
+                                   "  on_bad_row: skip\n  train_on_input: true\n");
+  const train::TrainConfig c = train::read_train_config(t);
+  EXPECT_EQ(c.data.columns.instruction, "q");
+  EXPECT_EQ(c.data.columns.input, "input");
+  EXPECT_EQ(c.data.on_bad_row, "skip");
+  EXPECT_FALSE(c.data.packing.has_value());
+  data::ByteTokenizer tok;
+  const train::RunData a = train::load_run_data(c, tok), b = train::load_run_data(c, tok);
+  EXPECT_EQ(a.type, "alpaca");
+  EXPECT_TRUE(a.packing);  // the default for instruction data
+  EXPECT_EQ(a.train->size() + a.eval->size(), 200);
+  EXPECT_GT(a.eval->size(), 8);
+  EXPECT_LT(a.eval->size(), 35);
+  ASSERT_EQ(a.eval->size(), b.eval->size());  // deterministic
+  for (int64_t i = 0; i < a.eval->size(); ++i) EXPECT_EQ(a.eval->get(i).ids, b.eval->get(i).ids);
+  EXPECT_EQ(trained_targets(a.train->get(0)).size(), a.train->get(0).ids.size());  // train_on_input
+  // `format` is the old name of `type`; bad values name the key.
+  ConfigTree old = ConfigTree::parse("model: m\noutput_dir: o\ndata: {train: x.bin, format: tokens}\n");
+  EXPECT_EQ(train::read_train_config(old).data.type, "tokens");
+  ConfigTree bad = ConfigTree::parse("model: m\noutput_dir: o\ndata: {train: x, on_bad_row: ignore}\n", "run.yaml");
+  expect_error([&] { train::read_train_config(bad); }, "run.yaml:3: key 'data.on_bad_row': expected fail or skip");
+  ConfigTree builtin = ConfigTree::parse("model: m\noutput_dir: o\ndata: {type: builtin:addition}\n");
+  EXPECT_EQ(train::read_train_config(builtin).data.train, "builtin:addition");
+}
+
+// ---- the sampler -----------------------------------------------------------------------------
+
+TEST(Sampler, GlobalBatchesAreTheSameForAnyWorldSize) {
+  const data::ExampleDataset ds = varied_dataset(90, 12);
+  for (const bool packing : {true, false}) {
+    const int64_t G = 8, B = 2;
+    // world size -> per step, the concatenation of every rank's rows and micro-batch tokens
+    auto run = [&](int64_t W, int64_t steps) {
+      std::vector<std::vector<std::vector<int64_t>>> rows(static_cast<size_t>(steps));
+      std::vector<std::vector<int32_t>> ids(static_cast<size_t>(steps));
+      for (int64_t r = 0; r < W; ++r) {
+        data::SamplerOptions o;
+        o.seq_len = 16;
+        o.packing = packing;
+        o.micro_batch_size = B;
+        o.gradient_accumulation_steps = G / (B * W);
+        o.world_size = W;
+        o.rank = r;
+        o.seed = 7;
+        data::DistributedSampler s(ds, o);
+        for (int64_t k = 0; k < steps; ++k) {
+          const data::StepBatch sb = s.next();
+          EXPECT_EQ(int64_t(sb.micro.size()), o.gradient_accumulation_steps);
+          rows[size_t(k)].insert(rows[size_t(k)].end(), sb.rows.begin(), sb.rows.end());
+          for (const auto& mb : sb.micro) {
+            EXPECT_EQ(mb.B, B);
+            if (packing) {
+              EXPECT_EQ(mb.T, 16);
+            }
+            for (int64_t i = 0; i < mb.B; ++i)  // padded rows: compare the real tokens only
+              for (int64_t t = 0; t < mb.T; ++t)
+                if (mb.targets[size_t(i * mb.T + t)] != ops::kIgnoreIndex || t == 0)
+                  ids[size_t(k)].push_back(mb.ids[size_t(i * mb.T + t)]);
+          }
+        }
+      }
+      return std::make_pair(rows, ids);
+    };
+    data::SamplerOptions o1;
+    o1.seq_len = 16;
+    o1.packing = packing;
+    o1.micro_batch_size = G;
+    data::DistributedSampler probe(ds, o1);
+    const int64_t steps = probe.steps_in_epoch(0) + 3;  // across an epoch boundary
+    const auto one = run(1, steps);
+    EXPECT_EQ(run(2, steps), one) << "packing " << packing;
+    EXPECT_EQ(run(4, steps), one) << "packing " << packing;
+  }
+}
+
+TEST(Sampler, OrderIsDeterministicPerSeedAndEpochAndStateRestores) {
+  const data::ExampleDataset ds = varied_dataset(60, 10);
+  EXPECT_EQ(data::epoch_order(60, 1, 0), data::epoch_order(60, 1, 0));
+  EXPECT_NE(data::epoch_order(60, 1, 0), data::epoch_order(60, 2, 0));
+  EXPECT_NE(data::epoch_order(60, 1, 0), data::epoch_order(60, 1, 1));
+  std::vector<int64_t> sorted = data::epoch_order(60, 1, 3);
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 60; ++i) EXPECT_EQ(sorted[size_t(i)], i);  // a permutation
+  data::SamplerOptions o;
+  o.seq_len = 12;
+  o.packing = true;
+  o.micro_batch_size = 2;
+  o.gradient_accumulation_steps = 2;
+  o.seed = 3;
+  data::DistributedSampler a(ds, o);
+  const auto epoch0 = a.epoch_rows(0);  // a copy: epoch_rows returns the sampler's cache
+  EXPECT_NE(epoch0, a.epoch_rows(1));
+  const int64_t per_epoch = a.steps_in_epoch(0);
+  ASSERT_GT(per_epoch, 2);
+  for (int64_t k = 0; k < per_epoch - 1; ++k) a.next();
+  const data::SamplerState saved = a.state();
+  EXPECT_EQ(saved, (data::SamplerState{0, per_epoch - 1}));
+  std::vector<data::StepBatch> cont;
+  for (int k = 0; k < 4; ++k) cont.push_back(a.next());
+  EXPECT_EQ(cont[0].next, (data::SamplerState{1, 0}));
+  EXPECT_EQ(cont[1].state, (data::SamplerState{1, 0}));
+  data::DistributedSampler b(ds, o);
+  b.set_state(saved);
+  for (int k = 0; k < 4; ++k) {
+    const data::StepBatch sb = b.next();
+    EXPECT_EQ(sb.rows, cont[size_t(k)].rows) << k;
+    EXPECT_EQ(sb.state, cont[size_t(k)].state);
+    ASSERT_EQ(sb.micro.size(), cont[size_t(k)].micro.size());
+    for (size_t m = 0; m < sb.micro.size(); ++m) {
+      EXPECT_EQ(sb.micro[m].ids, cont[size_t(k)].micro[m].ids);
+      EXPECT_EQ(sb.micro[m].targets, cont[size_t(k)].micro[m].targets);
+      EXPECT_EQ(sb.micro[m].segments, cont[size_t(k)].micro[m].segments);
+    }
+  }
+  data::SamplerOptions other = o;
+  other.seed = 4;
+  EXPECT_NE(data::DistributedSampler(ds, other).next().rows, data::DistributedSampler(ds, o).next().rows);
+  expect_error([&] { b.set_state({0, per_epoch + 5}); }, "outside the data");
+  o.micro_batch_size = 1000;
+  expect_error([&] { data::DistributedSampler(ds, o); }, "fewer than one global batch");
+}
+
+TEST(Sampler, PrefetchKeepsOrderPropagatesErrorsAndShutsDown) {
+  const data::ExampleDataset ds = varied_dataset(40, 8);
+  data::SamplerOptions o;
+  o.seq_len = 8;
+  o.packing = true;
+  o.micro_batch_size = 2;
+  data::DistributedSampler direct(ds, o), behind(ds, o);
+  {
+    data::Prefetcher p([&] { return behind.next(); });
+    for (int k = 0; k < 12; ++k) EXPECT_EQ(p.next().rows, direct.next().rows) << k;
+  }  // destroyed with a full queue: must join, not hang
+  std::atomic<int> made{0};
+  data::Prefetcher p([&]() -> data::StepBatch {
+    if (made == 2) throw Error("bad row", {.file = "x.jsonl", .line = 9});
+    ++made;
+    return {};
+  });
+  p.next();
+  p.next();
+  expect_error([&] { p.next(); }, "x.jsonl:9: bad row");
+}
+
+// ---- end to end ------------------------------------------------------------------------------
+
+TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
+  const fs::path alpaca = kData / "alpaca_en_demo.json";
+  if (!fs::exists(alpaca)) GTEST_SKIP() << "shared test data not found at " << kData;
+  const fs::path d = fresh_dir("e2e");
+  ModelConfig cfg = preset("tiny");  // vocab 512 >= the byte-level tokenizer's 259
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(0);
+  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  ConfigTree t = ConfigTree::parse("model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +
+                                   "\ndata: {train: " + alpaca.string() +
+                                   ", eval_fraction: 0.05}\nseq_len: 256\nmicro_batch_size: 2\n"
+                                   "max_steps: 20\neval_batches: 2\n"
+                                   "optimizer: {lr: 3e-3}\neval_every: 0\nprogress: none\n");
+  const train::TrainResult r = train::run_training(train::read_train_config(t));
+  EXPECT_EQ(r.steps, 20);
+  EXPECT_LT(r.eval_loss, 0.75 * r.initial_eval_loss) << "held-out loss " << r.initial_eval_loss << " -> " << r.eval_loss;
+  EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
+}
