@@ -10,5 +10,7 @@ void register_env(CLI::App& app);
 void register_init(CLI::App& app);
 void register_train(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_data_preview(CLI::App& app);
 
 }  // namespace shardlm::cli

@@ -43,16 +43,22 @@ void register_generate(CLI::App& app) {
     std::vector<int32_t> stops = {tok->eos_id()};
     for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
     std::fputs(o->prompt.c_str(), stdout);
-    // Decode incrementally: print what the new tokens add to the text so far (multi-byte
-    // characters may need several tokens).
-    std::vector<int32_t> out;
+    // Decode incrementally: print what the new tokens add to the decoded text so far. Decoding the
+    // prompt together with the output keeps word boundaries right (SentencePiece drops the space
+    // of a leading "▁" piece when it is decoded on its own), and multi-byte characters may need
+    // several tokens.
+    std::vector<int32_t> all = prompt;
+    const std::string prompt_text = tok->decode(prompt);
     std::string shown;
     gen.generate(prompt, o->s, stops, [&](int32_t id) {
-      out.push_back(id);
-      const std::string text = tok->decode(out);
-      std::fputs(text.substr(shown.size()).c_str(), stdout);
-      std::fflush(stdout);
-      shown = text;
+      all.push_back(id);
+      const std::string text = tok->decode(all);
+      const std::string added = text.compare(0, prompt_text.size(), prompt_text) == 0 ? text.substr(prompt_text.size()) : text;
+      if (added.size() > shown.size() && added.compare(0, shown.size(), shown) == 0) {
+        std::fputs(added.substr(shown.size()).c_str(), stdout);
+        std::fflush(stdout);
+        shown = added;
+      }
     });
     std::fputs("\n", stdout);
   });

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   shardlm::cli::register_init(app);
   shardlm::cli::register_train(app);
   shardlm::cli::register_generate(app);
+  shardlm::cli::register_tokenize(app);
+  shardlm::cli::register_data_preview(app);
   shardlm::cli::register_env(app);
   try {
     app.parse(argc, argv);
