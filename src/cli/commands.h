@@ -4,11 +4,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include "comm/communicator.h"
+
 namespace shardlm::cli {
+
+// This process's ranks (MPI under mpirun/srun, else one local rank); made by main().
+comm::Communicator& world();
 
 void register_env(CLI::App& app);
 void register_init(CLI::App& app);
 void register_train(CLI::App& app);
+void register_launch(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_data_preview(CLI::App& app);

@@ -1,11 +1,24 @@
 // shardlm: the command line. Each subcommand lives in its own file and registers itself here.
+//
+// The process's world communicator is made here, once: MPI when mpirun or srun started this
+// process, otherwise one local rank. An error on any rank ends the whole job: the failing rank
+// prints its message once, naming itself, and MPI_Abort takes the other ranks down (never a hang).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
+
+namespace {
+shardlm::comm::Communicator* g_world = nullptr;
+}
+
+namespace shardlm::cli {
+comm::Communicator& world() { return *g_world; }
+}  // namespace shardlm::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"shardlm: train and fine-tune Llama-family models on one process or many, with FSDP/ZeRO sharding.",
@@ -16,26 +29,37 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  shardlm init --preset tiny --out runs/tiny              a random tiny Llama (HF layout)\n"
       "  shardlm train --config configs/demo-addition.yaml       train it (YAML config, key=value overrides)\n"
+      "  shardlm launch --nproc-per-node 2 -- train --config configs/demo-addition.yaml   on 2 ranks (FULL_SHARD)\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\"   continue a prompt\n"
+      "  shardlm tokenize --model DIR --text \"Hello\" --pieces     see how text becomes tokens\n"
+      "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"
       "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
       "Run 'shardlm <command> --help' for a command's options.");
   shardlm::cli::register_init(app);
   shardlm::cli::register_train(app);
+  shardlm::cli::register_launch(app);
   shardlm::cli::register_generate(app);
   shardlm::cli::register_tokenize(app);
   shardlm::cli::register_data_preview(app);
   shardlm::cli::register_env(app);
+
+  std::unique_ptr<shardlm::comm::Communicator> world;
+  auto fail = [&](const char* what) {
+    if (world && world->size() > 1) world->abort(what);  // prints "rank R: ..." and ends every rank
+    std::fprintf(stderr, "shardlm: error: %s\n", what);
+    return 1;
+  };
   try {
+    world = shardlm::comm::make_world_communicator();
+    g_world = world.get();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const shardlm::Error& e) {
-    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   return 0;
 }

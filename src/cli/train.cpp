@@ -22,13 +22,15 @@ void register_train(CLI::App& app) {
       "  shardlm init --preset tiny --out runs/tiny\n"
       "  shardlm train --config configs/tiny-shakespeare.yaml\n"
       "  shardlm train --config configs/demo-addition.yaml max_steps=50 optimizer.lr=1e-3\n"
+      "  shardlm launch --nproc-per-node 4 -- train --config run.yaml sharding_strategy=HYBRID_SHARD shard_group_size=2\n"
+      "  mpirun -np 2 shardlm train --config run.yaml          (srun works too)\n"
       "\n"
       "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
   cmd->callback([o] {
     ConfigTree tree = ConfigTree::load(o->config);
     tree.apply_overrides(o->overrides);
     const train::TrainConfig cfg = train::read_train_config(tree);
-    train::run_training(cfg);
+    train::run_training(cfg, world());
   });
 }
 

@@ -50,6 +50,7 @@ void Progress::step(const StepStats& s) {
 }
 
 void Progress::print(const std::string& line) {
+  if (quiet_) return;
   clear_bar();
   std::fprintf(stderr, "%s\n", line.c_str());
 }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "io/model_files.h"
+#include "train/sharding_config.h"
 
 namespace shardlm::train {
 
@@ -116,6 +117,15 @@ TrainConfig read_train_config(ConfigTree& t) {
     (void)io::parse_size(c.max_shard_size);
   } catch (const Error& e) {
     throw t.error_at("max_shard_size", e.message());
+  }
+  c.sharding = read_sharding_config(t);
+  // One compute dtype: mixed_precision.param_dtype when given, else compute_dtype.
+  if (t.has("mixed_precision")) {
+    if (t.has("compute_dtype") && c.compute_dtype != c.sharding.param_dtype)
+      throw t.error_at("compute_dtype", "disagrees with mixed_precision's parameter dtype; set one of them");
+    c.compute_dtype = c.sharding.param_dtype;
+  } else {
+    c.sharding.param_dtype = c.compute_dtype;
   }
   t.reject_unknown_keys();
   return c;

@@ -10,6 +10,7 @@
 #include "data/instruct.h"
 #include "io/yaml_config.h"
 #include "ops/ops.h"
+#include "shard/sharding.h"
 #include "train/schedule.h"
 
 namespace shardlm::train {
@@ -37,6 +38,7 @@ struct DataConfig {
 };
 
 struct TrainConfig {
+  shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
   std::string source;  // the YAML file, for messages
   std::string model;   // Hugging Face model directory to start from
   std::string output_dir;

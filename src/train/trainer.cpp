@@ -12,6 +12,8 @@
 #include "data/instruct.h"
 #include "data/packing.h"
 #include "data/sampler.h"
+#include "comm/communicator.h"
+#include "shard/engine.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
 #include "model/llama.h"
@@ -131,9 +133,16 @@ RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
   return d;
 }
 
-double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, bool packing, int64_t B, int64_t T,
-                 int64_t max_batches, int32_t pad) {
-  if (eval.size() == 0) return NAN;
+double eval_loss(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const data::Dataset& eval,
+                 bool packing, int64_t B, int64_t T, int64_t max_batches, int32_t pad) {
+  const ops::CrossEntropyResult r = eval_loss_sums(forward, eval, packing, B, T, max_batches, pad, 0, 1);
+  return r.count ? r.loss_sum / double(r.count) : NAN;
+}
+
+ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
+                                       const data::Dataset& eval, bool packing, int64_t B, int64_t T,
+                                       int64_t max_batches, int32_t pad, int rank, int world_size) {
+  if (eval.size() == 0) return {};
   std::vector<int64_t> order(static_cast<size_t>(eval.size()));
   std::iota(order.begin(), order.end(), 0);
   std::vector<std::vector<int64_t>> rows;
@@ -144,27 +153,37 @@ double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, bool pac
   }
   double sum = 0.0;
   int64_t count = 0;
-  for (int64_t b = 0; b < max_batches && b * B < int64_t(rows.size()); ++b) {
-    // The last batch may have fewer rows: the arena holds any shape of at most B x T tokens.
-    const int64_t end = std::min<int64_t>(int64_t(rows.size()), (b + 1) * B);
+  // Global batch g holds rows [g B W, (g + 1) B W); rank r evaluates its B of them. Every rank
+  // runs the same number of forward passes (they may contain collectives): a rank whose slice of
+  // the last batch is empty runs one ignored row.
+  const int64_t G = B * world_size, n_rows = int64_t(rows.size());
+  for (int64_t g = 0; g < max_batches && g * G < n_rows; ++g) {
+    const int64_t begin = std::min(n_rows, g * G + rank * B);
+    const int64_t end = std::min(n_rows, begin + B);
+    if (begin == end) {
+      std::vector<data::Example> none = {{{pad}, {ops::kIgnoreIndex}}};
+      (void)forward(data::make_padded_batch(none, T, pad).batch());
+      continue;
+    }
+    const int64_t b0 = begin;
     data::BatchBuffers buf;
     if (packing) {
       std::vector<std::vector<data::Example>> packed;
-      for (int64_t r = b * B; r < end; ++r) {
+      for (int64_t r = b0; r < end; ++r) {
         packed.emplace_back();
         for (const int64_t i : rows[size_t(r)]) packed.back().push_back(eval.get(i));
       }
       buf = data::make_packed_batch(packed, T, pad);
     } else {
       std::vector<data::Example> padded;
-      for (int64_t r = b * B; r < end; ++r) padded.push_back(eval.get(rows[size_t(r)][0]));
+      for (int64_t r = b0; r < end; ++r) padded.push_back(eval.get(rows[size_t(r)][0]));
       buf = data::make_padded_batch(padded, T, pad);
     }
-    const ops::CrossEntropyResult r = model.forward_loss(buf.batch());
+    const ops::CrossEntropyResult r = forward(buf.batch());
     sum += r.loss_sum;
     count += r.count;
   }
-  return count ? sum / double(count) : NAN;
+  return {sum, count};
 }
 
 namespace {
@@ -203,6 +222,21 @@ StepResult train_step(ParamStore& params, model::LlamaCompute& model, const std:
 }
 
 TrainResult run_training(const TrainConfig& c) {
+  const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+  return run_training(c, *local);
+}
+
+namespace {
+// Ranks sharing this node, for hybrid meshes: what mpirun or Slurm says, else the whole world.
+int ranks_per_node(const comm::Communicator& world) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 0) return std::atoi(s);
+  return world.size();
+}
+}  // namespace
+
+TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
+  const bool lead = world.rank() == 0;  // the rank that prints, writes metrics and saves
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   const ModelConfig mcfg = load_hf_config(c.model);
@@ -222,28 +256,49 @@ TrainResult run_training(const TrainConfig& c) {
                             mcfg.sliding_window),
                 {.file = c.source, .key = "seq_len"});
 
-  ParamStore params(mcfg, c.compute_dtype);
+  // The sharding engine drives every run; one process is world size 1 through the same path.
+  shard::Mesh mesh = shard::make_mesh(world, c.sharding, ranks_per_node(world));
+  shard::ShardedModel engine(mcfg, c.sharding, mesh);
   {
     const io::ModelWeights weights(c.model);
-    params.load(weights, c.model);
+    engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
   }
   model::LlamaCompute model(mcfg, c.compute_dtype);
-  model.set_weights(params.compute_weights());
-  model.set_grads(params.grads());
   model.reserve(B, T);
+  // Full f32 weights on every rank, for generation (built-in task accuracy) and the final save:
+  // gathered from the shards (a collective, so every rank runs it).
+  auto gather_full = [&]() {
+    auto full = std::make_unique<ParamStore>(mcfg, DType::F32);
+    for (const std::string& name : engine.names()) {
+      const std::vector<float> v = engine.gather_tensor(name);
+      std::copy(v.begin(), v.end(), full->master(name).f32());
+    }
+    return full;
+  };
 
-  std::error_code ec;
-  fs::create_directories(c.output_dir, ec);
-  if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
-  MetricsFile metrics((fs::path(c.output_dir) / c.metrics_file).string());
-  Progress progress(c.progress, c.log_every);
+  std::unique_ptr<MetricsFile> metrics_file;
+  if (lead) {
+    std::error_code ec;
+    fs::create_directories(c.output_dir, ec);
+    if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
+    metrics_file = std::make_unique<MetricsFile>((fs::path(c.output_dir) / c.metrics_file).string());
+  }
+  auto write_metrics = [&](const nlohmann::json& rec) {
+    if (metrics_file) metrics_file->write(rec);
+  };
+  Progress progress(lead ? c.progress : "none", c.log_every);
   const int32_t pad = tok->eos_id();
 
   progress.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c.model,
-                             mcfg.num_hidden_layers, mcfg.hidden_size, double(params.numel()) / 1e6,
+                             mcfg.num_hidden_layers, mcfg.hidden_size, double(parameter_count(mcfg)) / 1e6,
                              dtype_name(c.compute_dtype)));
-  // World size 1 until the sharding engine drives this loop; the sampler already takes any.
+  progress.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
+                             shard::strategy_name(c.sharding.strategy), world.size(), world.size() > 1 ? "s" : "",
+                             mesh.shard->size(), engine.num_units(), engine.num_units() > 1 ? "s" : "",
+                             dtype_name(c.sharding.reduce_dtype)));
   data::SamplerOptions so;
+  so.world_size = world.size();
+  so.rank = world.rank();
   so.seq_len = T;
   so.packing = data.packing;
   so.micro_batch_size = B;
@@ -260,23 +315,30 @@ TrainResult run_training(const TrainConfig& c) {
                                truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, T) : "",
                                sampler.steps_in_epoch(0), sampler.rows_per_step()));
   }
-  progress.print(fmt::format("batch: {} x {} tokens x {} accumulation = {} tokens per step; {} steps", B, T,
-                             c.gradient_accumulation_steps, B * T * c.gradient_accumulation_steps, c.max_steps));
+  progress.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", B, T,
+                             c.gradient_accumulation_steps, world.size(), world.size() > 1 ? "s" : "",
+                             B * T * c.gradient_accumulation_steps * world.size(), c.max_steps));
 
   TrainResult result;
   auto evaluate = [&](int64_t step) {
-    const double loss = eval_loss(model, *data.eval, data.packing, B, T, c.eval_batches, pad);
+    // The same held-out rows for any world size: each rank evaluates its slice of each global batch.
+    const ops::CrossEntropyResult part =
+        eval_loss_sums([&](const model::Batch& b) { return engine.forward_loss(model, b); }, *data.eval, data.packing,
+                       B, T, c.eval_batches, pad, world.rank(), world.size());
+    const double sum = world.all_reduce_sum(part.loss_sum), count = world.all_reduce_sum(double(part.count));
+    const double loss = count > 0 ? sum / count : NAN;
     nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
     std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
     double acc = -1;
     if (data.task && c.accuracy_examples > 0) {
       int64_t correct = 0;
-      acc = task_accuracy(mcfg, params.compute_weights(), *data.task, *tok, c.accuracy_examples, &correct);
+      const std::unique_ptr<ParamStore> full = gather_full();
+      acc = task_accuracy(mcfg, full->compute_weights(), *data.task, *tok, c.accuracy_examples, &correct);
       rec["eval_accuracy"] = acc;
       line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
                           std::min(c.accuracy_examples, data.task->size()));
     }
-    metrics.write(rec);
+    write_metrics(rec);
     progress.print(line);
     if (step == 0) {
       result.initial_eval_loss = loss;
@@ -299,16 +361,18 @@ TrainResult run_training(const TrainConfig& c) {
     const data::StepBatch sb = prefetch.next();
     const std::vector<data::BatchBuffers>& micro = sb.micro;
     opt.lr = c.schedule.at(step);
-    const StepResult sr = train_step(params, model, micro, opt, step, c.max_grad_norm);
+    std::vector<model::Batch> batches;
+    for (const data::BatchBuffers& mb : micro) batches.push_back(mb.batch());
+    const shard::StepStats sr = engine.train_step(model, batches, opt, step, c.max_grad_norm);
     const double loss = sr.loss, norm = sr.grad_norm;
     if (!std::isfinite(loss)) throw Error(fmt::format("training diverged: loss is {} at step {}", loss, step));
-    for (const data::BatchBuffers& mb : micro) tokens_seen += mb.B * mb.T;
+    for (const data::BatchBuffers& mb : micro) tokens_seen += mb.B * mb.T * world.size();
 
     const double elapsed = std::chrono::duration<double>(clock::now() - t_train).count();
     StepStats s{step, c.max_steps, loss, opt.lr, norm, double(tokens_seen) / elapsed, elapsed,
                 MemoryTracker::for_device(Device::CPU).stats().live_total};
     progress.step(s);
-    metrics.write({{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
+    write_metrics({{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
                    {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch},
                    {"mem_live_bytes", s.mem_bytes}});
     if (step == 1) result.first_loss = loss;
@@ -321,7 +385,13 @@ TrainResult run_training(const TrainConfig& c) {
   result.tokens_per_s = double(tokens_seen) / result.seconds;
   progress.finish();
 
-  save_hf_model(c.output_dir, mcfg, params, c.save_dtype, io::parse_size(c.max_shard_size), c.model);
+  {
+    // Gathered to every rank, written by rank 0. (Sharded checkpoints that avoid holding the whole
+    // model on one rank are a later step.)
+    const std::unique_ptr<ParamStore> full = gather_full();
+    if (lead) save_hf_model(c.output_dir, mcfg, *full, c.save_dtype, io::parse_size(c.max_shard_size), c.model);
+    world.barrier();
+  }
   const MemStats mem = MemoryTracker::for_device(Device::CPU).stats();
   std::string peaks;
   for (int i = 0; i < kNumMemCategories; ++i)
@@ -330,7 +400,8 @@ TrainResult run_training(const TrainConfig& c) {
   progress.print(fmt::format("done: {} steps in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}",
                              result.steps, format_duration(result.seconds), result.tokens_per_s, result.first_loss,
                              result.last_loss, result.initial_eval_loss, result.eval_loss));
-  progress.print(fmt::format("peak memory: {} tracked ({})", format_bytes(mem.peak_total), peaks));
+  progress.print(fmt::format("peak memory{}: {} tracked ({})", world.size() > 1 ? " of rank 0" : "",
+                             format_bytes(mem.peak_total), peaks));
   progress.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c.output_dir,
                              dtype_name(c.save_dtype), std::chrono::duration<double>(clock::now() - t_start).count()));
   return result;

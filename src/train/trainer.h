@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "data/dataset.h"
 #include "model/llama.h"
 #include "train/param_store.h"
@@ -23,6 +25,9 @@ struct TrainResult {
   double seconds = 0, tokens_per_s = 0;
 };
 
+// Trains on the ranks of `world` (sharded as cfg.sharding says); rank 0 prints, writes metrics and
+// saves. The one-argument form runs in this process alone.
+TrainResult run_training(const TrainConfig& cfg, comm::Communicator& world);
 TrainResult run_training(const TrainConfig& cfg);
 
 // The training and evaluation data of a run, as `data:` describes it (docs/data.md).
@@ -38,8 +43,13 @@ struct RunData {
 RunData load_run_data(const TrainConfig& cfg, const data::Tokenizer& tok);
 // Mean loss over the non-ignored targets of up to max_batches batches of B rows of `eval`, rows
 // formed in the dataset's order (packed or padded as in training). NaN when there is no target.
-double eval_loss(model::LlamaCompute& model, const data::Dataset& eval, bool packing, int64_t B, int64_t T,
-                 int64_t max_batches, int32_t pad);
+double eval_loss(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const data::Dataset& eval,
+                 bool packing, int64_t B, int64_t T, int64_t max_batches, int32_t pad);
+// The same as loss sums over this rank's share: rank r of W evaluates rows [g B W + r B, + B) of
+// each global batch g, so the ranks together cover what one process with batch B W would.
+ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
+                                       const data::Dataset& eval, bool packing, int64_t B, int64_t T,
+                                       int64_t max_batches, int32_t pad, int rank, int world_size);
 
 struct StepResult {
   double loss = 0;        // mean over the non-ignored targets of all micro-batches

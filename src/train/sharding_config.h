@@ -1,0 +1,25 @@
+// Reading the sharding section of a training configuration.
+//
+// shardlm's own keys use FSDP's vocabulary:
+//   sharding_strategy: FULL_SHARD        # NO_SHARD | ZERO1 | SHARD_GRAD_OP | FULL_SHARD | HYBRID_SHARD | _HYBRID_SHARD_ZERO2
+//   auto_wrap_policy: TRANSFORMER_BASED_WRAP   # | SIZE_BASED_WRAP | NO_WRAP
+//   min_num_params: 100000000            # SIZE_BASED_WRAP
+//   forward_prefetch: false
+//   backward_prefetch: BACKWARD_PRE      # | BACKWARD_POST | NO_PREFETCH
+//   shard_group_size: 0                  # hybrid: ranks per shard group (0 = ranks per node)
+//   no_sync: false                       # defer gradient reduction to the last micro-batch
+//   mixed_precision: {param_dtype: bf16, reduce_dtype: f32}
+// An accelerate config's fsdp_config block is accepted as written (fsdp_sharding_strategy,
+// fsdp_auto_wrap_policy, fsdp_backward_prefetch, fsdp_forward_prefetch, fsdp_min_num_params, ...),
+// as is its top-level mixed_precision: bf16 | fp16 | no.
+#pragma once
+
+#include "io/yaml_config.h"
+#include "shard/sharding.h"
+
+namespace shardlm::train {
+
+// Reads and validates the keys above (recording them as known to the tree).
+shard::ShardingConfig read_sharding_config(ConfigTree& tree);
+
+}  // namespace shardlm::train
