@@ -32,8 +32,11 @@ echo
 echo "== before training (random weights) =="
 ask "$out/init" "${questions[@]}"
 echo
-echo "== training (configs/demo-addition.yaml) =="
-$shardlm train --config configs/demo-addition.yaml model="$out/init" output_dir="$out/trained" progress=lines
+echo "== training on 2 ranks, FULL_SHARD (configs/demo-addition.yaml) =="
+# Two MPI ranks on this machine, each holding half of the parameters, gradients and optimizer state;
+# 32 rows each = the same 64-row global batch as one process.
+$shardlm launch --nproc-per-node 2 -- train --config configs/demo-addition.yaml model="$out/init" \
+  output_dir="$out/trained" micro_batch_size=32 sharding_strategy=FULL_SHARD progress=lines
 echo
 echo "== after training =="
 ask "$out/trained" "${questions[@]}"

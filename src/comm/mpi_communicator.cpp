@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <functional>
 
 #include "comm/communicator.h"
@@ -137,6 +139,9 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void abort(const std::string& message) override {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    // An error every rank meets (a bad config key) should be printed once: other ranks give rank 0
+    // two seconds to abort the job first. An error on one rank alone still ends the job in seconds.
+    if (world_rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     std::fprintf(stderr, "shardlm: error: rank %d: %s\n", world_rank, message.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);

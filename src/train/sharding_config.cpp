@@ -53,6 +53,19 @@ shard::ShardingConfig read_sharding_config(ConfigTree& t) {
   if (f.get<bool>("fsdp_activation_checkpointing", false))
     throw f.error_at("fsdp_activation_checkpointing", "activation checkpointing is not implemented yet");
 
+  // The rest of an accelerate config file describes the launch, which mpirun / shardlm launch
+  // decide here: accepted and ignored, except a distributed type shardlm cannot be.
+  const std::string dt = t.get("distributed_type", "FSDP");
+  if (dt != "FSDP" && dt != "NO" && dt != "MULTI_CPU" && dt != "MULTI_GPU")
+    throw t.error_at("distributed_type", fmt::format("'{}' is not supported (shardlm is FSDP/DDP: use FSDP)", dt));
+  for (const char* key : {"compute_environment", "machine_rank", "main_process_ip", "main_training_function",
+                          "rdzv_backend", "gpu_ids", "tpu_env"})
+    (void)t.get(key, "");
+  for (const char* key : {"num_machines", "num_processes", "main_process_port"}) (void)t.get<int64_t>(key, 0);
+  for (const char* key : {"downcast_bf16", "same_network", "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "debug",
+                          "enable_cpu_affinity"})
+    (void)t.get(key, "");
+
   // Mixed precision: shardlm's section, or accelerate's top-level string.
   bool mp_is_map = false;
   try {
