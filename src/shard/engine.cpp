@@ -27,6 +27,11 @@ struct ShardedModel::Unit {
   OwnedTensor send;              // param_dtype [shard_numel]: this rank's slice for the all-gather
   std::unique_ptr<comm::Request> pending;
   bool gathered = false;
+  // A shard group of one rank (one process, not hybrid): the shard is the whole buffer, so the
+  // parameters are the master weights (or one bf16 copy of them) and gradients accumulate straight
+  // into the shard: no gathers, no reductions, no per-step buffers. FULL_SHARD on one process then
+  // does the work of NO_SHARD.
+  bool solo = false;
 };
 
 namespace {
@@ -81,7 +86,14 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
     u->master = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Parameters);
     u->m = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
     u->v = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
-    if (sharded) {
+    u->solo = sharded && S == 1 && !sharding.hybrid();
+    if (u->solo) {
+      u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
+      u->full_grad.t = u->grad_shard.t;  // a view: the backward accumulates into the shard itself
+      if (sharding.param_dtype == DType::F32) u->full_params.t = u->master.t;
+      else u->full_params = OwnedTensor(sharding.param_dtype, {u->layout.padded_numel}, MemCategory::Parameters);
+      u->gathered = true;
+    } else if (sharded) {
       u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
       u->send = OwnedTensor(sharding.param_dtype, {u->shard_numel}, MemCategory::Communication);
     }
@@ -166,6 +178,10 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
 // Strategies that keep full parameters between steps (NO_SHARD, ZERO1) refresh them here after
 // the master weights change; the others gather on demand.
 void ShardedModel::refresh_full_params(Unit& u) {
+  if (u.solo) {
+    if (sharding_.param_dtype != DType::F32) ops::cast(u.full_params.t, u.master.t);
+    return;
+  }
   const bool persistent = !sharding_.shard_gradients();
   if (!persistent) return;
   const int64_t padded = u.layout.padded_numel;
@@ -201,7 +217,7 @@ void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
 }
 
 void ShardedModel::release(Unit& u, model::LlamaCompute& c) {
-  if (!sharding_.shard_gradients() || !u.gathered) return;  // NO_SHARD / ZERO1 keep full parameters
+  if (!sharding_.shard_gradients() || u.solo || !u.gathered) return;  // NO_SHARD / ZERO1 / solo keep them
   u.full_params = OwnedTensor();
   u.gathered = false;
   // Unbind, so that any use of a freed unit fails loudly instead of reading freed memory.
@@ -229,7 +245,7 @@ void ShardedModel::bind(Unit& u, model::LlamaCompute& c, bool grads) {
 // ---- gradients -----------------------------------------------------------------------------
 
 void ShardedModel::ensure_grad(Unit& u, model::LlamaCompute& c) {
-  if (!u.full_grad.buffer.data())
+  if (!u.full_grad.t.defined())
     u.full_grad = OwnedTensor(DType::F32, {u.layout.padded_numel}, MemCategory::Gradients);  // zeroed
   bind(u, c, true);
 }
@@ -239,6 +255,7 @@ void ShardedModel::ensure_grad(Unit& u, model::LlamaCompute& c) {
 // sharded ones are reduce-scattered every micro-batch (or at the last, with no_sync) and the
 // full buffer is freed.
 void ShardedModel::reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro) {
+  if (u.solo) return;  // the gradients are already in the shard
   const bool sharded = sharding_.shard_gradients();
   if (!last_micro && (!sharded || !sharding_.reduce_every_microbatch)) return;
   comm::Communicator& group = *mesh_.shard;
