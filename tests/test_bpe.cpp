@@ -461,26 +461,3 @@ TEST(BpePathological, InvalidUtf8RoundTrips) {
   for (const Tokenizer* t : {&llama3(), &gpt2()}) EXPECT_EQ(t->decode(t->encode(text)), text) << t->name();
 }
 
-// ---- throughput (run by hand: --gtest_also_run_disabled_tests --gtest_filter='*Throughput*') ---
-TEST(BpeThroughput, DISABLED_Alpaca) {
-  size_t bytes = 0;
-  for (const auto& t : alpaca_texts()) bytes += t.size();
-  for (const Tokenizer* tok : {&llama3(), &gpt2()}) {
-    for (int round = 0; round < 2; ++round) {  // the first fills the merge cache
-      const auto start = std::chrono::steady_clock::now();
-      size_t tokens = 0;
-      for (int rep = 0; rep < 5; ++rep)
-        for (const auto& t : alpaca_texts()) tokens += tok->encode(t).size();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("%s (%s): %.1f MB/s, %.2f M tokens/s\n", tok->name().c_str(), round == 0 ? "cold" : "warm",
-                  5 * double(bytes) / s / 1e6, double(tokens) / s / 1e6);
-    }
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const auto a = load_tiktoken(data_file("llama3_tokenizer.model"));
-  const auto mid = std::chrono::steady_clock::now();
-  const auto b = load_gpt2_bpe(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"));
-  const auto end = std::chrono::steady_clock::now();
-  std::printf("load: tiktoken %.3f s, gpt2 %.3f s\n", std::chrono::duration<double>(mid - start).count(),
-              std::chrono::duration<double>(end - mid).count());
-}
