@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "bench_args.h"
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -21,32 +22,16 @@ using namespace shardlm;
 
 int main(int argc, char** argv) {
   const std::unique_ptr<comm::Communicator> world = comm::make_world_communicator();
-  ModelConfig cfg = preset("tiny");
-  cfg.hidden_size = 256;
-  cfg.num_hidden_layers = 4;
-  cfg.num_attention_heads = 8;
-  cfg.num_key_value_heads = 4;
-  cfg.intermediate_size = 688;
-  cfg.vocab_size = 32000;
-  int64_t seq = 128, batch = 4, steps = 8, warmup = 2, rounds = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--dim") cfg.hidden_size = v;
-    else if (k == "--layers") cfg.num_hidden_layers = v;
-    else if (k == "--heads") cfg.num_attention_heads = v;
-    else if (k == "--kv-heads") cfg.num_key_value_heads = v;
-    else if (k == "--ffn") cfg.intermediate_size = v;
-    else if (k == "--vocab") cfg.vocab_size = v;
-    else if (k == "--seq") seq = v;
-    else if (k == "--batch") batch = v;
-    else if (k == "--steps") steps = v;
-    else if (k == "--warmup") warmup = v;
-    else if (k == "--rounds") rounds = v;
-  }
-  cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
-  cfg.max_position_embeddings = std::max<int64_t>(seq, 256);
-  validate_model_config(cfg);
+  bench::BenchArgs defaults{preset("tiny"), 128, 4, 8, 2, 2};
+  defaults.cfg.hidden_size = 256;
+  defaults.cfg.num_hidden_layers = 4;
+  defaults.cfg.num_attention_heads = 8;
+  defaults.cfg.num_key_value_heads = 4;
+  defaults.cfg.intermediate_size = 688;
+  defaults.cfg.vocab_size = 32000;
+  const bench::BenchArgs args = bench::parse_bench_args(argc, argv, defaults);
+  const ModelConfig& cfg = args.cfg;
+  const int64_t seq = args.seq, batch = args.batch, steps = args.steps, warmup = args.warmup, rounds = args.rounds;
   const int W = world->size();
 
   std::vector<shard::Strategy> strategies = {shard::Strategy::NoShard, shard::Strategy::Zero1,

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench_args.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "model/config.h"
@@ -19,31 +20,11 @@
 using namespace shardlm;
 
 int main(int argc, char** argv) {
-  ModelConfig cfg = preset("tiny");
-  int64_t seq = 256, batch = 8, steps = 10, warmup = 2;
-  DType dtype = DType::F32;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--dim") cfg.hidden_size = v;
-    else if (k == "--layers") cfg.num_hidden_layers = v;
-    else if (k == "--heads") cfg.num_attention_heads = v;
-    else if (k == "--kv-heads") cfg.num_key_value_heads = v;
-    else if (k == "--ffn") cfg.intermediate_size = v;
-    else if (k == "--vocab") cfg.vocab_size = v;
-    else if (k == "--seq") seq = v;
-    else if (k == "--batch") batch = v;
-    else if (k == "--steps") steps = v;
-    else if (k == "--warmup") warmup = v;
-    else if (k == "--dtype") dtype = parse_dtype(argv[i + 1]);
-    else {
-      fmt::print(stderr, "unknown option {}\n", k);
-      return 2;
-    }
-  }
-  cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
-  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, seq);
-  validate_model_config(cfg);
+  bench::BenchArgs defaults{preset("tiny"), 256, 8, 10, 2};
+  const bench::BenchArgs args = bench::parse_bench_args(argc, argv, defaults);
+  const ModelConfig& cfg = args.cfg;
+  const int64_t seq = args.seq, batch = args.batch, steps = args.steps, warmup = args.warmup;
+  const DType dtype = args.dtype;
 
   train::ParamStore params(cfg, dtype);
   params.init_random(0);

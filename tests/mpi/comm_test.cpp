@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "comm/communicator.h"
+#include "mpi_test_main.h"
 
 using namespace shardlm;
 using namespace shardlm::comm;
@@ -107,17 +108,4 @@ TEST(Comm, MismatchedSizesAreErrors) {
   EXPECT_THROW(g_world->all_gather(view(out), view(in)), Error);
 }
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<Communicator> world = make_world_communicator();
-  g_world = world.get();
-  if (world->rank() != 0) {  // one rank's report is enough; failures still fail the exit code
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  std::vector<float> failed = {rc != 0 ? 1.0f : 0.0f};
-  world->all_reduce(Tensor::view(failed.data(), DType::F32, {1}), ReduceOp::Sum);
-  if (world->rank() == 0 && failed[0] > 0) std::fprintf(stderr, "%g rank(s) failed\n", double(failed[0]));
-  return failed[0] > 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return shardlm::testing::run_mpi_tests(argc, argv, g_world); }

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "comm/communicator.h"
+#include "mpi_test_main.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "shard/engine.h"
@@ -315,16 +316,4 @@ TEST(Engine, ImpossibleMeshIsRefusedBeforeAnyWork) {
   EXPECT_THROW(shard::make_mesh(*g_world, c, 1), Error);
 }
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<comm::Communicator> world = comm::make_world_communicator();
-  g_world = world.get();
-  if (world->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  const double failed = world->all_reduce_sum(rc != 0 ? 1.0 : 0.0);
-  if (world->rank() == 0 && failed > 0) std::fprintf(stderr, "%g rank(s) failed\n", failed);
-  return failed > 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return shardlm::testing::run_mpi_tests(argc, argv, g_world); }

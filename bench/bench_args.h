@@ -1,0 +1,49 @@
+// Command-line options shared by the training benchmarks: a Llama shape and a run length.
+//   --dim --layers --heads --kv-heads --ffn --vocab   the model (the rest of the "tiny" preset)
+//   --seq --batch --steps --warmup --rounds --dtype   the run
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "model/config.h"
+
+namespace shardlm::bench {
+
+struct BenchArgs {
+  ModelConfig cfg;
+  int64_t seq, batch, steps, warmup, rounds = 1;
+  DType dtype = DType::F32;
+};
+
+// Defaults in `d`; exits with a usage line on an unknown option.
+inline BenchArgs parse_bench_args(int argc, char** argv, BenchArgs d) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (k == "--dim") d.cfg.hidden_size = v;
+    else if (k == "--layers") d.cfg.num_hidden_layers = v;
+    else if (k == "--heads") d.cfg.num_attention_heads = v;
+    else if (k == "--kv-heads") d.cfg.num_key_value_heads = v;
+    else if (k == "--ffn") d.cfg.intermediate_size = v;
+    else if (k == "--vocab") d.cfg.vocab_size = v;
+    else if (k == "--seq") d.seq = v;
+    else if (k == "--batch") d.batch = v;
+    else if (k == "--steps") d.steps = v;
+    else if (k == "--warmup") d.warmup = v;
+    else if (k == "--rounds") d.rounds = v;
+    else if (k == "--dtype") d.dtype = parse_dtype(argv[i + 1]);
+    else {
+      fmt::print(stderr, "unknown option {} (see the comment at the top of bench/bench_args.h)\n", k);
+      std::exit(2);
+    }
+  }
+  d.cfg.head_dim = d.cfg.hidden_size / d.cfg.num_attention_heads;
+  d.cfg.max_position_embeddings = std::max<int64_t>(d.cfg.max_position_embeddings, d.seq);
+  validate_model_config(d.cfg);
+  return d;
+}
+
+}  // namespace shardlm::bench
