@@ -23,7 +23,7 @@ void register_train(CLI::App& app) {
       "  shardlm train --config configs/tiny-shakespeare.yaml\n"
       "  shardlm train --config configs/demo-addition.yaml max_steps=50 optimizer.lr=1e-3\n"
       "  shardlm launch --nproc-per-node 4 -- train --config run.yaml sharding_strategy=HYBRID_SHARD shard_group_size=2\n"
-      "  mpirun -np 2 shardlm train --config run.yaml          (srun works too)\n"
+      "  mpirun -np 2 shardlm train --config run.yaml          (ranks started by srun are detected too)\n"
       "\n"
       "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
   cmd->callback([o] {
