@@ -98,7 +98,7 @@ data::ExampleDataset varied_dataset(int64_t n, int64_t max_len) {
 
 TEST(Alpaca, TemplatesAreStanfordsExactly) {
   const fs::path f = kData / "alpaca_prompt_templates.json";
-  if (!fs::exists(f)) GTEST_SKIP() << "shared test data not found at " << kData;
+  ASSERT_TRUE(fs::exists(f)) << "shared test data not found at " << kData;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(f));
   EXPECT_EQ(std::string(data::kAlpacaPromptInput), j["prompt_input"].get<std::string>());
   EXPECT_EQ(std::string(data::kAlpacaPromptNoInput), j["prompt_no_input"].get<std::string>());
@@ -130,7 +130,7 @@ TEST(Alpaca, Llama2LossMaskMatchesStanfordTokenization) {
   // Expected ids from python sentencepiece on llama2_tokenizer.model: BOS + encode(prompt), and
   // the rest of BOS + encode(prompt + output) + EOS (the trained targets).
   const std::string model = (kData / "llama2_tokenizer.model").string();
-  if (!fs::exists(model)) GTEST_SKIP() << "shared test data not found at " << kData;
+  ASSERT_TRUE(fs::exists(model)) << "shared test data not found at " << kData;
   const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer_file(model);
   const nlohmann::json recs = nlohmann::json::parse(std::ifstream(kData / "alpaca_en_demo.json"));
   struct Case {
@@ -458,7 +458,7 @@ TEST(Sampler, PrefetchKeepsOrderPropagatesErrorsAndShutsDown) {
 
 TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
   const fs::path alpaca = kData / "alpaca_en_demo.json";
-  if (!fs::exists(alpaca)) GTEST_SKIP() << "shared test data not found at " << kData;
+  ASSERT_TRUE(fs::exists(alpaca)) << "shared test data not found at " << kData;
   const fs::path d = fresh_dir("e2e");
   ModelConfig cfg = preset("tiny");  // vocab 512 >= the byte-level tokenizer's 259
   train::ParamStore p(cfg, DType::F32);

@@ -33,7 +33,7 @@ const std::string kAlpaca = (kData / "alpaca_en_demo.json").string();
 
 #define REQUIRE_SHARED_DATA()                                                            \
   do {                                                                                   \
-    if (!fs::exists(kLlama2)) GTEST_SKIP() << "shared test data not found at " << kData; \
+    ASSERT_TRUE(fs::exists(kLlama2)) << "shared test data not found at " << kData; \
   } while (0)
 
 // A fresh directory under the system temp dir, removed at scope exit.
