@@ -52,7 +52,7 @@ TEST(ShardingConfig, ErrorsNameTheKey) {
   ConfigTree a = ConfigTree::parse("sharding_strategy: FULLSHARD\n", "run.yaml");
   EXPECT_NE(error_of([&] { train::read_sharding_config(a); }).find("run.yaml:1: key 'sharding_strategy'"),
             std::string::npos);
-  ConfigTree b = ConfigTree::parse("fsdp_config:\n  fsdp_offload_params: true\n", "acc.yaml");
+  ConfigTree b = ConfigTree::parse("fsdp_config:\n  fsdp_offload_params: true\n", "acc.yaml");  // refused
   EXPECT_NE(error_of([&] { train::read_sharding_config(b); }).find("key 'fsdp_config.fsdp_offload_params'"),
             std::string::npos);
   ConfigTree c = ConfigTree::parse("sharding_strategy: NO_SHARD\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n",

@@ -126,7 +126,9 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
 // through the backward are Workspace.
 struct LlamaCompute::Arena {
   int64_t capacity = 0;                          // tokens
-  std::vector<std::vector<OwnedTensor>> layer;   // per layer: the 14 BlockActivations buffers
+  std::vector<std::vector<OwnedTensor>> layer;   // per layer: the 14 BlockActivations buffers, or only
+                                                 // x_in for a checkpointed layer
+  std::vector<OwnedTensor> recompute;            // checkpointed layers' other 13, shared (recomputed)
   OwnedTensor h_final, xnf, rstdf, ids, positions, segments;
   OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
   // Views for the current batch shape.
@@ -155,10 +157,23 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   // Widths of the 14 per-layer buffers, in BlockActivations order (lse holds H values per row).
   const std::pair<DType, int64_t> widths[14] = {{a, D},  {a, D},  {f32, 1}, {a, qd}, {a, kvd}, {a, kvd}, {a, qd},
                                                 {f32, H}, {a, D}, {a, D},  {f32, 1}, {a, F},  {a, F},   {a, F}};
+  // A checkpointed layer keeps only its input; its other activations live in one set shared by all
+  // checkpointed layers and are recomputed in its backward.
+  bool any_checkpointed = false;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     std::vector<OwnedTensor>& t = arena->layer.emplace_back();
+    const bool ckpt = checkpointed(int(l));
+    any_checkpointed = any_checkpointed || ckpt;
     t.reserve(14);
-    for (const auto& [dtype, width] : widths) t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false);
+    for (const auto& [dtype, width] : widths) {
+      t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false);
+      if (ckpt) break;  // x_in only
+    }
+  }
+  if (any_checkpointed) {
+    arena->recompute.emplace_back();  // slot 0 (the input) is each layer's own
+    for (size_t i = 1; i < 14; ++i)
+      arena->recompute.emplace_back(widths[i].first, std::initializer_list<int64_t>{N, widths[i].second}, act, false);
   }
   arena->h_final = OwnedTensor(a, {N, D}, act, false);
   arena->xnf = OwnedTensor(a, {N, D}, act, false);
@@ -190,10 +205,13 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   auto rows = [N](const OwnedTensor& t) { return t.t.slice(0, N); };
   acts_.assign(size_t(cfg_.num_hidden_layers), {});
   for (size_t l = 0; l < acts_.size(); ++l) {
-    const std::vector<OwnedTensor>& t = r.layer[l];
-    acts_[l] = {rows(t[0]),  rows(t[1]),  rows(t[2]).reshape({N}), rows(t[3]), rows(t[4]),  rows(t[5]),
-                rows(t[6]),  rows(t[7]).reshape({B, H, T}),          rows(t[8]), rows(t[9]),  rows(t[10]).reshape({N}),
-                rows(t[11]), rows(t[12]), rows(t[13])};
+    // A checkpointed layer: its own input, the shared recompute set for the rest.
+    std::vector<const OwnedTensor*> src;
+    for (size_t i = 0; i < 14; ++i) src.push_back(i < r.layer[l].size() ? &r.layer[l][i] : &r.recompute[i]);
+    auto t = [&](size_t i) -> const OwnedTensor& { return *src[i]; };
+    acts_[l] = {rows(t(0)),  rows(t(1)),  rows(t(2)).reshape({N}), rows(t(3)), rows(t(4)),  rows(t(5)),
+                rows(t(6)),  rows(t(7)).reshape({B, H, T}),          rows(t(8)), rows(t(9)),  rows(t(10)).reshape({N}),
+                rows(t(11)), rows(t(12)), rows(t(13))};
   }
   r.v_h_final = rows(r.h_final);
   r.v_xnf = rows(r.xnf);
@@ -230,11 +248,26 @@ void LlamaCompute::embed_forward(const Batch& batch) {
   ops::embedding_forward(out, w_.embed, arena_->v_ids);
 }
 
-void LlamaCompute::block_forward(int layer) {
+void LlamaCompute::block_activations(int layer) {
   const BlockActivations& a = acts_[size_t(layer)];
   const Tensor seg = batch_.segment_ids ? arena_->v_segments : Tensor{};
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
   decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv, B_, T_, T_);
+}
+
+void LlamaCompute::set_checkpointing(int every) {
+  SHARDLM_CHECK(every >= 0, "activation checkpointing interval must be >= 0, got {}", every);
+  if (every == checkpoint_every_) return;
+  checkpoint_every_ = every;
+  arena_.reset();  // the layout of the arena changes
+  B_ = T_ = 0;
+}
+
+bool LlamaCompute::checkpointed(int layer) const { return checkpoint_every_ > 0 && layer % checkpoint_every_ == 0; }
+
+void LlamaCompute::block_forward(int layer) {
+  block_activations(layer);
+  const BlockActivations& a = acts_[size_t(layer)];
   // out = h1 + down_proj(act), written straight into the next block's input.
   const Tensor out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   copy(out, a.h1);
@@ -254,7 +287,10 @@ ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_s
 }
 
 void LlamaCompute::block_backward(int layer) {
-  // On entry dh holds d(block output); on exit d(block input).
+  // On entry dh holds d(block output); on exit d(block input). A checkpointed layer first
+  // recomputes its activations from its saved input (the same kernels on the same input give the
+  // same bits, so gradients equal the non-checkpointed run's exactly).
+  if (checkpointed(layer)) block_activations(layer);
   const ModelConfig& c = cfg_;
   const BlockActivations& a = acts_[size_t(layer)];
   const LayerWeights& w = w_.layers[size_t(layer)];

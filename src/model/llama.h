@@ -92,6 +92,11 @@ class LlamaCompute {
   LlamaWeights& weights() { return w_; }
   LlamaWeights& grads() { return g_; }
 
+  // Activation checkpointing: every k-th decoder layer (layer % k == 0; k = 1: all, 0: none) keeps
+  // only its input in the forward and recomputes the rest in its backward.
+  void set_checkpointing(int every);
+  bool checkpointed(int layer) const;
+
   // Sizes the activation arena for B x T tokens; it only ever grows, and any batch shape with at
   // most that many tokens reuses it.
   void reserve(int64_t B, int64_t T);
@@ -119,12 +124,14 @@ class LlamaCompute {
   struct Arena;
   void bind_positions(const Batch& batch);
   void bind_shape(int64_t B, int64_t T);
+  void block_activations(int layer);  // the block's forward, without writing its output
 
   ModelConfig cfg_;
   DType act_dtype_;
   LlamaWeights w_, g_;
   std::vector<float> inv_freq_;
   int64_t B_ = 0, T_ = 0;
+  int checkpoint_every_ = 0;
   std::unique_ptr<Arena> arena_;
   std::vector<BlockActivations> acts_;
   Batch batch_;

@@ -50,8 +50,6 @@ shard::ShardingConfig read_sharding_config(ConfigTree& t) {
   (void)f.get<int>("fsdp_version", 1);
   if (f.get<bool>("fsdp_offload_params", false))
     throw f.error_at("fsdp_offload_params", "CPU offload arrives with the GPU backend; on CPU ranks it has no meaning");
-  if (f.get<bool>("fsdp_activation_checkpointing", false))
-    throw f.error_at("fsdp_activation_checkpointing", "activation checkpointing is not implemented yet");
 
   // The rest of an accelerate config file describes the launch, which mpirun / shardlm launch
   // decide here: accepted and ignored, except a distributed type shardlm cannot be.

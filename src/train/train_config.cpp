@@ -119,6 +119,19 @@ TrainConfig read_train_config(ConfigTree& t) {
     throw t.error_at("max_shard_size", e.message());
   }
   c.sharding = read_sharding_config(t);
+  // activation_checkpointing: true (every layer), false, or k (every k-th layer); accelerate's
+  // fsdp_config.fsdp_activation_checkpointing: true means every layer.
+  if (t.has("activation_checkpointing")) {
+    const std::string v = t.get("activation_checkpointing", "false");
+    if (v == "true" || v == "True") c.activation_checkpointing = 1;
+    else if (v == "false" || v == "False") c.activation_checkpointing = 0;
+    else {
+      const int k = t.get<int>("activation_checkpointing", 0);
+      if (k < 0) throw t.error_at("activation_checkpointing", "expected true, false or a layer interval >= 1");
+      c.activation_checkpointing = k;
+    }
+  }
+  if (t.get<bool>("fsdp_config.fsdp_activation_checkpointing", false)) c.activation_checkpointing = 1;
   // One compute dtype: mixed_precision.param_dtype when given, else compute_dtype.
   if (t.has("mixed_precision")) {
     if (t.has("compute_dtype") && c.compute_dtype != c.sharding.param_dtype)

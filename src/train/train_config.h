@@ -38,7 +38,8 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
+  shard::ShardingConfig sharding;
+  int activation_checkpointing = 0;  // every k-th decoder layer recomputes its activations (1 = all, 0 = none)  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
   std::string source;  // the YAML file, for messages
   std::string model;   // Hugging Face model directory to start from
   std::string output_dir;

@@ -264,6 +264,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
   }
   model::LlamaCompute model(mcfg, c.compute_dtype);
+  model.set_checkpointing(c.activation_checkpointing);
   model.reserve(B, T);
   // Full f32 weights on every rank, for generation (built-in task accuracy) and the final save:
   // gathered from the shards (a collective, so every rank runs it).

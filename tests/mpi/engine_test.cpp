@@ -46,6 +46,7 @@ data::Example row(int s, int m, int r) {
 struct Case {
   const char* name;
   shard::ShardingConfig cfg;
+  int checkpoint_every = 0;
 };
 
 std::vector<Case> cases() {
@@ -74,6 +75,8 @@ std::vector<Case> cases() {
     c.wrap = shard::WrapPolicy::NoWrap;
     c.reduce_every_microbatch = false;
   });
+  add("FULL_SHARD activation checkpointing", shard::Strategy::FullShard, none);
+  out.back().checkpoint_every = 1;  // recomputation happens while the unit is gathered for backward
   return out;
 }
 
@@ -110,6 +113,7 @@ TEST(Engine, EveryStrategyMatchesTheSingleProcessRun) {
     shard::ShardedModel engine(cfg, tc.cfg, mesh);
     engine.init_random(5);
     model::LlamaCompute compute(cfg, DType::F32);
+    compute.set_checkpointing(tc.checkpoint_every);
     for (int s = 0; s < kSteps; ++s) {
       std::vector<data::BatchBuffers> bufs;
       for (int m = 0; m < kAccum; ++m) {
