@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/rng.h"
 #include "io/model_files.h"
 
 namespace shardlm::shard {
@@ -34,14 +33,6 @@ struct ShardedModel::Unit {
   bool solo = false;
 };
 
-namespace {
-// Intersection of [a0, a1) and [b0, b1).
-bool overlap(int64_t a0, int64_t a1, int64_t b0, int64_t b1, int64_t& lo, int64_t& hi) {
-  lo = std::max(a0, b0);
-  hi = std::min(a1, b1);
-  return lo < hi;
-}
-}  // namespace
 
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
     : cfg_(cfg), sharding_(sharding), mesh_(mesh) {
@@ -65,17 +56,13 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
     }
   }
   const int S = mesh.shard->size(), r = mesh.shard->rank();
-  unit_of_layer_.assign(size_t(cfg.num_hidden_layers), -1);
   for (const std::vector<int>& g : groups) {
     auto u = std::make_unique<Unit>();
     u->model_units = g;
     model::UnitLayout merged{parts[size_t(g[0])].name, {}};
     for (int part : g) {
       if (part == 0) u->has_root = true;
-      else {
-        u->layers.push_back(part - 1);
-        unit_of_layer_[size_t(part - 1)] = int(units_.size());
-      }
+      else u->layers.push_back(part - 1);
       for (const model::ParamInfo& p : parts[size_t(part)].params) merged.params.push_back(p);
     }
     u->layout = make_flat_layout(merged, S);
@@ -118,59 +105,26 @@ int64_t ShardedModel::padded_numel() const {
 
 int64_t ShardedModel::padded_numel(int unit) const { return units_[size_t(unit)]->layout.padded_numel; }
 
-ShardedModel::Unit& ShardedModel::unit_of_layer(int64_t layer) { return *units_[size_t(unit_of_layer_[size_t(layer)])]; }
-
 // ---- initialization and loading: only this rank's elements -----------------------------------
 
 void ShardedModel::init_random(uint64_t seed) {
   for (auto& up : units_) {
     Unit& u = *up;
-    for (const FlatEntry& e : u.layout.entries) {
-      int64_t lo, hi;
-      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
-      float* p = u.master.t.f32() + (lo - u.own_begin);
-      const int64_t n = hi - lo;
-      if (e.info.init == model::Init::Normal)
-        fill_normal(p, n, seed, e.info.name, uint64_t(lo - e.offset), 0.0f, float(cfg_.initializer_range));
-      else
-        std::fill(p, p + n, e.info.init == model::Init::Ones ? 1.0f : 0.0f);
-    }
+    init_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, seed, float(cfg_.initializer_range),
+                    u.master.t.f32());
     refresh_full_params(u);
   }
 }
 
 void ShardedModel::load(const io::ModelWeights& weights, const std::string& source) {
-  std::vector<char> tmp;
+  std::vector<const FlatLayout*> layouts;
   for (auto& up : units_) {
     Unit& u = *up;
-    for (const FlatEntry& e : u.layout.entries) {
-      const std::string& name = e.info.name;
-      if (!weights.has(name)) throw Error("missing from the model weights", {.file = source, .tensor = name});
-      const io::TensorInfo& info = weights.info(name);
-      if (info.shape != e.info.shape) {
-        const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
-        throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
-                    {.file = source, .tensor = name});
-      }
-      if (!info.dtype || !is_float(*info.dtype))
-        throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = source, .tensor = name});
-      int64_t lo, hi;
-      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
-      // Read only this rank's byte range of the tensor, then widen it into the f32 master.
-      const int64_t n = hi - lo;
-      tmp.resize(size_t(n) * dtype_size(*info.dtype));
-      weights.read_range(name, uint64_t(lo - e.offset), uint64_t(n), tmp.data());
-      ops::cast(Tensor::view(u.master.t.f32() + (lo - u.own_begin), DType::F32, {n}),
-                Tensor::view(tmp.data(), *info.dtype, {n}));
-    }
+    load_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, weights, source, u.master.t.f32());
+    layouts.push_back(&u.layout);
     refresh_full_params(u);
   }
-  for (const std::string& name : weights.names()) {
-    bool known = name.find("rotary_emb.inv_freq") != std::string::npos;
-    for (const auto& u : units_)
-      for (const FlatEntry& e : u->layout.entries) known = known || e.info.name == name;
-    if (!known) throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
-  }
+  check_no_extra_tensors(layouts, weights, source);
 }
 
 // ---- parameters: gather, bind, release ---------------------------------------------------------
@@ -366,13 +320,11 @@ StepStats ShardedModel::train_step(model::LlamaCompute& c, const std::vector<mod
   for (auto& up : units_) {
     Unit& u = *up;
     const Tensor& g = sharding_.shard_optimizer() ? u.grad_shard.t : u.full_grad.t;
-    for (const FlatEntry& e : u.layout.entries) {
-      int64_t lo, hi;
-      if (!overlap(e.offset, e.offset + e.info.numel(), u.own_begin, u.own_begin + u.own_numel, lo, hi)) continue;
+    for_each_overlap(u.layout, u.own_begin, u.own_begin + u.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
       const int64_t a = lo - u.own_begin, z = hi - u.own_begin;
       ops::adamw_step(u.master.t.slice(a, z), g.slice(a, z), u.m.t.slice(a, z), u.v.t.slice(a, z),
                       e.info.weight_decay ? opt : no_decay, step, clip);
-    }
+    });
     refresh_full_params(u);
   }
   return st;

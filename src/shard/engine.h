@@ -56,7 +56,6 @@ class ShardedModel {
   int64_t padded_numel() const;
   int64_t padded_numel(int unit) const;
   const ShardingConfig& sharding() const { return sharding_; }
-  comm::Communicator& shard_comm() { return *mesh_.shard; }
 
  private:
   struct Unit;
@@ -67,7 +66,6 @@ class ShardedModel {
   void reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro);
   void bind(Unit& u, model::LlamaCompute& c, bool grads);
   void refresh_full_params(Unit& u);
-  Unit& unit_of_layer(int64_t layer);
   ops::CrossEntropyResult run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
                                           bool last_micro);
 
@@ -75,7 +73,6 @@ class ShardedModel {
   ShardingConfig sharding_;
   Mesh& mesh_;
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<int> unit_of_layer_;  // engine unit index per decoder layer
 };
 
 }  // namespace shardlm::shard

@@ -1,6 +1,15 @@
 #include "shard/flat_layout.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
 #include "core/error.h"
+#include "core/rng.h"
+#include "io/model_files.h"
+#include "ops/ops.h"
 
 namespace shardlm::shard {
 
@@ -14,6 +23,59 @@ FlatLayout make_flat_layout(const model::UnitLayout& unit, int64_t divisor) {
   }
   f.padded_numel = (f.numel + divisor - 1) / divisor * divisor;
   return f;
+}
+
+void init_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, uint64_t seed, float std, float* out) {
+  for_each_overlap(layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+    float* p = out + (lo - begin);
+    const int64_t n = hi - lo;
+    switch (e.info.init) {
+      case model::Init::Normal:
+        fill_normal(p, n, seed, e.info.name, uint64_t(lo - e.offset), 0.0f, std);
+        break;
+      case model::Init::Ones:
+        std::fill(p, p + n, 1.0f);
+        break;
+      case model::Init::Zeros:
+        std::fill(p, p + n, 0.0f);
+        break;
+    }
+  });
+}
+
+void load_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, const io::ModelWeights& weights,
+                     const std::string& source, float* out) {
+  for (const FlatEntry& e : layout.entries) {
+    const std::string& name = e.info.name;
+    if (!weights.has(name)) throw Error("missing from the model weights", {.file = source, .tensor = name});
+    const io::TensorInfo& info = weights.info(name);
+    if (info.shape != e.info.shape) {
+      const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
+      throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
+                  {.file = source, .tensor = name});
+    }
+    if (!info.dtype || !is_float(*info.dtype))
+      throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = source, .tensor = name});
+  }
+  std::vector<char> tmp;
+  for_each_overlap(layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+    const DType file_dtype = *weights.info(e.info.name).dtype;
+    const int64_t n = hi - lo;
+    tmp.resize(size_t(n) * dtype_size(file_dtype));
+    weights.read_range(e.info.name, uint64_t(lo - e.offset), uint64_t(n), tmp.data());
+    ops::cast(Tensor::view(out + (lo - begin), DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+  });
+}
+
+void check_no_extra_tensors(const std::vector<const FlatLayout*>& layouts, const io::ModelWeights& weights,
+                            const std::string& source) {
+  std::set<std::string> known;
+  for (const FlatLayout* l : layouts)
+    for (const FlatEntry& e : l->entries) known.insert(e.info.name);
+  for (const std::string& name : weights.names()) {
+    if (known.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
+  }
 }
 
 }  // namespace shardlm::shard
