@@ -10,7 +10,6 @@
 #include "data/packing.h"
 #include "data/sampler.h"
 #include "io/model_files.h"
-#include "io/yaml_config.h"
 #include "ops/ops.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -38,9 +37,7 @@ void register_data_preview(CLI::App& app) {
       "(<s>, </s>, <|eot_id|>). Each example is followed by its token counts: input tokens / trained\n"
       "targets. The summary says how the examples form rows (packing) and how many steps an epoch has.");
   cmd->callback([o] {
-    ConfigTree tree = ConfigTree::load(o->config);
-    tree.apply_overrides(o->overrides);
-    const train::TrainConfig cfg = train::read_train_config(tree);
+    const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(cfg.model);
     const train::RunData d = train::load_run_data(cfg, *tok);
     fmt::print("data: {} (tokenizer: {})\n", d.type, tok->name());

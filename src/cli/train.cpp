@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "io/yaml_config.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -20,16 +19,14 @@ void register_train(CLI::App& app) {
   cmd->footer(
       "Examples:\n"
       "  shardlm init --preset tiny --out runs/tiny\n"
-      "  shardlm train --config configs/tiny-shakespeare.yaml\n"
+      "  shardlm train --config configs/demo-addition.yaml model=runs/tiny output_dir=runs/tiny-trained\n"
       "  shardlm train --config configs/demo-addition.yaml max_steps=50 optimizer.lr=1e-3\n"
       "  shardlm launch --nproc-per-node 4 -- train --config run.yaml sharding_strategy=HYBRID_SHARD shard_group_size=2\n"
       "  mpirun -np 2 shardlm train --config run.yaml          (ranks started by srun are detected too)\n"
       "\n"
       "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
   cmd->callback([o] {
-    ConfigTree tree = ConfigTree::load(o->config);
-    tree.apply_overrides(o->overrides);
-    const train::TrainConfig cfg = train::read_train_config(tree);
+    const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     train::run_training(cfg, world());
   });
 }

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 
-#include "core/rng.h"
 #include "io/model_files.h"
 
 namespace shardlm::train {
 
-ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype) : cfg_(cfg), compute_dtype_(compute_dtype) {
+ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, Mode mode)
+    : cfg_(cfg), compute_dtype_(compute_dtype), mode_(mode) {
   SHARDLM_CHECK(compute_dtype == DType::F32 || compute_dtype == DType::BF16,
                 "compute dtype must be f32 or bf16, got {}", dtype_name(compute_dtype));
   for (const model::UnitLayout& u : model::llama_units(cfg)) {
@@ -15,9 +15,11 @@ ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype) : cfg_(cfg),
     unit.layout = shard::make_flat_layout(u, 1);
     const int64_t n = unit.layout.padded_numel;
     unit.master = OwnedTensor(DType::F32, {n}, MemCategory::Parameters);
-    unit.grad = OwnedTensor(DType::F32, {n}, MemCategory::Gradients);
-    unit.m = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
-    unit.v = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
+    if (mode == Mode::Trainable) {
+      unit.grad = OwnedTensor(DType::F32, {n}, MemCategory::Gradients);
+      unit.m = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
+      unit.v = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
+    }
     if (compute_dtype == DType::BF16) unit.compute = OwnedTensor(DType::BF16, {n}, MemCategory::Parameters);
     units_.push_back(std::move(unit));
   }
@@ -44,7 +46,7 @@ void ParamStore::bind() {
     const Unit& u = units_[w.unit];
     return entry_view(compute_dtype_ == DType::F32 ? u.master : u.compute, *w.entry);
   });
-  grads_ = model::bind_weights(cfg_, [&](const std::string& name) { return grad(name); });
+  if (mode_ == Mode::Trainable) grads_ = model::bind_weights(cfg_, [&](const std::string& name) { return grad(name); });
 }
 
 Tensor ParamStore::master(const std::string& name) const {
@@ -53,6 +55,7 @@ Tensor ParamStore::master(const std::string& name) const {
 }
 
 Tensor ParamStore::grad(const std::string& name) const {
+  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
   const Where& w = where(name);
   return entry_view(units_[w.unit].grad, *w.entry);
 }
@@ -71,53 +74,18 @@ int64_t ParamStore::numel() const {
 }
 
 void ParamStore::init_random(uint64_t seed) {
-  for (Unit& u : units_) {
-    for (const shard::FlatEntry& e : u.layout.entries) {
-      float* p = u.master.t.f32() + e.offset;
-      const int64_t n = e.info.numel();
-      switch (e.info.init) {
-        case model::Init::Normal:
-          fill_normal(p, n, seed, e.info.name, 0, 0.0f, float(cfg_.initializer_range));
-          break;
-        case model::Init::Ones:
-          std::fill(p, p + n, 1.0f);
-          break;
-        case model::Init::Zeros:
-          std::fill(p, p + n, 0.0f);
-          break;
-      }
-    }
-  }
+  for (Unit& u : units_)
+    shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
-  size_t used = 0;
+  std::vector<const shard::FlatLayout*> layouts;
   for (Unit& u : units_) {
-    for (const shard::FlatEntry& e : u.layout.entries) {
-      const std::string& name = e.info.name;
-      if (!weights.has(name)) throw Error("missing from the model weights", {.file = source, .tensor = name});
-      const Tensor src = weights.tensor(name);
-      bool same = int(e.info.shape.size()) == src.ndim;
-      for (int d = 0; same && d < src.ndim; ++d) same = src.shape[d] == e.info.shape[size_t(d)];
-      if (!same) {
-        Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
-        throw Error(fmt::format("shape {} in the file, but config.json implies {}", src.shape_str(), want.shape_str()),
-                    {.file = source, .tensor = name});
-      }
-      SHARDLM_CHECK(is_float(src.dtype), "{}: tensor '{}' has dtype {}, expected a float type", source, name,
-                    dtype_name(src.dtype));
-      ops::cast(entry_view(u.master, e), src);
-      ++used;
-    }
+    shard::load_flat_range(u.layout, 0, u.layout.padded_numel, weights, source, u.master.t.f32());
+    layouts.push_back(&u.layout);
   }
-  // A file tensor the model does not use means the config and weights disagree (e.g. a tied
-  // config with an lm_head in the file). Rotary caches some exporters write are harmless.
-  for (const std::string& name : weights.names()) {
-    if (index_.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos) continue;
-    throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
-  }
-  (void)used;
+  shard::check_no_extra_tensors(layouts, weights, source);
   sync_compute();
 }
 
@@ -143,16 +111,19 @@ void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_by
 }
 
 void ParamStore::zero_grads() {
+  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
   for (Unit& u : units_) ops::zero(u.grad.t);
 }
 
 double ParamStore::grad_sum_squares() const {
+  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
   double s = 0.0;
   for (const Unit& u : units_) s += ops::sum_squares(u.grad.t);
   return s;
 }
 
 void ParamStore::adamw_step(const ops::AdamWConfig& cfg, int64_t step, float grad_scale) {
+  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store cannot take an optimizer step");
   ops::AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0;
   for (Unit& u : units_) {

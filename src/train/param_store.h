@@ -1,6 +1,8 @@
-// ParamStore: the model's trainable state in one process (world size 1, nothing sharded).
+// ParamStore: a whole model's parameters in one process (world size 1, nothing sharded).
 //
-// Per unit it owns four f32 flat buffers — master weights, gradient accumulators, AdamW m and v —
+// Per unit it owns f32 flat buffers — master weights and, when trainable, gradient accumulators
+// and AdamW m and v (a weights-only store, for generation, init and saving, holds 1x the model
+// instead of 4x) —
 // and, when the compute dtype is bf16, a bf16 copy of the weights refreshed after every
 // optimizer step. Tensors are views into these buffers by Hugging Face name; they stay valid for
 // the ParamStore's lifetime. The sharding engine generalizes this to shards of the same layout.
@@ -24,7 +26,8 @@ namespace shardlm::train {
 
 class ParamStore {
  public:
-  ParamStore(const ModelConfig& cfg, DType compute_dtype);
+  enum class Mode { Trainable, WeightsOnly };
+  ParamStore(const ModelConfig& cfg, DType compute_dtype, Mode mode = Mode::Trainable);
 
   // Random initialization as transformers does it (normal(0, initializer_range) for linear and
   // embedding weights, ones for norms, zeros for biases), element i of tensor "name" drawn from
@@ -65,6 +68,7 @@ class ParamStore {
 
   ModelConfig cfg_;
   DType compute_dtype_;
+  Mode mode_;
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;
   model::LlamaWeights compute_, grads_;

@@ -144,4 +144,10 @@ TrainConfig read_train_config(ConfigTree& t) {
   return c;
 }
 
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  ConfigTree tree = ConfigTree::load(path);
+  tree.apply_overrides(overrides);
+  return read_train_config(tree);
+}
+
 }  // namespace shardlm::train

@@ -65,5 +65,8 @@ struct TrainConfig {
 
 // Reads and validates; every error names the file, line and key. Unknown keys are errors.
 TrainConfig read_train_config(ConfigTree& tree);
+// A YAML file with `key=value` overrides applied, read as above (what `shardlm train` and
+// `shardlm data-preview` take).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
 
 }  // namespace shardlm::train

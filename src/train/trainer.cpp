@@ -133,12 +133,6 @@ RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
   return d;
 }
 
-double eval_loss(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const data::Dataset& eval,
-                 bool packing, int64_t B, int64_t T, int64_t max_batches, int32_t pad) {
-  const ops::CrossEntropyResult r = eval_loss_sums(forward, eval, packing, B, T, max_batches, pad, 0, 1);
-  return r.count ? r.loss_sum / double(r.count) : NAN;
-}
-
 ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
                                        const data::Dataset& eval, bool packing, int64_t B, int64_t T,
                                        int64_t max_batches, int32_t pad, int rank, int world_size) {
@@ -269,7 +263,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   // Full f32 weights on every rank, for generation (built-in task accuracy) and the final save:
   // gathered from the shards (a collective, so every rank runs it).
   auto gather_full = [&]() {
-    auto full = std::make_unique<ParamStore>(mcfg, DType::F32);
+    auto full = std::make_unique<ParamStore>(mcfg, DType::F32, ParamStore::Mode::WeightsOnly);
     for (const std::string& name : engine.names()) {
       const std::vector<float> v = engine.gather_tensor(name);
       std::copy(v.begin(), v.end(), full->master(name).f32());

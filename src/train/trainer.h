@@ -41,12 +41,10 @@ struct RunData {
 };
 // Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
 RunData load_run_data(const TrainConfig& cfg, const data::Tokenizer& tok);
-// Mean loss over the non-ignored targets of up to max_batches batches of B rows of `eval`, rows
-// formed in the dataset's order (packed or padded as in training). NaN when there is no target.
-double eval_loss(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const data::Dataset& eval,
-                 bool packing, int64_t B, int64_t T, int64_t max_batches, int32_t pad);
-// The same as loss sums over this rank's share: rank r of W evaluates rows [g B W + r B, + B) of
-// each global batch g, so the ranks together cover what one process with batch B W would.
+// Loss sums over the non-ignored targets of up to max_batches global batches of `eval`, rows formed
+// in the dataset's order (packed or padded as in training). Rank r of W evaluates rows
+// [g B W + r B, + B) of each global batch g, so the ranks together cover what one process with
+// batch B W would; the caller sums over ranks.
 ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
                                        const data::Dataset& eval, bool packing, int64_t B, int64_t T,
                                        int64_t max_batches, int32_t pad, int rank, int world_size);
