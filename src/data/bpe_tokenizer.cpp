@@ -108,6 +108,22 @@ struct StringHash {
 template <class V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
+// Calls fn(line_number, line) for each non-empty line of `text`: numbers are 1-based (counting
+// empty lines too, so errors point at the right line) and a "\r\n" ending is trimmed.
+template <class Fn>
+void for_each_line(std::string_view text, Fn fn) {
+  int64_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (!line.empty()) fn(line_no, line);
+  }
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("cannot open file", {.file = path});
@@ -569,15 +585,8 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
   spec.bytes.reserve(128256);
   spec.kinds.reserve(128256);
   std::string bytes;
-  int64_t line_no = 0, max_rank = -1;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;
+  int64_t max_rank = -1;
+  for_each_line(text, [&](int64_t line_no, std::string_view line) {
     const size_t space = line.find(' ');
     if (space == std::string_view::npos)
       throw Error("expected \"<base64 token> <rank>\"", {.file = path, .line = line_no});
@@ -591,7 +600,7 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
     if (!place(spec, rank, bytes, Kind::kToken))
       throw Error(fmt::format("rank {} is given twice", rank), {.file = path, .line = line_no});
     max_rank = std::max(max_rank, rank);
-  }
+  });
   if (max_rank < 0) throw Error("no tokens", {.file = path});
 
   // Llama 3's special tokens, named as in Meta's llama3 tokenizer.py (Llama 3.0), follow the ranks.
@@ -626,22 +635,15 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
   }
   const auto ids = regular_ids(spec);
   const std::string text = read_file(merges_txt);
-  int64_t line_no = 0;
   int32_t rank = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+  for_each_line(text, [&](int64_t line_no, std::string_view line) {
+    if (line_no == 1 && line.starts_with("#version")) return;  // the header merges.txt files start with
     const size_t space = line.find(' ');
     if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
       throw Error("expected two tokens separated by one space", {.file = merges_txt, .line = line_no});
     const std::string err = add_merge(spec, ids, line.substr(0, space), line.substr(space + 1), rank++);
     if (!err.empty()) throw Error(err, {.file = merges_txt, .line = line_no});
-  }
+  });
   spec.stages = {{kGpt2Pattern, false}};
   return std::make_unique<BpeTokenizer>(std::move(spec));
 }
