@@ -127,16 +127,34 @@ const SafetensorsFile& ModelWeights::file_holding(const std::string& name) const
 
 void write_model_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          uint64_t max_shard_bytes) {
-  if (max_shard_bytes == 0) throw Error("maximum shard size must be positive").set_file(dir);
   // Check every tensor before writing anything, so a bad input cannot leave a half-written save.
-  std::unordered_set<std::string> seen;
+  std::vector<PlannedTensor> plan;
+  std::unordered_map<std::string, Tensor> by_name;
   for (const auto& [name, t] : tensors) {
     auto bad = [&](std::string msg) { return Error(std::move(msg)).set_file(dir).set_tensor(name); };
-    if (name.empty()) throw Error("cannot save a tensor with an empty name").set_file(dir);
-    if (!seen.insert(name).second) throw bad("appears twice in the tensors to save");
     if (t.device != Device::CPU) throw bad(fmt::format("cannot save {}: only CPU tensors", t.describe()));
     if (!t.is_contiguous()) throw bad(fmt::format("cannot save non-contiguous {}", t.describe()));
     if (t.numel() > 0 && !t.defined()) throw bad("tensor has no data");
+    plan.emplace_back(name, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim));
+    by_name.emplace(name, t);
+  }
+  write_model_weights_streaming(dir, plan, max_shard_bytes, [&](const std::string& name, const TensorSink& sink) {
+    const Tensor& t = by_name.at(name);
+    sink(t.data, t.nbytes());
+  });
+}
+
+void write_model_weights_streaming(const std::string& dir, const std::vector<PlannedTensor>& plan,
+                                   uint64_t max_shard_bytes, const TensorFiller& fill) {
+  if (max_shard_bytes == 0) throw Error("maximum shard size must be positive").set_file(dir);
+  std::unordered_set<std::string> seen;
+  std::vector<uint64_t> nbytes;
+  for (const PlannedTensor& p : plan) {
+    if (p.name.empty()) throw Error("cannot save a tensor with an empty name").set_file(dir);
+    if (!seen.insert(p.name).second) throw Error("appears twice in the tensors to save").set_file(dir).set_tensor(p.name);
+    uint64_t n = safetensors_dtype_size(p.dtype);
+    for (int64_t d : p.shape) n *= uint64_t(d);
+    nbytes.push_back(n);
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -146,34 +164,34 @@ void write_model_weights(const std::string& dir, const std::vector<std::pair<std
   // would push a non-empty one over the limit.
   std::vector<std::vector<size_t>> shards(1);
   uint64_t shard_bytes = 0, total = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const uint64_t nb = tensors[i].second.nbytes();
-    if (!shards.back().empty() && shard_bytes + nb > max_shard_bytes) {
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!shards.back().empty() && shard_bytes + nbytes[i] > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
     shards.back().push_back(i);
-    shard_bytes += nb;
-    total += nb;
+    shard_bytes += nbytes[i];
+    total += nbytes[i];
   }
 
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   std::set<std::string> keep;
-  if (shards.size() == 1) {
-    write_safetensors((fs::path(dir) / kSafetensorsSingleName).string(), tensors, metadata);
-    keep.insert(kSafetensorsSingleName);
-  } else {
-    json weight_map = json::object();
-    for (size_t s = 0; s < shards.size(); ++s) {
-      const std::string name = shard_name(s + 1, shards.size());
-      std::vector<std::pair<std::string, Tensor>> part;
-      for (size_t i : shards[s]) {
-        part.push_back(tensors[i]);
-        weight_map[tensors[i].first] = name;
-      }
-      write_safetensors((fs::path(dir) / name).string(), part, metadata);
-      keep.insert(name);
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = shards.size() == 1 ? kSafetensorsSingleName : shard_name(s + 1, shards.size());
+    std::vector<PlannedTensor> part;
+    for (size_t i : shards[s]) {
+      part.push_back(plan[i]);
+      weight_map[plan[i].name] = name;
     }
+    // One tensor at a time: the filler streams its bytes, so only what it stages is in memory.
+    SafetensorsWriter w((fs::path(dir) / name).string(), part, metadata);
+    for (const PlannedTensor& p : part)
+      fill(p.name, [&](const void* bytes, size_t n) { w.write(p.name, bytes, n); });
+    w.finish();
+    keep.insert(name);
+  }
+  if (shards.size() > 1) {
     // transformers: json.dumps(index, indent=2, sort_keys=True) + "\n"; nlohmann sorts keys too.
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_text_atomic((fs::path(dir) / kSafetensorsIndexName).string(), index.dump(2) + "\n");

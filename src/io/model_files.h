@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -67,6 +68,15 @@ class ModelWeights {
 // so at every moment the directory loads as either the old or the new model.
 void write_model_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          uint64_t max_shard_bytes);
+
+// The same, streaming: `plan` gives every tensor's name, dtype and shape (in save order), and
+// fill(name, sink) is called once per tensor, in that order, to supply exactly its bytes through
+// sink(bytes, n) in one or more chunks. Only what the filler stages is ever in memory, so a model
+// larger than RAM can be written (shardlm convert).
+using TensorSink = std::function<void(const void* bytes, size_t n)>;
+using TensorFiller = std::function<void(const std::string& name, const TensorSink& sink)>;
+void write_model_weights_streaming(const std::string& dir, const std::vector<PlannedTensor>& plan,
+                                   uint64_t max_shard_bytes, const TensorFiller& fill);
 
 // "5GB" -> 5e9, "500MB", "2GiB" -> 2^31, "1000" -> 1000, "1.5GB"; units B, KB, MB, GB, TB (powers
 // of 1000, like Hugging Face) and KiB, MiB, GiB, TiB (powers of 1024), case-insensitive. Throws

@@ -319,6 +319,10 @@ void SafetensorsFile::read_range(const std::string& name, uint64_t elem_begin, u
   if (elem_count > 0) std::memcpy(dst, base_ + ti.begin + elem_begin * es, elem_count * es);
 }
 
+void SafetensorsFile::drop_resident_pages() const {
+  if (base_) ::madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);  // advisory: failure is harmless
+}
+
 // ---- writing ---------------------------------------------------------------------------------
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<PlannedTensor> plan,

@@ -92,6 +92,10 @@ class SafetensorsFile {
   // Copy elements [elem_begin, elem_begin + elem_count) of the flattened tensor to dst (which
   // needs elem_count * element size bytes). Any dtype, any alignment; touches only those pages.
   void read_range(const std::string& name, uint64_t elem_begin, uint64_t elem_count, void* dst) const;
+  // Lets the kernel drop this process's mapped pages of the whole file (they stay in the page cache).
+  // A reader that streams through a file larger than its memory budget calls this between pieces,
+  // so its resident set stays bounded by what it holds, not by what it has read.
+  void drop_resident_pages() const;
 
  private:
   void parse();

@@ -344,6 +344,35 @@ ops::CrossEntropyResult ShardedModel::forward_loss(model::LlamaCompute& c, const
   return r;
 }
 
+// ---- checkpoints -------------------------------------------------------------------------------
+
+const FlatLayout& ShardedModel::layout(int unit) const { return units_.at(size_t(unit))->layout; }
+
+ShardedModel::StateRange ShardedModel::owned_state(int unit) {
+  Unit& u = *units_.at(size_t(unit));
+  return {u.own_begin, u.own_numel, u.master.t, u.m.t, u.v.t};
+}
+
+ShardedModel::StateRange ShardedModel::checkpoint_state(int unit) {
+  StateRange s = owned_state(unit);
+  int copies = 1, index = 0;
+  if (sharding_.strategy == Strategy::NoShard) {
+    copies = mesh_.shard->size();  // the data-parallel group: every rank holds everything
+    index = mesh_.shard->rank();
+  } else if (sharding_.hybrid()) {
+    copies = mesh_.replicate->size();
+    index = mesh_.replicate->rank();
+  }
+  if (copies == 1) return s;
+  const int64_t part = (s.numel + copies - 1) / copies;
+  const int64_t lo = std::min(s.numel, index * part), hi = std::min(s.numel, lo + part);
+  return {s.begin + lo, hi - lo, s.master.slice(lo, hi), s.exp_avg.slice(lo, hi), s.exp_avg_sq.slice(lo, hi)};
+}
+
+void ShardedModel::master_weights_changed() {
+  for (auto& u : units_) refresh_full_params(*u);
+}
+
 std::vector<float> ShardedModel::gather_tensor(const std::string& name) {
   for (auto& up : units_) {
     Unit& u = *up;

@@ -57,6 +57,25 @@ class ShardedModel {
   int64_t padded_numel(int unit) const;
   const ShardingConfig& sharding() const { return sharding_; }
 
+  // ---- checkpoints (checkpoint/checkpoint.h) ------------------------------------------------
+  // A unit's flat layout (tensor names, shapes and offsets; the padding depends on the shard group).
+  const FlatLayout& layout(int unit) const;
+  // This rank's optimizer state of a unit: flat elements [begin, begin + numel) of the unit's
+  // buffer, as f32 views into the engine's own buffers (valid while the engine lives).
+  struct StateRange {
+    int64_t begin = 0, numel = 0;
+    Tensor master, exp_avg, exp_avg_sq;
+  };
+  // Everything this rank optimizes (what a checkpoint load fills).
+  StateRange owned_state(int unit);
+  // The part of it this rank writes to a checkpoint. Ranks that hold identical copies (every rank
+  // under NO_SHARD, the replicas of a hybrid mesh) split their copy between them, so each element
+  // is written exactly once and every rank writes in parallel. May be empty.
+  StateRange checkpoint_state(int unit);
+  // Call after the master weights were changed outside train_step (a checkpoint was loaded): the
+  // compute-dtype copies kept between steps are refreshed (collective for ZERO1).
+  void master_weights_changed();
+
  private:
   struct Unit;
   void gather_start(Unit& u);

@@ -118,6 +118,20 @@ TrainConfig read_train_config(ConfigTree& t) {
   } catch (const Error& e) {
     throw t.error_at("max_shard_size", e.message());
   }
+  // Hugging Face Trainer's names are accepted too.
+  t.alias("save_steps", "save_every");
+  t.alias("save_total_limit", "keep_last_n");
+  t.alias("resume_from_checkpoint", "resume_from");
+  c.save_every = t.get<int64_t>("save_every", 0);
+  if (c.save_every < 0) throw t.error_at("save_every", "must be >= 0 (0: no checkpoints by step count)");
+  c.save_every_minutes = t.get<double>("save_every_minutes", 0.0);
+  if (!(c.save_every_minutes >= 0)) throw t.error_at("save_every_minutes", "must be >= 0 (0: no checkpoints by time)");
+  c.keep_last_n = t.get<int>("keep_last_n", 0);
+  if (c.keep_last_n < 0) throw t.error_at("keep_last_n", "must be >= 0 (0 keeps every checkpoint)");
+  c.checkpoint_dir = t.get("checkpoint_dir", "");
+  c.resume_from = t.get("resume_from", "");
+  if (c.resume_from == "false" || c.resume_from == "False") c.resume_from = "";
+  if (c.resume_from == "true" || c.resume_from == "True") c.resume_from = "auto";  // HF Trainer's boolean form
   c.sharding = read_sharding_config(t);
   // activation_checkpointing: true (every layer), false, or k (every k-th layer); accelerate's
   // fsdp_config.fsdp_activation_checkpointing: true means every layer.
@@ -142,6 +156,10 @@ TrainConfig read_train_config(ConfigTree& t) {
   }
   t.reject_unknown_keys();
   return c;
+}
+
+std::string TrainConfig::checkpoint_root() const {
+  return checkpoint_dir.empty() ? output_dir + "/checkpoints" : checkpoint_dir;
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {

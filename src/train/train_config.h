@@ -38,8 +38,8 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  shard::ShardingConfig sharding;
-  int activation_checkpointing = 0;  // every k-th decoder layer recomputes its activations (1 = all, 0 = none)  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
+  shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
+  int activation_checkpointing = 0;  // every k-th decoder layer recomputes its activations (1 = all, 0 = none)
   std::string source;  // the YAML file, for messages
   std::string model;   // Hugging Face model directory to start from
   std::string output_dir;
@@ -61,6 +61,16 @@ struct TrainConfig {
   std::string metrics_file = "metrics.jsonl";  // relative to output_dir
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
+
+  // Sharded checkpoints (docs/checkpoints.md). Saving is on when either interval is set; a final
+  // checkpoint is then also written at the end.
+  int64_t save_every = 0;          // steps between checkpoints; 0: none by step count
+  double save_every_minutes = 0;   // minutes between checkpoints; 0: none by time
+  int keep_last_n = 0;             // complete checkpoints kept; 0: all
+  std::string checkpoint_dir;      // where step_NNNNNNNN/ directories go; "" = <output_dir>/checkpoints
+  std::string resume_from;         // "" (start from `model`), "auto" (the newest complete one), or a directory
+  bool saves_checkpoints() const { return save_every > 0 || save_every_minutes > 0; }
+  std::string checkpoint_root() const;
 };
 
 // Reads and validates; every error names the file, line and key. Unknown keys are errors.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "checkpoint/checkpoint.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/instruct.h"
@@ -229,6 +230,97 @@ int ranks_per_node(const comm::Communicator& world) {
 }
 }  // namespace
 
+namespace {
+
+// The checkpoint to resume from, opened and checked against this run, or null to start from the
+// model. Notes for the log (skipped incomplete checkpoints, "nothing to resume") go to `notes`.
+std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig& c, const ModelConfig& mcfg,
+                                                               std::vector<std::string>& notes) {
+  if (c.resume_from.empty()) return nullptr;
+  std::string dir = c.resume_from;
+  if (dir == "auto") {
+    const std::optional<std::string> found =
+        ckpt::latest_complete(c.checkpoint_root(), [&](const std::string& w) { notes.push_back("warning: " + w); });
+    if (!found) {
+      notes.push_back(fmt::format("resume_from: auto: no complete checkpoint in {}; starting from {}",
+                                  c.checkpoint_root(), c.model));
+      return nullptr;
+    }
+    dir = *found;
+  }
+  auto reader = std::make_unique<ckpt::CheckpointReader>(dir);
+  nlohmann::json saved = to_hf_json(reader->model()), here = to_hf_json(mcfg);
+  saved.erase("torch_dtype");
+  here.erase("torch_dtype");
+  for (const auto& [key, value] : here.items())
+    if (!saved.contains(key) || saved[key] != value)
+      throw Error(fmt::format("checkpoint of another model: {} is {} in the checkpoint but {} in {}", key,
+                              saved.value(key, nlohmann::json()).dump(), value.dump(), c.model),
+                  {.file = dir, .key = key});
+  if (reader->step() >= c.max_steps)
+    throw Error(fmt::format("{} is at step {}, and max_steps is {}: nothing is left to train", dir, reader->step(),
+                            c.max_steps),
+                {.file = c.source, .key = "max_steps"});
+  return reader;
+}
+
+// Puts the sampler where the checkpointed run would have read next and returns the checkpoint's
+// step. The data order continues exactly when the global batch (rows per step) is unchanged, on
+// any world size; a different global batch continues at the same row when it divides the rows read.
+int64_t resume_training_state(const ckpt::CheckpointReader& r, const TrainConfig& c, data::DistributedSampler& sampler) {
+  const nlohmann::json& t = r.metadata().at("training");
+  const uint64_t seed = t.at("seed").get<uint64_t>();
+  if (seed != c.seed)
+    throw Error(fmt::format("the checkpoint was trained with seed {} but this run's seed is {}: the data order would "
+                            "not continue (set seed: {})",
+                            seed, c.seed, seed),
+                {.file = c.source, .key = "seed"});
+  data::SamplerState next{t.at("sampler").at("epoch").get<int64_t>(), t.at("sampler").at("step").get<int64_t>()};
+  const int64_t saved_rows = t.at("rows_per_step").get<int64_t>(), rows = sampler.rows_per_step();
+  if (saved_rows != rows) {
+    const int64_t read = next.step * saved_rows;  // rows of the epoch already trained on
+    if (read % rows != 0)
+      throw Error(fmt::format("the checkpoint's global batch is {} rows per step and this run's is {}, which does not "
+                              "divide the {} rows of epoch {} already read; choose micro_batch_size x "
+                              "gradient_accumulation_steps x ranks to match",
+                              saved_rows, rows, read, next.epoch),
+                  {.file = c.source, .key = "micro_batch_size"});
+    next.step = read / rows;
+    if (next.step >= sampler.steps_in_epoch(next.epoch)) next = {next.epoch + 1, 0};
+  }
+  sampler.set_state(next);
+  return r.step();
+}
+
+// What a checkpoint records about the run that wrote it (for people and for checks on resume).
+nlohmann::json run_description(const TrainConfig& c, int world_size, const shard::Mesh& mesh) {
+  return {{"config_file", c.source},
+          {"model", c.model},
+          {"world_size", world_size},
+          {"strategy", shard::strategy_name(c.sharding.strategy)},
+          {"shard_group_size", mesh.shard->size()},
+          {"param_dtype", dtype_name(c.sharding.param_dtype)},
+          {"reduce_dtype", dtype_name(c.sharding.reduce_dtype)},
+          {"seq_len", c.seq_len},
+          {"micro_batch_size", c.micro_batch_size},
+          {"gradient_accumulation_steps", c.gradient_accumulation_steps},
+          {"max_steps", c.max_steps},
+          {"optimizer",
+           {{"lr", c.optimizer.lr},
+            {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
+            {"eps", c.optimizer.eps},
+            {"weight_decay", c.optimizer.weight_decay}}},
+          {"lr_scheduler",
+           {{"kind", int(c.schedule.kind)},
+            {"warmup_steps", c.schedule.warmup_steps},
+            {"total_steps", c.schedule.total_steps},
+            {"min_lr_ratio", c.schedule.min_lr_ratio}}},
+          {"max_grad_norm", c.max_grad_norm},
+          {"seed", c.seed}};
+}
+
+}  // namespace
+
 TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   const bool lead = world.rank() == 0;  // the rank that prints, writes metrics and saves
   using clock = std::chrono::steady_clock;
@@ -253,7 +345,13 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   // The sharding engine drives every run; one process is world size 1 through the same path.
   shard::Mesh mesh = shard::make_mesh(world, c.sharding, ranks_per_node(world));
   shard::ShardedModel engine(mcfg, c.sharding, mesh);
-  {
+  // Resuming: the checkpoint is opened and validated (metadata, every file's presence and size) on
+  // every rank before anything else, so a bad one is reported before any training.
+  std::vector<std::string> resume_notes;
+  std::unique_ptr<ckpt::CheckpointReader> resume = open_resume_checkpoint(c, mcfg, resume_notes);
+  if (resume) {
+    ckpt::load_checkpoint(*resume, engine);  // each rank reads only the ranges it owns
+  } else {
     const io::ModelWeights weights(c.model);
     engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
   }
@@ -310,6 +408,13 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                                truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, T) : "",
                                sampler.steps_in_epoch(0), sampler.rows_per_step()));
   }
+  for (const std::string& note : resume_notes) progress.print(note);
+  int64_t start_step = 1;
+  if (resume) {
+    start_step = resume_training_state(*resume, c, sampler) + 1;
+    progress.print(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)", resume->dir(),
+                               start_step - 1, sampler.state().epoch, sampler.state().step));
+  }
   progress.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", B, T,
                              c.gradient_accumulation_steps, world.size(), world.size() > 1 ? "s" : "",
                              B * T * c.gradient_accumulation_steps * world.size(), c.max_steps));
@@ -335,14 +440,47 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     }
     write_metrics(rec);
     progress.print(line);
-    if (step == 0) {
+    if (step == start_step - 1) {
       result.initial_eval_loss = loss;
       result.initial_accuracy = acc;
     }
     result.eval_loss = loss;
     result.accuracy = acc;
   };
-  evaluate(0);
+  evaluate(start_step - 1);
+
+  // Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
+  const std::string ckpt_root = c.checkpoint_root();
+  auto last_save = clock::now();
+  auto save = [&](int64_t step, const data::SamplerState& next) {
+    ckpt::SaveOptions so;
+    so.dir = (fs::path(ckpt_root) / ckpt::step_dir_name(step)).string();
+    so.step = step;
+    so.training = {{"step", step},
+                   {"sampler", {{"epoch", next.epoch}, {"step", next.step}}},
+                   {"rows_per_step", sampler.rows_per_step()},
+                   {"seed", c.seed},
+                   {"lr", c.schedule.at(step)}};
+    so.run = run_description(c, world.size(), mesh);
+    so.tokenizer_source = c.model;
+    const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine, mcfg, world);
+    last_save = clock::now();
+    if (lead && c.keep_last_n > 0) ckpt::prune_checkpoints(ckpt_root, c.keep_last_n);
+    const double mb = double(r.rank_bytes) / 1e6;
+    progress.print(fmt::format("checkpoint step {} -> {}: {:.1f} MB from each rank in {:.2f}s ({:.0f} MB/s per rank), "
+                               "{:.1f} MB in all, complete after {:.2f}s",
+                               step, so.dir, mb, r.rank_seconds, mb / std::max(r.rank_seconds, 1e-9),
+                               double(r.total_bytes) / 1e6, r.seconds));
+    write_metrics({{"step", step}, {"checkpoint", so.dir}, {"checkpoint_bytes", r.total_bytes},
+                   {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", mb / std::max(r.rank_seconds, 1e-9)}});
+  };
+  auto save_due = [&](int64_t step) {
+    if (!c.saves_checkpoints()) return false;
+    if (step == c.max_steps || (c.save_every > 0 && step % c.save_every == 0)) return true;
+    if (c.save_every_minutes <= 0) return false;
+    const double minutes = std::chrono::duration<double>(clock::now() - last_save).count() / 60.0;
+    return world.all_reduce_sum(lead && minutes >= c.save_every_minutes ? 1.0 : 0.0) > 0;
+  };
 
   ops::AdamWConfig opt = c.optimizer;
   const auto t_train = clock::now();
@@ -352,7 +490,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   // non-ignored tokens of the whole global batch (what one big batch would do). From here on
   // only the prefetch thread touches the sampler.
   data::Prefetcher prefetch([&sampler] { return sampler.next(); });
-  for (int64_t step = 1; step <= c.max_steps; ++step) {
+  for (int64_t step = start_step; step <= c.max_steps; ++step) {
     const data::StepBatch sb = prefetch.next();
     const std::vector<data::BatchBuffers>& micro = sb.micro;
     opt.lr = c.schedule.at(step);
@@ -370,10 +508,11 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     write_metrics({{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
                    {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch},
                    {"mem_live_bytes", s.mem_bytes}});
-    if (step == 1) result.first_loss = loss;
+    if (step == start_step) result.first_loss = loss;
     result.last_loss = loss;
     result.steps = step;
     if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.max_steps) evaluate(step);
+    if (save_due(step)) save(step, sb.next);
   }
   evaluate(c.max_steps);
   result.seconds = std::chrono::duration<double>(clock::now() - t_train).count();

@@ -1,0 +1,454 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/model_files.h"
+#include "io/safetensors.h"
+#include "model/hf_dir.h"
+#include "ops/ops.h"
+#include "shard/engine.h"
+
+namespace shardlm::ckpt {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "shardlm-checkpoint";
+constexpr Field kFields[] = {Field::Master, Field::ExpAvg, Field::ExpAvgSq};
+
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
+std::string unit_tensor(int unit, Field f) { return fmt::format("unit{}.{}", unit, field_name(f)); }
+
+// CRC-32 (zlib's, the IEEE polynomial) of each kChecksumBlockBytes block of `bytes`. Blocks let a
+// reader verify just the part it reads.
+std::vector<uint32_t> block_crcs(const uint8_t* bytes, uint64_t n) {
+  const int64_t blocks = int64_t((n + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
+  std::vector<uint32_t> out(size_t(blocks), 0);
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t lo = uint64_t(b) * kChecksumBlockBytes, hi = std::min(n, lo + kChecksumBlockBytes);
+    out[size_t(b)] = uint32_t(crc32_z(crc32_z(0, nullptr, 0), bytes + lo, hi - lo));
+  }
+  return out;
+}
+
+std::string join_hex(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{:08x}", i ? "," : "", v[i]);
+  return s;
+}
+
+std::vector<uint32_t> parse_hex_list(const std::string& s, const std::string& file, const std::string& tensor) {
+  std::vector<uint32_t> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, comma - pos);
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(item.c_str(), &end, 16);
+    if (item.empty() || item.size() > 8 || *end) throw Error("malformed checksum list", {.file = file, .tensor = tensor});
+    out.push_back(uint32_t(v));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// The test hook behind the kill-during-save test: SHARDLM_TEST_KILL_DURING_SAVE=<step> makes every
+// rank kill itself (SIGKILL, as kill -9) halfway through writing its file of that step's checkpoint.
+bool kill_during_save(int64_t step) {
+  const char* v = std::getenv("SHARDLM_TEST_KILL_DURING_SAVE");
+  return v && std::atoll(v) == step;
+}
+
+// Atomically writes a marker or metadata file.
+void write_json(const fs::path& path, const json& j) { io::write_text_atomic(path.string(), j.dump(1) + "\n"); }
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+const char* field_name(Field f) {
+  switch (f) {
+    case Field::Master: return "master";
+    case Field::ExpAvg: return "exp_avg";
+    case Field::ExpAvgSq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+int64_t StoredTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// ---- saving ---------------------------------------------------------------------------------
+
+SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
+                           comm::Communicator& world) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const fs::path dir(opt.dir);
+  const bool lead = world.rank() == 0;
+  if (lead) {
+    // A directory of this step left by an interrupted save (or an earlier run) is replaced whole.
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) throw Error(fmt::format("cannot remove the old checkpoint: {}", ec.message()), {.file = dir.string()});
+    fs::create_directories(dir, ec);
+    if (ec) throw Error(fmt::format("cannot create the checkpoint directory: {}", ec.message()), {.file = dir.string()});
+  }
+  world.barrier();
+
+  // This rank's file: three f32 tensors per unit it writes, checksummed before the header is
+  // written (the data is already in memory), so the header can carry the checksums.
+  SaveReport report;
+  const fs::path path = dir / rank_file_name(world.rank());
+  std::vector<io::PlannedTensor> plan;
+  std::vector<std::pair<std::string, Tensor>> data;
+  std::map<std::string, std::string> header = {{"format", "shardlm-checkpoint-shard"},
+                                               {"rank", std::to_string(world.rank())}};
+  for (int k = 0; k < engine.num_units(); ++k) {
+    const shard::ShardedModel::StateRange s = engine.checkpoint_state(k);
+    if (s.numel == 0) continue;
+    header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
+    for (Field f : kFields) {
+      const Tensor& t = f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+      const std::string name = unit_tensor(k, f);
+      plan.emplace_back(name, DType::F32, std::vector<int64_t>{s.numel});
+      data.emplace_back(name, t);
+      header["crc32:" + name] = join_hex(block_crcs(static_cast<const uint8_t*>(t.data), t.nbytes()));
+      report.rank_bytes += t.nbytes();
+    }
+  }
+  {
+    io::SafetensorsWriter w(path.string(), plan, header);
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (i == data.size() / 2 && kill_during_save(opt.step)) std::raise(SIGKILL);
+      w.write(data[i].first, data[i].second.data, data[i].second.nbytes());
+    }
+    w.finish();  // fsync + rename
+  }
+  report.rank_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  world.barrier();  // every rank's file is in place
+
+  if (lead) {
+    // Metadata is built from the files as they are on disk: their sizes, ranges and checksums.
+    json files = json::array();
+    for (int r = 0; r < world.size(); ++r) {
+      const std::string name = rank_file_name(r);
+      const io::SafetensorsFile f((dir / name).string());
+      json ranges = json::array(), crcs = json::object();
+      for (int k = 0; k < engine.num_units(); ++k) {
+        auto it = f.metadata().find(fmt::format("unit{}.begin", k));
+        if (it == f.metadata().end()) continue;
+        ranges.push_back({{"unit", k}, {"begin", std::stoll(it->second)}, {"numel", f.info(unit_tensor(k, Field::Master)).numel()}});
+        for (Field fl : kFields) crcs[unit_tensor(k, fl)] = f.metadata().at("crc32:" + unit_tensor(k, fl));
+      }
+      files.push_back({{"file", name}, {"rank", r}, {"bytes", f.file_size()}, {"ranges", ranges}, {"crc32", crcs}});
+      report.total_bytes += f.file_size();
+    }
+    json units = json::array();
+    for (int k = 0; k < engine.num_units(); ++k) {
+      const shard::FlatLayout& l = engine.layout(k);
+      json tensors = json::array();
+      for (const shard::FlatEntry& e : l.entries)
+        tensors.push_back({{"name", e.info.name}, {"shape", e.info.shape}, {"offset", e.offset}});
+      units.push_back({{"unit", k}, {"name", l.unit_name}, {"padded_numel", l.padded_numel}, {"tensors", tensors}});
+    }
+    const json meta = {{"format", kFormat},
+                       {"format_version", kFormatVersion},
+                       {"step", opt.step},
+                       {"model", to_hf_json(cfg)},
+                       {"checksum", {{"algorithm", "crc32"}, {"block_bytes", kChecksumBlockBytes}}},
+                       {"units", units},
+                       {"files", files},
+                       {"training", opt.training},
+                       {"run", opt.run}};
+    write_json(dir / kMetadataName, meta);
+    write_hf_side_files(dir.string(), cfg, DType::F32, opt.tokenizer_source);
+    // Last: the marker that makes this a checkpoint.
+    write_json(dir / kCompleteName, {{"step", opt.step}, {"files", world.size()}, {"bytes", report.total_bytes}});
+  }
+  world.barrier();  // when save_checkpoint returns on any rank, the checkpoint is complete
+  report.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return report;
+}
+
+// ---- finding and pruning --------------------------------------------------------------------------
+
+std::vector<Found> list_checkpoints(const std::string& root) {
+  std::vector<Found> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || !name.starts_with("step_") || name.size() <= 5) continue;
+    const std::string digits = name.substr(5);
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    out.push_back({e.path().string(), std::stoll(digits), fs::exists(e.path() / kCompleteName)});
+  }
+  std::sort(out.begin(), out.end(), [](const Found& a, const Found& b) { return a.step > b.step; });
+  return out;
+}
+
+std::optional<std::string> latest_complete(const std::string& root,
+                                           const std::function<void(const std::string&)>& warn) {
+  for (const Found& f : list_checkpoints(root)) {
+    if (f.complete) return f.dir;
+    if (warn) warn(fmt::format("skipping {}: no {} marker (an interrupted save)", f.dir, kCompleteName));
+  }
+  return std::nullopt;
+}
+
+void prune_checkpoints(const std::string& root, int keep) {
+  int complete_seen = 0;
+  for (const Found& f : list_checkpoints(root)) {
+    // Newest first: nothing is removed until a complete checkpoint newer than it exists.
+    const bool remove = complete_seen > 0 && (!f.complete || (keep > 0 && complete_seen >= keep));
+    if (f.complete) ++complete_seen;
+    if (!remove) continue;
+    std::error_code ec;
+    // The marker goes first, so a removal cut short leaves an incomplete directory, never a
+    // "complete" one with files missing.
+    fs::remove(fs::path(f.dir) / kCompleteName, ec);
+    fs::remove_all(f.dir, ec);
+    if (ec) throw Error(fmt::format("cannot remove an old checkpoint: {}", ec.message()), {.file = f.dir});
+  }
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+struct CheckpointReader::File {
+  std::string name, path;
+  uint64_t bytes = 0;
+  struct Range {
+    int unit;
+    int64_t begin, numel;
+  };
+  std::vector<Range> ranges;
+  std::map<std::string, std::vector<uint32_t>> crc;       // tensor -> block checksums
+  std::map<std::string, std::vector<uint8_t>> verified;   // tensor -> blocks already checked
+  std::unique_ptr<io::SafetensorsFile> st;
+};
+
+CheckpointReader::~CheckpointReader() = default;
+
+CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
+  const fs::path d(dir_);
+  const std::string meta_path = (d / kMetadataName).string();
+  if (!fs::is_directory(d)) throw Error("no such checkpoint directory", {.file = dir_});
+  if (!fs::exists(meta_path)) throw Error("not a shardlm checkpoint (no metadata.json)", {.file = dir_});
+  if (!fs::exists(d / kCompleteName))
+    throw Error(fmt::format("incomplete checkpoint: no {} marker (the save was interrupted)", kCompleteName),
+                {.file = dir_});
+  try {
+    std::ifstream in(meta_path);
+    meta_ = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("malformed metadata: {}", e.what()), {.file = meta_path});
+  }
+  auto bad = [&](const std::string& msg) { return Error(msg, {.file = meta_path}); };
+  try {
+    if (meta_.value("format", "") != kFormat) throw bad("not a shardlm checkpoint (format is not shardlm-checkpoint)");
+    const int version = meta_.at("format_version").get<int>();
+    if (version > kFormatVersion)
+      throw bad(fmt::format("written by a newer shardlm (format version {}; this build reads up to {})", version,
+                            kFormatVersion));
+    if (version < 1) throw bad(fmt::format("unknown format version {}", version));
+    if (meta_.at("checksum").at("block_bytes").get<uint64_t>() != kChecksumBlockBytes)
+      throw bad("unsupported checksum block size");
+    step_ = meta_.at("step").get<int64_t>();
+    model_ = model_config_from_json(meta_.at("model"));
+    for (const json& u : meta_.at("units")) {
+      const int unit = u.at("unit").get<int>();
+      for (const json& t : u.at("tensors")) {
+        StoredTensor st{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), unit,
+                        t.at("offset").get<int64_t>()};
+        if (!tensor_index_.emplace(st.name, tensors_.size()).second)
+          throw Error("listed twice in the metadata", {.file = meta_path, .tensor = st.name});
+        tensors_.push_back(std::move(st));
+      }
+    }
+    for (const json& f : meta_.at("files")) {
+      auto file = std::make_unique<File>();
+      file->name = f.at("file").get<std::string>();
+      if (file->name.find('/') != std::string::npos) throw bad(fmt::format("file name '{}' has a '/'", file->name));
+      file->path = (d / file->name).string();
+      file->bytes = f.at("bytes").get<uint64_t>();
+      for (const json& r : f.at("ranges"))
+        file->ranges.push_back({r.at("unit").get<int>(), r.at("begin").get<int64_t>(), r.at("numel").get<int64_t>()});
+      for (const auto& [tensor, list] : f.at("crc32").items())
+        file->crc[tensor] = parse_hex_list(list.get<std::string>(), meta_path, tensor);
+      files_.push_back(std::move(file));
+    }
+  } catch (const json::exception& e) {
+    throw bad(fmt::format("malformed metadata: {}", e.what()));
+  }
+  // Every shard file present with its recorded size: a missing or truncated file is named now,
+  // before any rank has read anything.
+  for (const auto& f : files_) {
+    struct stat sb {};
+    if (::stat(f->path.c_str(), &sb) != 0) throw Error("missing checkpoint shard file", {.file = f->path});
+    if (uint64_t(sb.st_size) != f->bytes)
+      throw Error(fmt::format("checkpoint shard file is {} bytes but the metadata records {} (truncated or replaced)",
+                              uint64_t(sb.st_size), f->bytes),
+                  {.file = f->path});
+  }
+}
+
+const StoredTensor& CheckpointReader::tensor(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  if (it == tensor_index_.end()) throw Error("the checkpoint has no such tensor", {.file = dir_, .tensor = name});
+  return tensors_[it->second];
+}
+
+CheckpointReader::File& CheckpointReader::open_file(size_t i) {
+  File& f = *files_[i];
+  if (!f.st) {
+    f.st = std::make_unique<io::SafetensorsFile>(f.path);
+    // The header must agree with the metadata: the same tensors, sizes and checksum lists.
+    for (const File::Range& r : f.ranges) {
+      auto begin = f.st->metadata().find(fmt::format("unit{}.begin", r.unit));
+      if (begin == f.st->metadata().end() || begin->second != std::to_string(r.begin))
+        throw Error(fmt::format("the file's header does not place unit {} at element {} as the metadata does", r.unit,
+                                r.begin),
+                    {.file = f.path});
+      for (Field fl : kFields) {
+        const std::string name = unit_tensor(r.unit, fl);
+        if (!f.st->has(name) || f.st->info(name).numel() != r.numel || f.st->info(name).dtype != DType::F32)
+          throw Error(fmt::format("does not hold the f32 [{}] tensor the metadata lists", r.numel),
+                      {.file = f.path, .tensor = name});
+        auto crc = f.crc.find(name);
+        const uint64_t blocks = (uint64_t(r.numel) * 4 + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+        if (crc == f.crc.end() || crc->second.size() != blocks)
+          throw Error("the metadata has no checksums for this tensor", {.file = f.path, .tensor = name});
+        f.verified[name].assign(size_t(blocks), 0);
+      }
+    }
+  }
+  return f;
+}
+
+void CheckpointReader::read(const std::string& name, Field field, int64_t begin, int64_t count, float* dst) {
+  const StoredTensor& t = tensor(name);
+  if (begin < 0 || count < 0 || begin + count > t.numel())
+    throw Error(fmt::format("elements [{}, {}) are outside the tensor's {}", begin, begin + count, t.numel()),
+                {.file = dir_, .tensor = name});
+  const int64_t lo = t.offset + begin, hi = lo + count;  // in the saved unit's flat buffer
+  int64_t covered = 0;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    for (const File::Range& r : files_[i]->ranges) {
+      if (r.unit != t.unit) continue;
+      const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.begin + r.numel);
+      if (a >= b) continue;
+      File& f = open_file(i);
+      const std::string stored = unit_tensor(r.unit, field);
+      // Verify each checksum block the bytes [a, b) touch, once per reader.
+      const std::span<const uint8_t> bytes = f.st->bytes(stored);
+      std::vector<uint8_t>& done = f.verified.at(stored);
+      const std::vector<uint32_t>& want = f.crc.at(stored);
+      const uint64_t first = uint64_t(a - r.begin) * 4 / kChecksumBlockBytes;
+      const uint64_t last = (uint64_t(b - r.begin) * 4 - 1) / kChecksumBlockBytes;
+      for (uint64_t blk = first; blk <= last; ++blk) {
+        if (done[blk]) continue;
+        const uint64_t s = blk * kChecksumBlockBytes, e = std::min<uint64_t>(bytes.size(), s + kChecksumBlockBytes);
+        const uint32_t got = uint32_t(crc32_z(crc32_z(0, nullptr, 0), bytes.data() + s, e - s));
+        if (got != want[blk])
+          throw Error(fmt::format("checksum mismatch in block {} (bytes {}..{} of the tensor): the file is corrupt",
+                                  blk, s, e),
+                      {.file = f.path, .tensor = stored});
+        done[blk] = 1;
+      }
+      f.st->read_range(stored, uint64_t(a - r.begin), uint64_t(b - a), dst + (a - lo));
+      covered += b - a;
+    }
+  }
+  if (covered != count)
+    throw Error(fmt::format("the shard files cover {} of elements [{}, {}) (overlapping or missing ranges)", covered,
+                            begin, begin + count),
+                {.file = dir_, .tensor = name});
+}
+
+void CheckpointReader::drop_resident_pages() {
+  for (const auto& f : files_)
+    if (f->st) f->st->drop_resident_pages();
+}
+
+// ---- resuming -----------------------------------------------------------------------------------
+
+void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) {
+  // Same model: the same tensor names with the same shapes, nothing more, nothing less.
+  size_t engine_tensors = 0;
+  for (int k = 0; k < engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : engine.layout(k).entries) {
+      ++engine_tensors;
+      const StoredTensor& t = reader.tensor(e.info.name);
+      if (t.shape != e.info.shape)
+        throw Error(fmt::format("checkpoint of another model: shape [{}] in the checkpoint, [{}] in this model",
+                                fmt::join(t.shape, ", "), fmt::join(e.info.shape, ", ")),
+                    {.file = reader.dir(), .tensor = e.info.name});
+    }
+  if (reader.tensors().size() != engine_tensors)
+    for (const StoredTensor& t : reader.tensors()) {
+      bool found = false;
+      for (int k = 0; k < engine.num_units() && !found; ++k)
+        for (const shard::FlatEntry& e : engine.layout(k).entries) found = found || e.info.name == t.name;
+      if (!found) throw Error("checkpoint of another model: this model has no such tensor", {.file = reader.dir(), .tensor = t.name});
+    }
+
+  // Each rank reads exactly the elements it owns, tensor piece by tensor piece.
+  for (int k = 0; k < engine.num_units(); ++k) {
+    const shard::ShardedModel::StateRange s = engine.owned_state(k);
+    shard::for_each_overlap(engine.layout(k), s.begin, s.begin + s.numel,
+                            [&](const shard::FlatEntry& e, int64_t lo, int64_t hi) {
+                              for (Field f : kFields) {
+                                const Tensor& t = f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+                                reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32() + (lo - s.begin));
+                              }
+                            });
+  }
+  engine.master_weights_changed();
+}
+
+// ---- converting -----------------------------------------------------------------------------------
+
+void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
+  std::vector<io::PlannedTensor> plan;
+  for (const StoredTensor& t : reader.tensors()) plan.emplace_back(t.name, opt.dtype, t.shape);
+  // Staging: one f32 chunk and its converted copy. 4 Mi elements keep peak memory near 24 MiB
+  // (f32 + bf16) above the program itself, for any model size.
+  constexpr int64_t kChunk = int64_t(4) << 20;
+  const OwnedTensor f32(DType::F32, {kChunk}, MemCategory::Workspace, false);
+  const OwnedTensor low(opt.dtype, {kChunk}, MemCategory::Workspace, false);
+  io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
+    const int64_t n = reader.tensor(name).numel();
+    for (int64_t pos = 0; pos < n; pos += kChunk) {
+      const int64_t m = std::min(kChunk, n - pos);
+      reader.read(name, Field::Master, pos, m, f32.t.f32());
+      reader.drop_resident_pages();
+      if (opt.dtype == DType::F32) {
+        sink(f32.t.data, size_t(m) * 4);
+      } else {
+        ops::cast(low.t.slice(0, m), f32.t.slice(0, m));
+        sink(low.t.data, size_t(m) * dtype_size(opt.dtype));
+      }
+    }
+  });
+  write_hf_side_files(opt.out, reader.model(), opt.dtype, reader.dir());
+}
+
+}  // namespace shardlm::ckpt

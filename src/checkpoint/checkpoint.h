@@ -1,0 +1,151 @@
+// Sharded training checkpoints: every rank writes its own shard in parallel; any world size and
+// strategy can resume from it; `shardlm convert` streams it into a Hugging Face model.
+//
+// A checkpoint is a directory (docs/checkpoints.md has the full format):
+//
+//   step_00000120/
+//     rank_00000.safetensors ...  one per writing rank: for each engine unit k with elements on
+//                                 that rank, f32 tensors "unit<k>.master", "unit<k>.exp_avg",
+//                                 "unit<k>.exp_avg_sq" holding flat elements [begin, begin + n)
+//                                 of unit k's buffer; the header's metadata records each begin and
+//                                 CRC-32s of every 4 MiB block of every tensor.
+//     metadata.json               rank 0, after every rank's file is in place: the format version,
+//                                 the model config, every tensor's unit, offset and shape, every
+//                                 file's size, ranges and checksums, the world size, strategy and
+//                                 mesh, and the trainer's state (step, sampler position, schedule ...)
+//     config.json, tokenizer files  so the directory converts without the base model
+//     COMPLETE                    written last: a directory without it is an interrupted save
+//
+// Every file is written to a temporary name, fsynced and renamed (io/atomic_file.h), so a save
+// killed at any moment leaves either a complete checkpoint or a directory without COMPLETE, which
+// resume_from: auto skips with a warning, and earlier checkpoints are never touched.
+//
+// Readers map the files and copy only the byte ranges they need; before using a range they verify
+// the checksums of the blocks it touches, so a flipped byte is reported (file, tensor, block)
+// instead of being trained on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/config.h"
+
+namespace shardlm::shard {
+class ShardedModel;
+}
+
+namespace shardlm::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kMetadataName = "metadata.json";
+inline constexpr const char* kCompleteName = "COMPLETE";
+inline constexpr uint64_t kChecksumBlockBytes = 4u << 20;
+
+// "step_00000120": checkpoint directories sort by step.
+std::string step_dir_name(int64_t step);
+
+struct SaveOptions {
+  std::string dir;               // the checkpoint directory to create (replaced if incomplete)
+  int64_t step = 0;
+  nlohmann::json training;       // the trainer's state, stored verbatim (metadata "training")
+  nlohmann::json run;            // world size, strategy, config ... stored verbatim (metadata "run")
+  std::string tokenizer_source;  // a model directory whose tokenizer files are copied ("" for none)
+};
+
+struct SaveReport {
+  uint64_t rank_bytes = 0;   // what this rank wrote
+  double rank_seconds = 0;   // its write time (serialize, checksum, write, fsync)
+  uint64_t total_bytes = 0;  // all ranks (rank 0 only; 0 elsewhere)
+  double seconds = 0;        // until COMPLETE was written (rank 0), or this rank's part
+};
+
+// Collective: every rank writes its shard file, then rank 0 writes metadata.json and COMPLETE.
+// Throws on any I/O error (the checkpoint is then left incomplete).
+SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
+                           comm::Communicator& world);
+
+// The checkpoint directories under `root`, newest first, with whether each is complete.
+struct Found {
+  std::string dir;
+  int64_t step = 0;
+  bool complete = false;
+};
+std::vector<Found> list_checkpoints(const std::string& root);
+// The newest complete checkpoint under root, if any. Incomplete ones newer than it are reported
+// through warn ("skipping <dir>: no COMPLETE marker (an interrupted save)").
+std::optional<std::string> latest_complete(const std::string& root, const std::function<void(const std::string&)>& warn);
+// Keeps the newest `keep` complete checkpoints under root and removes the older ones, and removes
+// incomplete ones older than the newest complete one. Never touches anything newer.
+void prune_checkpoints(const std::string& root, int keep);
+
+// One tensor as the checkpoint stores it.
+struct StoredTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int unit = 0;        // the saving engine's unit
+  int64_t offset = 0;  // in that unit's flat buffer
+  int64_t numel() const;
+};
+
+enum class Field { Master, ExpAvg, ExpAvgSq };
+const char* field_name(Field f);  // "master", "exp_avg", "exp_avg_sq"
+
+// A complete checkpoint opened for reading. The constructor reads and validates metadata.json and
+// checks that every listed file exists with its recorded size, so a missing, truncated or
+// mislabeled checkpoint is reported (naming the file) before anything is read. Files are mapped
+// on first use. Not thread-safe.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string dir);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const ModelConfig& model() const { return model_; }
+  const nlohmann::json& metadata() const { return meta_; }
+  const std::vector<StoredTensor>& tensors() const { return tensors_; }
+  const StoredTensor& tensor(const std::string& name) const;  // throws naming the checkpoint and tensor
+
+  // Elements [begin, begin + count) of one tensor's field, as f32, into dst. Verifies the
+  // checksum of every block it touches (once per block); throws naming the file, tensor and block.
+  void read(const std::string& tensor, Field field, int64_t begin, int64_t count, float* dst);
+  // Drops the mapped pages read so far from this process's resident set (convert's memory bound).
+  void drop_resident_pages();
+
+ private:
+  struct File;
+  File& open_file(size_t i);
+  std::string dir_;
+  nlohmann::json meta_;
+  int64_t step_ = 0;
+  ModelConfig model_;
+  std::vector<StoredTensor> tensors_;
+  std::map<std::string, size_t> tensor_index_;
+  std::vector<std::unique_ptr<File>> files_;
+};
+
+// Fills this rank's optimizer state from a checkpoint saved with any world size, strategy or wrap
+// policy: each rank reads only the ranges it owns. The checkpoint must hold exactly this model's
+// tensors with the same shapes (otherwise: an Error naming the tensor). Not collective except for
+// the refresh of ZERO1's gathered parameters.
+void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine);
+
+// Writes a Hugging Face model directory from a checkpoint's master weights, tensor by tensor in
+// bounded chunks: peak memory stays near a few staging buffers, whatever the model size.
+struct ConvertOptions {
+  std::string out;
+  DType dtype = DType::F32;
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt);
+
+}  // namespace shardlm::ckpt

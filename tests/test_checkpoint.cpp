@@ -1,0 +1,257 @@
+// Sharded checkpoints in one process: save and reload through a different unit layout, every
+// kind of broken checkpoint reported by name, the newest-complete rule and pruning, and convert.
+// (Resuming across world sizes, strategies and a kill -9 mid-save: tests/scripts/checkpoint_cli.sh.)
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "core/rng.h"
+#include "io/model_files.h"
+#include "shard/engine.h"
+#include "testing.h"
+
+using namespace shardlm;
+using shardlm::testing::error_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig small_config(int64_t hidden = 64) {
+  ModelConfig c = preset("tiny");
+  c.num_hidden_layers = 2;
+  c.hidden_size = hidden;
+  c.initializer_range = 0.1;
+  return c;
+}
+
+model::Batch make_batch(std::vector<int32_t>& ids, std::vector<int32_t>& targets, int64_t B, int64_t T, int s) {
+  ids.resize(size_t(B * T));
+  targets.resize(size_t(B * T));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = 3 + int32_t(philox4x32({uint32_t(s), uint32_t(i), 0, 0}, {5, 1})[0] % 200);
+    targets[i] = 3 + int32_t(philox4x32({uint32_t(s), uint32_t(i), 1, 0}, {5, 1})[0] % 200);
+  }
+  model::Batch b;
+  b.B = B;
+  b.T = T;
+  b.ids = ids.data();
+  b.targets = targets.data();
+  return b;
+}
+
+// A model trained a few steps on one process, so its Adam moments are non-zero.
+struct Trained {
+  ModelConfig cfg;
+  std::unique_ptr<comm::Communicator> world = comm::make_local_communicator();
+  shard::Mesh mesh;
+  std::unique_ptr<shard::ShardedModel> engine;
+  explicit Trained(const ModelConfig& c, shard::ShardingConfig sc = {}) : cfg(c) {
+    mesh = shard::make_mesh(*world, sc, 1);
+    engine = std::make_unique<shard::ShardedModel>(cfg, sc, mesh);
+  }
+  void train(int steps) {
+    engine->init_random(11);
+    model::LlamaCompute compute(cfg, DType::F32);
+    std::vector<int32_t> ids, targets;
+    for (int s = 1; s <= steps; ++s)
+      engine->train_step(compute, {make_batch(ids, targets, 2, 8, s)}, ops::AdamWConfig{.lr = 1e-2}, s, 1.0);
+  }
+  ckpt::SaveReport save(const std::string& dir, int64_t step) {
+    ckpt::SaveOptions o;
+    o.dir = dir;
+    o.step = step;
+    o.training = {{"step", step}};
+    return ckpt::save_checkpoint(o, *engine, cfg, *world);
+  }
+};
+
+// Per process: ctest runs these tests in parallel processes.
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / fmt::format("shardlm_ckpt_test_{}_{}", ::getpid(), name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(std::streamoff(offset));
+  f.write(&c, 1);
+}
+
+// Saves a trained model once for the tests that break it; each test works on its own copy.
+std::string saved_copy(const std::string& name) {
+  static const std::string base = [] {
+    Trained t(small_config());
+    t.train(2);
+    const std::string d = fresh_dir("base");
+    t.save(d, 2);
+    return d;
+  }();
+  const std::string d = fresh_dir(name);
+  fs::copy(base, d, fs::copy_options::recursive);
+  return d;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ReloadsEveryStateBitwiseIntoAnotherUnitLayout) {
+  Trained a(small_config());
+  a.train(3);
+  const std::string dir = fresh_dir("reload");
+  const ckpt::SaveReport r = a.save(dir, 3);
+  EXPECT_GT(r.rank_bytes, 0u);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "COMPLETE"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "config.json"));
+
+  // One unit for the whole model instead of root + one per layer: offsets all differ.
+  shard::ShardingConfig nowrap;
+  nowrap.wrap = shard::WrapPolicy::NoWrap;
+  Trained b(small_config(), nowrap);
+  ckpt::CheckpointReader reader(dir);
+  EXPECT_EQ(reader.step(), 3);
+  ckpt::load_checkpoint(reader, *b.engine);
+  for (const std::string& name : a.engine->names())
+    EXPECT_EQ(a.engine->gather_tensor(name), b.engine->gather_tensor(name)) << name;
+  // The optimizer moments too: compare through the flat views of both layouts, by tensor.
+  for (int k = 0; k < a.engine->num_units(); ++k) {
+    const auto sa = a.engine->owned_state(k);
+    for (const shard::FlatEntry& e : a.engine->layout(k).entries) {
+      const auto sb = b.engine->owned_state(0);
+      const shard::FlatLayout& lb = b.engine->layout(0);
+      const auto it = std::find_if(lb.entries.begin(), lb.entries.end(),
+                                   [&](const shard::FlatEntry& x) { return x.info.name == e.info.name; });
+      ASSERT_NE(it, lb.entries.end());
+      const int64_t n = e.info.numel();
+      for (auto [ta, tb] : {std::pair{sa.exp_avg, sb.exp_avg}, std::pair{sa.exp_avg_sq, sb.exp_avg_sq}}) {
+        const std::vector<float> va(ta.f32() + e.offset, ta.f32() + e.offset + n);
+        const std::vector<float> vb(tb.f32() + it->offset, tb.f32() + it->offset + n);
+        EXPECT_EQ(va, vb) << e.info.name;
+        EXPECT_TRUE(std::any_of(va.begin(), va.end(), [](float x) { return x != 0.0f; }))
+            << e.info.name << ": moments should be non-zero after training";
+      }
+    }
+  }
+}
+
+TEST(Checkpoint, AFlippedByteIsReportedWithFileTensorAndBlock) {
+  const std::string dir = saved_copy("corrupt");
+  const std::string file = dir + "/rank_00000.safetensors";
+  const io::SafetensorsFile st(file);
+  const uint64_t at = st.info("unit1.exp_avg").begin + 100;
+  flip_byte(file, at);
+  Trained b(small_config());
+  ckpt::CheckpointReader reader(dir);  // sizes are intact: only the checksum can tell
+  const std::string msg = error_of([&] { ckpt::load_checkpoint(reader, *b.engine); });
+  EXPECT_NE(msg.find("rank_00000.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unit1.exp_avg"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum mismatch in block 0"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, MissingTruncatedAndForeignFilesAreNamedBeforeReading) {
+  {
+    const std::string dir = saved_copy("missing");
+    fs::remove(dir + "/rank_00000.safetensors");
+    const std::string msg = error_of([&] { ckpt::CheckpointReader r(dir); });
+    EXPECT_NE(msg.find("rank_00000.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+  }
+  {
+    const std::string dir = saved_copy("truncated");
+    const std::string file = dir + "/rank_00000.safetensors";
+    fs::resize_file(file, fs::file_size(file) - 4);
+    const std::string msg = error_of([&] { ckpt::CheckpointReader r(dir); });
+    EXPECT_NE(msg.find("rank_00000.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  }
+  {
+    const std::string dir = saved_copy("incomplete");
+    fs::remove(dir + "/COMPLETE");
+    const std::string msg = error_of([&] { ckpt::CheckpointReader r(dir); });
+    EXPECT_NE(msg.find("incomplete checkpoint"), std::string::npos) << msg;
+  }
+  {
+    const std::string dir = saved_copy("newer");
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir + "/metadata.json"));
+    meta["format_version"] = ckpt::kFormatVersion + 1;
+    std::ofstream(dir + "/metadata.json") << meta.dump();
+    const std::string msg = error_of([&] { ckpt::CheckpointReader r(dir); });
+    EXPECT_NE(msg.find("metadata.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("newer shardlm"), std::string::npos) << msg;
+  }
+  {
+    const std::string dir = saved_copy("other_model");
+    Trained wider(small_config(96));
+    ckpt::CheckpointReader reader(dir);
+    const std::string msg = error_of([&] { ckpt::load_checkpoint(reader, *wider.engine); });
+    EXPECT_NE(msg.find("checkpoint of another model"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
+  }
+}
+
+TEST(Checkpoint, AutoPicksTheNewestCompleteAndPruningKeepsTheNewest) {
+  const std::string root = fresh_dir("root");
+  Trained t(small_config());
+  t.train(1);
+  for (int64_t step : {2, 4, 6}) t.save(root + "/" + ckpt::step_dir_name(step), step);
+  fs::remove(root + "/" + ckpt::step_dir_name(6) + "/COMPLETE");  // as a save killed mid-way leaves it
+  std::vector<std::string> warnings;
+  const auto found = ckpt::latest_complete(root, [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(fs::path(*found).filename(), ckpt::step_dir_name(4));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(ckpt::step_dir_name(6)), std::string::npos) << warnings[0];
+
+  // Nothing newer than the newest complete checkpoint is touched; older complete ones beyond
+  // keep_last_n go, and so do incomplete ones older than it.
+  ckpt::prune_checkpoints(root, 1);
+  std::vector<int64_t> left;
+  for (const ckpt::Found& f : ckpt::list_checkpoints(root)) left.push_back(f.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{6, 4}));
+  t.save(root + "/" + ckpt::step_dir_name(8), 8);
+  ckpt::prune_checkpoints(root, 1);
+  left.clear();
+  for (const ckpt::Found& f : ckpt::list_checkpoints(root)) left.push_back(f.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{8}));
+}
+
+TEST(Checkpoint, ConvertWritesTheMasterWeightsInTheAskedDtype) {
+  Trained t(small_config());
+  t.train(2);
+  const std::string dir = fresh_dir("convert_src");
+  t.save(dir, 2);
+  ckpt::CheckpointReader reader(dir);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const std::string out = fresh_dir(std::string("convert_") + dtype_name(dtype));
+    // A tiny shard limit forces several files and an index.
+    ckpt::convert_checkpoint(reader, {.out = out, .dtype = dtype, .max_shard_bytes = 200000});
+    EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+    EXPECT_EQ(load_model_config(out), [&] {
+      ModelConfig c = t.cfg;
+      c.torch_dtype = dtype == DType::F32 ? "float32" : "bfloat16";
+      return c;
+    }());
+    const io::ModelWeights w(out);
+    EXPECT_EQ(w.names().size(), t.engine->names().size());
+    for (const std::string& name : t.engine->names()) {
+      const std::vector<float> want = t.engine->gather_tensor(name);
+      std::vector<float> got(want.size());
+      const Tensor stored = w.tensor(name);
+      ASSERT_EQ(stored.dtype, dtype) << name;
+      ops::cast(Tensor::view(got.data(), DType::F32, {int64_t(got.size())}), stored.reshape({stored.numel()}));
+      if (dtype == DType::F32) {
+        EXPECT_EQ(got, want) << name;
+      } else {
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(got[i], bf16_to_f32(f32_to_bf16(want[i]))) << name << "[" << i << "]";
+      }
+    }
+  }
+}
