@@ -390,7 +390,7 @@ void CheckpointReader::drop_resident_pages() {
 
 // ---- resuming -----------------------------------------------------------------------------------
 
-void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) {
+uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) {
   // Same model: the same tensor names with the same shapes, nothing more, nothing less.
   size_t engine_tensors = 0;
   for (int k = 0; k < engine.num_units(); ++k)
@@ -411,6 +411,7 @@ void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) {
     }
 
   // Each rank reads exactly the elements it owns, tensor piece by tensor piece.
+  uint64_t bytes = 0;
   for (int k = 0; k < engine.num_units(); ++k) {
     const shard::ShardedModel::StateRange s = engine.owned_state(k);
     shard::for_each_overlap(engine.layout(k), s.begin, s.begin + s.numel,
@@ -419,9 +420,11 @@ void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) {
                                 const Tensor& t = f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
                                 reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32() + (lo - s.begin));
                               }
+                              bytes += uint64_t(hi - lo) * 4 * std::size(kFields);
                             });
   }
   engine.master_weights_changed();
+  return bytes;
 }
 
 // ---- converting -----------------------------------------------------------------------------------
@@ -433,7 +436,8 @@ void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
   // (f32 + bf16) above the program itself, for any model size.
   constexpr int64_t kChunk = int64_t(4) << 20;
   const OwnedTensor f32(DType::F32, {kChunk}, MemCategory::Workspace, false);
-  const OwnedTensor low(opt.dtype, {kChunk}, MemCategory::Workspace, false);
+  OwnedTensor low;
+  if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {kChunk}, MemCategory::Workspace, false);
   io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const int64_t n = reader.tensor(name).numel();
     for (int64_t pos = 0; pos < n; pos += kChunk) {

@@ -136,8 +136,8 @@ class CheckpointReader {
 // Fills this rank's optimizer state from a checkpoint saved with any world size, strategy or wrap
 // policy: each rank reads only the ranges it owns. The checkpoint must hold exactly this model's
 // tensors with the same shapes (otherwise: an Error naming the tensor). Not collective except for
-// the refresh of ZERO1's gathered parameters.
-void load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine);
+// the refresh of ZERO1's gathered parameters. Returns the bytes this rank read.
+uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine);
 
 // Writes a Hugging Face model directory from a checkpoint's master weights, tensor by tensor in
 // bounded chunks: peak memory stays near a few staging buffers, whatever the model size.

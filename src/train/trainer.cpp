@@ -349,8 +349,13 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   // every rank before anything else, so a bad one is reported before any training.
   std::vector<std::string> resume_notes;
   std::unique_ptr<ckpt::CheckpointReader> resume = open_resume_checkpoint(c, mcfg, resume_notes);
+  std::string load_note;
   if (resume) {
-    ckpt::load_checkpoint(*resume, engine);  // each rank reads only the ranges it owns
+    const auto t0 = clock::now();
+    const uint64_t bytes = ckpt::load_checkpoint(*resume, engine);  // each rank reads only the ranges it owns
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    load_note = fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
+                            double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9));
   } else {
     const io::ModelWeights weights(c.model);
     engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
@@ -414,6 +419,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     start_step = resume_training_state(*resume, c, sampler) + 1;
     progress.print(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)", resume->dir(),
                                start_step - 1, sampler.state().epoch, sampler.state().step));
+    progress.print(load_note);
   }
   progress.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", B, T,
                              c.gradient_accumulation_steps, world.size(), world.size() > 1 ? "s" : "",
@@ -519,9 +525,17 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   result.tokens_per_s = double(tokens_seen) / result.seconds;
   progress.finish();
 
-  {
-    // Gathered to every rank, written by rank 0. (Sharded checkpoints that avoid holding the whole
-    // model on one rank are a later step.)
+  if (c.saves_checkpoints()) {
+    // The final checkpoint streamed into the Hugging Face directory by rank 0, tensor by tensor in
+    // small chunks: no rank ever holds the whole model.
+    if (lead) {
+      ckpt::CheckpointReader final_ckpt((fs::path(ckpt_root) / ckpt::step_dir_name(c.max_steps)).string());
+      ckpt::convert_checkpoint(final_ckpt, {.out = c.output_dir, .dtype = c.save_dtype,
+                                            .max_shard_bytes = io::parse_size(c.max_shard_size)});
+    }
+    world.barrier();
+  } else {
+    // Without checkpoints: gathered to every rank, written by rank 0.
     const std::unique_ptr<ParamStore> full = gather_full();
     if (lead) save_hf_model(c.output_dir, mcfg, *full, c.save_dtype, io::parse_size(c.max_shard_size), c.model);
     world.barrier();

@@ -7,8 +7,10 @@
 #  2. kill -9 of every rank in the middle of writing the step-6 checkpoint: resume_from: auto skips
 #     it with a warning naming it, resumes from step 4, and ends bitwise equal to the uninterrupted run;
 #  3. a flipped byte in a shard file: resuming fails before training, in one line naming the file;
-#  4. convert: its f32 output equals the trainer's own final save tensor for tensor, and a model
-#     bigger than the memory cap converts under that cap (peak RSS measured from outside).
+#  4. convert: the final model a run with checkpoints writes (converted from its last checkpoint)
+#     equals, tensor for tensor, the one a run without checkpoints gathers and saves; a model bigger
+#     than the memory cap converts under that cap (peak RSS measured from outside);
+#  5. save_every_minutes and keep_last_n: a checkpoint every step by time, only the newest 2 kept.
 # Usage: checkpoint_cli.sh SHARDLM WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -34,6 +36,7 @@ run() { "$shardlm" launch --nproc-per-node "$1" -- train --config "$work/run.yam
 
 # Global batch 16 rows: 4 x 4, 2 x 8, 1 x 16.
 run 4 output_dir="$work/ref"
+run 4 output_dir="$work/gathered" save_every=0
 ckpt4="$work/ref/checkpoints/step_00000004"
 run 4 output_dir="$work/r4" resume_from="$ckpt4"
 run 2 output_dir="$work/r2" resume_from="$ckpt4" micro_batch_size=8 sharding_strategy=SHARD_GRAD_OP
@@ -72,6 +75,12 @@ grep -q "rank_00002.safetensors.*checksum mismatch" "$work/corrupt.log" ||
 [[ $(wc -l < "$work/corrupt.log") -eq 1 ]] || { echo "expected a one-line error:"; cat "$work/corrupt.log"; exit 1; }
 echo "corrupt shard: $(cat "$work/corrupt.log")"
 
+# Time-based saves (every step here) and pruning.
+run 2 output_dir="$work/timed" save_every=0 save_every_minutes=0.000001 keep_last_n=2 max_steps=4 micro_batch_size=8
+[[ "$(ls "$work/timed/checkpoints")" == "$(printf 'step_00000003\nstep_00000004')" ]] ||
+  { echo "expected checkpoints 3 and 4 only:"; ls "$work/timed/checkpoints"; exit 1; }
+echo "save_every_minutes + keep_last_n 2: $(ls "$work/timed/checkpoints" | tr '\n' ' ')"
+
 "$shardlm" convert "$work/ref/checkpoints" --out "$work/conv" --dtype f32
 
 /usr/bin/python3 - "$work" <<'PY'
@@ -104,9 +113,11 @@ for run in ("r2", "r1"):
     assert set(got) == set(ref) and worst <= 1e-5, (run, worst)
     print(f"{run}: steps 5-8 losses within 1e-5 of the uninterrupted run, weights within {worst:.2e}")
 
-conv = tensors(f"{work}/conv/model.safetensors")
-assert set(conv) == set(ref) and all(np.array_equal(conv[k], ref[k]) for k in ref), "convert differs from the final save"
-print(f"convert: {len(conv)} tensors equal to the trainer's final save")
+gathered = tensors(f"{work}/gathered/model.safetensors")
+for name, conv in (("the final model converted from the last checkpoint", ref),
+                   ("shardlm convert", tensors(f"{work}/conv/model.safetensors"))):
+    assert set(conv) == set(gathered) and all(np.array_equal(conv[k], gathered[k]) for k in gathered), name
+    print(f"{name}: {len(conv)} tensors equal to the gathered save of a run without checkpoints")
 PY
 
 # A model bigger than the cap converts under it: 32.3M parameters = 129 MB in f32 (the checkpoint
