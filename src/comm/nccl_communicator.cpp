@@ -167,7 +167,12 @@ class NcclCommunicator final : public Communicator {
       nccl_ok(ncclCommCount(comm_, &size_), comm_, world_rank_, "init", "ncclCommCount");
       nccl_ok(ncclCommUserRank(comm_, &rank_), comm_, world_rank_, "init", "ncclCommUserRank");
       // Non-blocking: the comm stream must not synchronize with the legacy default stream either.
-      cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), world_rank_, "init", "cudaStreamCreateWithFlags");
+      // Highest priority: a collective's kernels use few SMs but every peer waits until they are
+      // scheduled, so they should take SMs as soon as compute kernels free some.
+      int least = 0, greatest = 0;
+      cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest), world_rank_, "init", "cudaDeviceGetStreamPriorityRange");
+      cuda_ok(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), world_rank_, "init",
+              "cudaStreamCreateWithPriority");
       cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), world_rank_, "init", "cudaEventCreateWithFlags");
     } catch (...) {
       release();

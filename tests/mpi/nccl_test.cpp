@@ -483,8 +483,10 @@ static void setup(Communicator& world) {
     if (g_nccl)
       std::printf("nccl_test: GPU part runs: %d tests on %d rank(s)\n", kNumGpuTests, world.size());
     else
-      std::printf("nccl_test: GPU part did not run (%d GPU tests %s): %s\n", kNumGpuTests,
-                  nccl_built() ? "not registered" : "not built", g_gpu_not_run.c_str());
+      std::printf("nccl_test: GPU part did not run (%s): %s\n",
+                  nccl_built() ? fmt::format("{} GPU tests not registered", kNumGpuTests).c_str()
+                               : "GPU tests are built only with NCCL",
+                  g_gpu_not_run.c_str());
     std::fflush(stdout);
   }
 }
