@@ -9,8 +9,8 @@
 namespace shardlm::comm {
 
 void Communicator::check_tensor(const char* op, const Tensor& t) const {
-  SHARDLM_CHECK(t.defined() && t.is_contiguous() && t.device == Device::CPU, "{}: expected a contiguous CPU tensor, got {}",
-                op, t.describe());
+  SHARDLM_CHECK(t.defined() && t.is_contiguous() && t.device == device(), "{}: expected a contiguous {} tensor, got {}", op,
+                device_name(device()), t.describe());
   SHARDLM_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "{}: expected f32 or bf16, got {}", op, t.describe());
 }
 
@@ -75,6 +75,19 @@ bool launched_by_mpi() {
   // srun: a Slurm step with more than one task.
   const char* ntasks = std::getenv("SLURM_STEP_NUM_TASKS");
   return ntasks && std::atoi(ntasks) > 1;
+}
+
+int local_rank_from_environment() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      SHARDLM_CHECK(*end == '\0' && r >= 0 && r < (1 << 20), "environment variable {}={} is not a local rank", name, v);
+      return int(r);
+    }
+  }
+  return 0;
 }
 
 #ifndef SHARDLM_HAVE_MPI

@@ -1,12 +1,15 @@
 // Communicator: the collectives the sharding engine needs, behind one interface.
 //
-// Implementations: LocalCommunicator (one process, no MPI) and MpiCommunicator (OpenMPI; CPU ranks,
-// and the bootstrap for NCCL later). Every collective has a non-blocking form returning a Request;
-// the blocking form is that followed by wait(). Tensors must be contiguous, on the CPU, f32 or bf16.
+// Implementations: LocalCommunicator (one process, no MPI), MpiCommunicator (OpenMPI; CPU ranks,
+// and the bootstrap for NCCL) and the NCCL communicator (nccl_communicator.h; CUDA tensors, ordered
+// against the compute stream instead of the host). Every collective has a non-blocking form
+// returning a Request; the blocking form is that followed by wait(). Tensors must be contiguous, on
+// the communicator's device (device()), f32 or bf16.
 //
 // Reductions: f32 is summed by MPI in f32. bf16 is summed by a custom MPI op that adds pairs in
 // f32 and rounds each partial sum to bf16, as NCCL does for bf16; use reduce_dtype f32 in the
-// mixed-precision policy when that rounding matters. Avg = Sum, then a multiply by 1/size.
+// mixed-precision policy when that rounding matters. Avg = Sum, then a multiply by 1/size (MPI; the
+// NCCL communicator uses NCCL's own average, see nccl_communicator.h).
 //
 // Byte accounting (stats()): for each collective, the bytes one rank sends with a ring algorithm:
 // all-gather and reduce-scatter (size-1)/size of the full buffer, all-reduce twice that. These are
@@ -30,7 +33,9 @@ struct CommStats {
 };
 
 // A collective in flight. wait() completes it (and applies any post-processing, such as the
-// 1/size of an average); destroying an unwaited Request waits.
+// 1/size of an average); destroying an unwaited Request waits. For a CPU communicator "complete"
+// means the host may read the result; for the NCCL communicator it means work enqueued on the
+// compute stream afterwards sees the result (the host is not synchronized; see nccl_communicator.h).
 class Request {
  public:
   virtual ~Request() = default;
@@ -43,6 +48,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  // Where the tensors of collectives must live: CPU for local and MPI, CUDA for NCCL.
+  virtual Device device() const { return Device::CPU; }
 
   // out [size * n] = the concatenation of every rank's in [n]. `in` may be this rank's slice of out.
   virtual std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor& in) = 0;
@@ -67,10 +74,21 @@ class Communicator {
   void reset_stats() { stats_ = {}; }
 
  protected:
-  // Validate a collective's tensors: contiguous CPU f32/bf16; for gathers and scatters also the
-  // same dtype and full = size x part.
+  // Validate a collective's tensors: contiguous f32/bf16 on device(); for gathers and scatters also
+  // the same dtype and full = size x part. Errors name the op and the tensor (dtype, shape, device).
   void check_tensor(const char* op, const Tensor& t) const;
   void check_gather(const char* op, const Tensor& full, const Tensor& part) const;
+  // Ring byte accounting shared by every implementation (see the top of this file): adds the bytes
+  // one rank sends for a collective over a buffer of full_bytes, and counts the call.
+  void count_ring(int64_t& field, size_t full_bytes) {
+    field += int64_t(full_bytes) * (size() - 1) / size();
+    ++stats_.calls;
+  }
+  // A broadcast: the root sends the buffer once (what the ring pipeline costs the root).
+  void count_broadcast(size_t bytes, int root) {
+    if (rank() == root) stats_.broadcast_bytes += int64_t(bytes);
+    ++stats_.calls;
+  }
   CommStats stats_;
 };
 
@@ -78,6 +96,9 @@ std::unique_ptr<Communicator> make_local_communicator();
 
 // True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
 bool launched_by_mpi();
+// This process's rank among the processes of its node, from the launcher's environment
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK); 0 when none is set. Picks the GPU.
+int local_rank_from_environment();
 // The world: MPI when launched by mpirun or srun (MPI is initialized here and finalized when the
 // last MPI communicator is destroyed), otherwise the local communicator. Throws when launched by
 // mpirun but built without MPI.

@@ -93,7 +93,7 @@ class MpiCommunicator final : public Communicator {
     const void* send = in.data == slice ? MPI_IN_PLACE : in.data;
     MPI_Request r;
     check(MPI_Iallgather(send, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_, &r), "MPI_Iallgather");
-    count(stats_.all_gather_bytes, out.nbytes());
+    count_ring(stats_.all_gather_bytes, out.nbytes());
     return std::make_unique<MpiRequest>(r, nullptr);
   }
 
@@ -102,7 +102,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     check(MPI_Ireduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype), mpi_sum(in.dtype), comm_, &r),
           "MPI_Ireduce_scatter_block");
-    count(stats_.reduce_scatter_bytes, in.nbytes());
+    count_ring(stats_.reduce_scatter_bytes, in.nbytes());
     return std::make_unique<MpiRequest>(r, averager(out, op));
   }
 
@@ -111,7 +111,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     check(MPI_Iallreduce(MPI_IN_PLACE, buf.data, int(buf.numel()), mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r),
           "MPI_Iallreduce");
-    count(stats_.all_reduce_bytes, 2 * buf.nbytes());
+    count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
     return std::make_unique<MpiRequest>(r, averager(buf, op));
   }
 
@@ -124,8 +124,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(const Tensor& buf, int root) override {
     SHARDLM_CHECK(root >= 0 && root < size_, "broadcast: root {} out of range for {} ranks", root, size_);
     check(MPI_Bcast(buf.data, int(buf.nbytes()), MPI_BYTE, root, comm_), "MPI_Bcast");
-    if (rank_ == root) stats_.broadcast_bytes += int64_t(buf.nbytes());
-    ++stats_.calls;
+    count_broadcast(buf.nbytes(), root);
   }
 
   void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
@@ -149,10 +148,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  void count(int64_t& field, size_t full_bytes) {
-    field += int64_t(full_bytes) * (size_ - 1) / size_;
-    ++stats_.calls;
-  }
   std::function<void()> averager(const Tensor& t, ReduceOp op) const {
     if (op != ReduceOp::Avg || size_ == 1) return nullptr;
     const float s = 1.0f / float(size_);
