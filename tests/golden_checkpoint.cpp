@@ -51,7 +51,10 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   }
 
   const std::string ckpt_dir = (c / "checkpoint").string(), out = (c / "converted").string();
-  ckpt::save_checkpoint({.dir = ckpt_dir, .step = 3}, engine, cfg, *world);
+  ckpt::SaveOptions save;
+  save.dir = ckpt_dir;
+  save.step = 3;
+  ckpt::save_checkpoint(save, engine, cfg, *world);
   ckpt::CheckpointReader reader(ckpt_dir);
   ckpt::convert_checkpoint(reader, {.out = out, .dtype = DType::F32});
 
