@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "io/model_files.h"
+#include "shard/wrap.h"
 
 namespace shardlm::shard {
 
@@ -37,24 +38,7 @@ struct ShardedModel::Unit {
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
     : cfg_(cfg), sharding_(sharding), mesh_(mesh) {
   const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
-  // Group model units into engine units by the wrap policy. The root stays a unit of its own
-  // unless nothing is wrapped (then everything is one unit, as FSDP's NO_WRAP).
-  std::vector<std::vector<int>> groups;
-  if (sharding.wrap == WrapPolicy::NoWrap) {
-    groups.emplace_back();
-    for (size_t i = 0; i < parts.size(); ++i) groups.back().push_back(int(i));
-  } else {
-    groups.push_back({0});
-    int64_t acc = 0;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      if (sharding.wrap == WrapPolicy::TransformerBased || groups.size() == 1 || acc >= sharding.min_num_params) {
-        groups.emplace_back();
-        acc = 0;
-      }
-      groups.back().push_back(int(i));
-      acc += parts[i].numel();
-    }
-  }
+  const std::vector<std::vector<int>> groups = wrap_units(parts, sharding);
   const int S = mesh.shard->size(), r = mesh.shard->rank();
   for (const std::vector<int>& g : groups) {
     auto u = std::make_unique<Unit>();
@@ -345,16 +329,32 @@ ops::CrossEntropyResult ShardedModel::forward_loss(model::LlamaCompute& c, const
 }
 
 std::vector<float> ShardedModel::gather_tensor(const std::string& name) {
+  for (const auto& up : units_)
+    for (const FlatEntry& e : up->layout.entries)
+      if (e.info.name == name) {
+        std::vector<float> out(size_t(e.info.numel()));
+        gather_tensor(name, Tensor::view(out.data(), DType::F32, {e.info.numel()}));
+        return out;
+      }
+  throw Error("no such parameter in this model", {.tensor = name});
+}
+
+void ShardedModel::gather_tensor(const std::string& name, const Tensor& out) {
   for (auto& up : units_) {
     Unit& u = *up;
     for (const FlatEntry& e : u.layout.entries) {
       if (e.info.name != name) continue;
-      std::vector<float> full(static_cast<size_t>(u.layout.padded_numel));
+      SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == e.info.numel(), "gather_tensor {}: expected f32[{}], got {}",
+                    name, e.info.numel(), out.describe());
+      // The whole unit is staged (the gather works on whole flat buffers), in a tracked buffer:
+      // for the root of a large model this is hundreds of MiB.
+      OwnedTensor full(DType::F32, {u.layout.padded_numel}, MemCategory::Communication, false);
       if (sharding_.shard_optimizer())
-        mesh_.shard->all_gather(Tensor::view(full.data(), DType::F32, {u.layout.padded_numel}), u.master.t);
+        mesh_.shard->all_gather(full.t, u.master.t);
       else
-        std::memcpy(full.data(), u.master.t.data, full.size() * 4);
-      return std::vector<float>(full.begin() + e.offset, full.begin() + e.offset + e.info.numel());
+        std::memcpy(full.t.data, u.master.t.data, size_t(u.layout.padded_numel) * 4);
+      std::memcpy(out.data, full.t.f32() + e.offset, size_t(e.info.numel()) * 4);
+      return;
     }
   }
   throw Error("no such parameter in this model", {.tensor = name});

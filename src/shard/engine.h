@@ -50,6 +50,8 @@ class ShardedModel {
 
   // The f32 master values of one tensor, gathered from its shards (collective: every rank calls).
   std::vector<float> gather_tensor(const std::string& name);
+  // The same into `out` (f32, the tensor's element count), staged in a tracked buffer.
+  void gather_tensor(const std::string& name, const Tensor& out);
   std::vector<std::string> names() const;
   int num_units() const { return int(units_.size()); }
   // Elements of all units' flat buffers (padding included), or of one unit.
