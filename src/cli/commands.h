@@ -18,5 +18,6 @@ void register_launch(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_data_preview(CLI::App& app);
+void register_estimate_memory(CLI::App& app);
 
 }  // namespace shardlm::cli

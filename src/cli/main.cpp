@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
       "  shardlm generate --model runs/demo --prompt \"12+34=\"   continue a prompt\n"
       "  shardlm tokenize --model DIR --text \"Hello\" --pieces     see how text becomes tokens\n"
       "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"
+      "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
       "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
       "Run 'shardlm <command> --help' for a command's options.");
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_generate(app);
   shardlm::cli::register_tokenize(app);
   shardlm::cli::register_data_preview(app);
+  shardlm::cli::register_estimate_memory(app);
   shardlm::cli::register_env(app);
 
   std::unique_ptr<shardlm::comm::Communicator> world;
