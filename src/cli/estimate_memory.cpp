@@ -61,7 +61,9 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
   for (int i = 0; i < memory::kNumTerms; ++i) {
     const memory::Term t = memory::Term(i);
     const bool on_host = host && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard || t == memory::Term::Optimizer);
-    fmt::print("  {:<44} {:>12} {:>12}  {}\n", memory::term_name(t), format_bytes(e.at_peak[size_t(i)]),
+    const char* name = t == memory::Term::ParamsAtRest && in.lora_rank > 0 ? "parameters at rest (frozen base, f32 LoRA)"
+                                                                            : memory::term_name(t);
+    fmt::print("  {:<44} {:>12} {:>12}  {}\n", name, format_bytes(e.at_peak[size_t(i)]),
                format_bytes(e.peak[size_t(i)]), host ? (on_host ? "host" : "device") : mem_category_name(memory::term_category(t)));
   }
   fmt::print("  {:<44} {:>12}\n", "total (peak of the sum)", format_bytes(e.peak_total));

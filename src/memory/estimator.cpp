@@ -351,7 +351,9 @@ Estimate estimate(const EstimateInput& in) {
     t[size_t(Term::Activations)] = est.at_peak[size_t(Term::Activations)] + L * 7 * N * r * a;
     t[size_t(Term::LossWorkspace)] = est.at_peak[size_t(Term::LossWorkspace)];
     t[size_t(Term::OtherWorkspace)] = est.at_peak[size_t(Term::OtherWorkspace)];
-    t[size_t(Term::Communication)] = int64_t(double(est.at_peak[size_t(Term::Communication)]) * std::min(1.0, ratio));
+    // The frozen shard is gathered as stored (no param_dtype send copy); only the adapters'
+    // gradients are reduced.
+    t[size_t(Term::Communication)] = sharded && S > 1 ? lora_own * 4 : 0;
     est.at_peak = t;
     est.peak = t;
     est.peak_total = 0;

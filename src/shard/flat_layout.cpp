@@ -63,8 +63,8 @@ void load_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, const
   Buffer tmp;
   for_each_overlap(layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
     const DType file_dtype = *weights.info(e.info.name).dtype;
-    if (tmp.bytes() < size_t(kPiece) * dtype_size(file_dtype))
-      tmp = Buffer(size_t(kPiece) * dtype_size(file_dtype), MemCategory::Workspace, false);
+    const size_t need = size_t(std::min(kPiece, hi - lo)) * dtype_size(file_dtype);
+    if (tmp.bytes() < need) tmp = Buffer(need, MemCategory::Workspace, false);
     for (int64_t a = lo; a < hi; a += kPiece) {
       const int64_t n = std::min(kPiece, hi - a);
       weights.read_range(e.info.name, uint64_t(a - e.offset), uint64_t(n), tmp.data());

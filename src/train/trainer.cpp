@@ -421,8 +421,8 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                              result.steps, format_duration(result.seconds), result.tokens_per_s, result.first_loss,
                              result.last_loss, result.initial_eval_loss, result.eval_loss));
   for (const std::string& line : mem_table) progress.print(line);
-  progress.print(fmt::format("  (peaks include evaluation and the final save, which gathers the whole f32 model on "
-                             "every rank: {} more than the training steps' estimate at most)",
+  progress.print(fmt::format("  (the estimate covers training steps; the measured peaks also cover loading, evaluation "
+                             "and the final save, which gathers the whole model in f32 on every rank: up to {})",
                              format_bytes(mem_estimate.save_gather_bytes)));
   progress.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c.output_dir,
                              dtype_name(c.save_dtype), std::chrono::duration<double>(clock::now() - t_start).count()));
