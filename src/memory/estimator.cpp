@@ -81,9 +81,7 @@ struct SimUnit {
   bool has_root = false, solo = false;
   std::vector<int64_t> layers;
   bool gathered = false, pending = false;
-  bool params_owned = false;  // full_params is a buffer of its own (not a view of the master)
   bool grad_defined = false;  // full_grad exists (or is a view, for solo)
-  bool grad_owned = false;
 };
 
 int64_t dsize(DType d) { return int64_t(dtype_size(d)); }
@@ -187,22 +185,27 @@ Estimate estimate(const EstimateInput& in) {
       u.grad_defined = true;  // a view of the shard
       if (sc.param_dtype != DType::F32) {
         tr.alloc(Term::FullParams, u.padded * pd);
-        u.params_owned = true;
       }
       u.gathered = true;
     } else if (sharded) {
       tr.alloc(Term::GradShard, u.shard * 4);
-      tr.alloc(Term::Communication, u.shard * pd);  // the all-gather send buffer
     }
   }
+  // An all-gather sends the f32 master itself, or a param_dtype copy of it that lives until the
+  // gather completes (ShardedModel::gather_source).
+  const int64_t send_bytes_per_elem = sc.param_dtype == DType::F32 ? 0 : pd;
+  // ZERO1's refresh_full_params: a blocking all-gather into the persistent full parameters.
+  auto zero1_refresh = [&](SimUnit& u) {
+    if (sc.strategy == shard::Strategy::Zero1 && !u.solo) tr.spike(Term::Communication, u.shard * send_bytes_per_elem);
+  };
   // Loading / init: refresh_full_params keeps full parameters for NO_SHARD (unless they are the
   // f32 master itself) and ZERO1.
   for (SimUnit& u : units) {
     if (u.solo || shard_grads) continue;
     if (!(sc.strategy == shard::Strategy::NoShard && sc.param_dtype == DType::F32)) {
       tr.alloc(Term::FullParams, u.padded * pd);
-      u.params_owned = true;
     }
+    zero1_refresh(u);
     u.gathered = true;
   }
 
@@ -230,25 +233,25 @@ Estimate estimate(const EstimateInput& in) {
   auto gather_start = [&](SimUnit& u) {
     if (u.gathered || u.pending) return;
     tr.alloc(Term::FullParams, u.padded * pd);
-    u.params_owned = true;
+    tr.alloc(Term::Communication, u.shard * send_bytes_per_elem);
     u.pending = true;
   };
   auto ensure_gathered = [&](SimUnit& u) {
     if (u.gathered) return;
     gather_start(u);
+    tr.free(Term::Communication, u.shard * send_bytes_per_elem);
     u.pending = false;
     u.gathered = true;
   };
   auto release = [&](SimUnit& u) {
     if (!shard_grads || u.solo || !u.gathered) return;
     tr.free(Term::FullParams, u.padded * pd);
-    u.params_owned = false;
     u.gathered = false;
   };
   auto ensure_grad = [&](SimUnit& u) {
     if (u.grad_defined) return;
     tr.alloc(Term::FullGrads, u.padded * 4);
-    u.grad_defined = u.grad_owned = true;
+    u.grad_defined = true;
   };
   auto reduce_grad = [&](SimUnit& u, bool last) {
     if (u.solo) return;
@@ -266,7 +269,7 @@ Estimate estimate(const EstimateInput& in) {
     }
     if (shard_grads) {
       tr.free(Term::FullGrads, u.padded * 4);
-      u.grad_defined = u.grad_owned = false;
+      u.grad_defined = false;
     }
     tr.free(Term::Communication, u.shard * 4);
   };
@@ -295,8 +298,10 @@ Estimate estimate(const EstimateInput& in) {
   };
   // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
   // step starts with more live memory than the first did; later steps repeat the second.
-  for (int step = 0; step < 2; ++step)
+  for (int step = 0; step < 2; ++step) {
     for (int64_t m = 0; m < in.grad_accum; ++m) micro_batch(m + 1 == in.grad_accum);
+    for (SimUnit& u : units) zero1_refresh(u);  // after AdamW
+  }
 
   est.at_peak = tr.at_peak;
   est.peak = tr.peak;
@@ -412,12 +417,9 @@ std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg) {
 
 std::vector<shard::Strategy> auto_candidates(int world_size, int ranks_per_node) {
   using S = shard::Strategy;
-  std::vector<S> out = {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard};
-  if (ranks_per_node > 0 && world_size > ranks_per_node && world_size % ranks_per_node == 0) {
-    out.insert(out.begin() + 2, S::HybridShardZero2);
-    out.insert(out.begin() + 3, S::HybridShard);
-  }
-  return out;
+  if (ranks_per_node > 0 && world_size > ranks_per_node && world_size % ranks_per_node == 0)
+    return {S::NoShard, S::Zero1, S::HybridShardZero2, S::HybridShard, S::ShardGradOp, S::FullShard};
+  return {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard};
 }
 
 shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why) {

@@ -24,7 +24,7 @@ struct ShardedModel::Unit {
   OwnedTensor grad_shard;        // f32 [shard_numel]: reduced gradients (sharded strategies and ZeRO-1)
   OwnedTensor full_params;       // param_dtype [padded] while gathered (persistent for NO_SHARD / ZERO1)
   OwnedTensor full_grad;         // f32 [padded] while the backward accumulates into it
-  OwnedTensor send;              // param_dtype [shard_numel]: this rank's slice for the all-gather
+  OwnedTensor send;              // param_dtype [shard_numel] while a bf16 all-gather is in flight
   std::unique_ptr<comm::Request> pending;
   bool gathered = false;
   // A shard group of one rank (one process, not hybrid): the shard is the whole buffer, so the
@@ -66,7 +66,6 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
       u->gathered = true;
     } else if (sharded) {
       u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
-      u->send = OwnedTensor(sharding.param_dtype, {u->shard_numel}, MemCategory::Communication);
     }
     units_.push_back(std::move(u));
   }
@@ -131,8 +130,8 @@ void ShardedModel::refresh_full_params(Unit& u) {
     else
       ops::cast(u.full_params.t, u.master.t);
   } else {  // ZERO1: every rank owns a shard; gather them
-    ops::cast(u.send.t, u.master.t);
-    mesh_.shard->all_gather(u.full_params.t, u.send.t);
+    mesh_.shard->all_gather(u.full_params.t, gather_source(u));
+    u.send = OwnedTensor();
   }
   u.gathered = true;
 }
@@ -140,8 +139,17 @@ void ShardedModel::refresh_full_params(Unit& u) {
 void ShardedModel::gather_start(Unit& u) {
   if (u.gathered || u.pending) return;
   u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false);
+  u.pending = mesh_.shard->all_gather_async(u.full_params.t, gather_source(u));
+}
+
+// This rank's slice for an all-gather: the f32 master itself, or a param_dtype copy that lives only
+// until the gather completes (a persistent copy per unit would cost param_dtype bytes of the whole
+// shard, as much as 1/8 of a bf16 run's model states).
+const Tensor& ShardedModel::gather_source(Unit& u) {
+  if (sharding_.param_dtype == DType::F32) return u.master.t;
+  u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false);
   ops::cast(u.send.t, u.master.t);
-  u.pending = mesh_.shard->all_gather_async(u.full_params.t, u.send.t);
+  return u.send.t;
 }
 
 void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
@@ -149,6 +157,7 @@ void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
     gather_start(u);
     u.pending->wait();
     u.pending.reset();
+    u.send = OwnedTensor();
     u.gathered = true;
   }
   bind(u, c, false);

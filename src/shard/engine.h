@@ -62,6 +62,7 @@ class ShardedModel {
  private:
   struct Unit;
   void gather_start(Unit& u);
+  const Tensor& gather_source(Unit& u);
   void ensure_gathered(Unit& u, model::LlamaCompute& c);
   void release(Unit& u, model::LlamaCompute& c);
   void ensure_grad(Unit& u, model::LlamaCompute& c);
