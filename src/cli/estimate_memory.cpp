@@ -41,6 +41,16 @@ DType float_dtype(const std::string& flag, const std::string& s) {
   return d;
 }
 
+// An Error from a parser, with the flag it came from in front.
+template <class Parse>
+auto for_flag(const char* flag, const std::string& value, Parse parse) {
+  try {
+    return parse(value);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} {}: {}", flag, value, e.message()));
+  }
+}
+
 int parse_checkpointing(const std::string& v) {
   if (v == "true" || v == "True" || v == "1") return 1;
   if (v == "false" || v == "False" || v == "0") return 0;
@@ -108,13 +118,13 @@ void print_accelerate(const ModelConfig& cfg) {
 void run(const Opts& o) {
   memory::EstimateInput in;
   in.model = resolve_model(o.model);
-  in.sharding.strategy = shard::parse_strategy(o.strategy);
+  in.sharding.strategy = for_flag("--sharding-strategy", o.strategy, shard::parse_strategy);
   in.sharding.param_dtype = float_dtype("--param-dtype", o.param_dtype);
   in.sharding.reduce_dtype = float_dtype("--reduce-dtype", o.reduce_dtype);
-  in.sharding.wrap = shard::parse_wrap_policy(o.wrap);
+  in.sharding.wrap = for_flag("--auto-wrap-policy", o.wrap, shard::parse_wrap_policy);
   in.sharding.min_num_params = o.min_num_params;
   in.sharding.forward_prefetch = o.forward_prefetch;
-  in.sharding.backward_prefetch = shard::parse_backward_prefetch(o.backward_prefetch);
+  in.sharding.backward_prefetch = for_flag("--backward-prefetch", o.backward_prefetch, shard::parse_backward_prefetch);
   in.sharding.shard_group_size = o.shard_group;
   in.sharding.reduce_every_microbatch = !o.no_sync;
   if (o.world < 1) throw Error(fmt::format("--world-size {}: must be >= 1", o.world));
@@ -190,7 +200,12 @@ void run(const Opts& o) {
     }
     return;
   }
-  const memory::Estimate e = memory::estimate(in);
+  memory::Estimate e;
+  try {
+    e = memory::estimate(in);
+  } catch (const Error& err) {  // the mesh: name the flags, not the training config's key
+    throw Error(fmt::format("{} (--world-size {}, --nproc-per-node / --shard-group-size)", err.message(), in.world_size));
+  }
   fmt::print("{} on {} rank{} (shard groups of {}, {} units), param {}, reduce {}; micro-batch {} x {} tokens, {} "
              "accumulation step{}, {}\n",
              shard::strategy_name(in.sharding.strategy), in.world_size, in.world_size > 1 ? "s" : "", e.shard_group,
