@@ -185,6 +185,7 @@ TEST(Training, ReportsMemoryAndPicksTheStrategyItself) {
   int steps = 0;
   while (std::getline(f, line)) {
     const nlohmann::json r = nlohmann::json::parse(line);
+    EXPECT_TRUE(r.contains("mem_peak_bytes") && r.contains("rss_peak_bytes")) << line;  // eval records too
     if (!r.contains("loss")) continue;
     ++steps;
     for (const char* k : {"mem_live_bytes", "mem_peak_bytes", "mem_peak_parameters", "mem_peak_activations",

@@ -154,8 +154,10 @@ void run(const Opts& o) {
   }
 
   const ModelConfig& m = in.model;
-  fmt::print("shardlm estimate-memory: {} ({:.2f}B parameters, {} layers, hidden {}, vocab {})\n", o.model,
-             double(parameter_count(m)) / 1e9, m.num_hidden_layers, m.hidden_size, m.vocab_size);
+  const double params = double(parameter_count(m));
+  fmt::print("shardlm estimate-memory: {} ({} parameters, {} layers, hidden {}, vocab {})\n", o.model,
+             params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
+             m.num_hidden_layers, m.hidden_size, m.vocab_size);
   const std::string ckpt = in.checkpoint_every == 0   ? "no activation checkpointing"
                            : in.checkpoint_every == 1 ? "activation checkpointing on every layer"
                                                       : fmt::format("activation checkpointing every {} layers",

@@ -354,6 +354,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
       line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
                           std::min(c.accuracy_examples, data.task->size()));
     }
+    memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
     write_metrics(rec);
     progress.print(line);
     if (step == 0) {
