@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "io/model_files.h"
+#include "shard/wrap.h"
 
 namespace shardlm::shard {
 
@@ -23,7 +24,7 @@ struct ShardedModel::Unit {
   OwnedTensor grad_shard;        // f32 [shard_numel]: reduced gradients (sharded strategies and ZeRO-1)
   OwnedTensor full_params;       // param_dtype [padded] while gathered (persistent for NO_SHARD / ZERO1)
   OwnedTensor full_grad;         // f32 [padded] while the backward accumulates into it
-  OwnedTensor send;              // param_dtype [shard_numel]: this rank's slice for the all-gather
+  OwnedTensor send;              // param_dtype [shard_numel] while a bf16 all-gather is in flight
   std::unique_ptr<comm::Request> pending;
   bool gathered = false;
   // A shard group of one rank (one process, not hybrid): the shard is the whole buffer, so the
@@ -37,24 +38,7 @@ struct ShardedModel::Unit {
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
     : cfg_(cfg), sharding_(sharding), mesh_(mesh) {
   const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
-  // Group model units into engine units by the wrap policy. The root stays a unit of its own
-  // unless nothing is wrapped (then everything is one unit, as FSDP's NO_WRAP).
-  std::vector<std::vector<int>> groups;
-  if (sharding.wrap == WrapPolicy::NoWrap) {
-    groups.emplace_back();
-    for (size_t i = 0; i < parts.size(); ++i) groups.back().push_back(int(i));
-  } else {
-    groups.push_back({0});
-    int64_t acc = 0;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      if (sharding.wrap == WrapPolicy::TransformerBased || groups.size() == 1 || acc >= sharding.min_num_params) {
-        groups.emplace_back();
-        acc = 0;
-      }
-      groups.back().push_back(int(i));
-      acc += parts[i].numel();
-    }
-  }
+  const std::vector<std::vector<int>> groups = wrap_units(parts, sharding);
   const int S = mesh.shard->size(), r = mesh.shard->rank();
   for (const std::vector<int>& g : groups) {
     auto u = std::make_unique<Unit>();
@@ -82,7 +66,6 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
       u->gathered = true;
     } else if (sharded) {
       u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
-      u->send = OwnedTensor(sharding.param_dtype, {u->shard_numel}, MemCategory::Communication);
     }
     units_.push_back(std::move(u));
   }
@@ -147,8 +130,8 @@ void ShardedModel::refresh_full_params(Unit& u) {
     else
       ops::cast(u.full_params.t, u.master.t);
   } else {  // ZERO1: every rank owns a shard; gather them
-    ops::cast(u.send.t, u.master.t);
-    mesh_.shard->all_gather(u.full_params.t, u.send.t);
+    mesh_.shard->all_gather(u.full_params.t, gather_source(u));
+    u.send = OwnedTensor();
   }
   u.gathered = true;
 }
@@ -156,8 +139,17 @@ void ShardedModel::refresh_full_params(Unit& u) {
 void ShardedModel::gather_start(Unit& u) {
   if (u.gathered || u.pending) return;
   u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false);
+  u.pending = mesh_.shard->all_gather_async(u.full_params.t, gather_source(u));
+}
+
+// This rank's slice for an all-gather: the f32 master itself, or a param_dtype copy that lives only
+// until the gather completes (a persistent copy per unit would cost param_dtype bytes of the whole
+// shard, as much as 1/8 of a bf16 run's model states).
+const Tensor& ShardedModel::gather_source(Unit& u) {
+  if (sharding_.param_dtype == DType::F32) return u.master.t;
+  u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false);
   ops::cast(u.send.t, u.master.t);
-  u.pending = mesh_.shard->all_gather_async(u.full_params.t, u.send.t);
+  return u.send.t;
 }
 
 void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
@@ -165,6 +157,7 @@ void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
     gather_start(u);
     u.pending->wait();
     u.pending.reset();
+    u.send = OwnedTensor();
     u.gathered = true;
   }
   bind(u, c, false);
@@ -374,16 +367,32 @@ void ShardedModel::master_weights_changed() {
 }
 
 std::vector<float> ShardedModel::gather_tensor(const std::string& name) {
+  for (const auto& up : units_)
+    for (const FlatEntry& e : up->layout.entries)
+      if (e.info.name == name) {
+        std::vector<float> out(size_t(e.info.numel()));
+        gather_tensor(name, Tensor::view(out.data(), DType::F32, {e.info.numel()}));
+        return out;
+      }
+  throw Error("no such parameter in this model", {.tensor = name});
+}
+
+void ShardedModel::gather_tensor(const std::string& name, const Tensor& out) {
   for (auto& up : units_) {
     Unit& u = *up;
     for (const FlatEntry& e : u.layout.entries) {
       if (e.info.name != name) continue;
-      std::vector<float> full(static_cast<size_t>(u.layout.padded_numel));
+      SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == e.info.numel(), "gather_tensor {}: expected f32[{}], got {}",
+                    name, e.info.numel(), out.describe());
+      // The whole unit is staged (the gather works on whole flat buffers), in a tracked buffer:
+      // for the root of a large model this is hundreds of MiB.
+      OwnedTensor full(DType::F32, {u.layout.padded_numel}, MemCategory::Communication, false);
       if (sharding_.shard_optimizer())
-        mesh_.shard->all_gather(Tensor::view(full.data(), DType::F32, {u.layout.padded_numel}), u.master.t);
+        mesh_.shard->all_gather(full.t, u.master.t);
       else
-        std::memcpy(full.data(), u.master.t.data, full.size() * 4);
-      return std::vector<float>(full.begin() + e.offset, full.begin() + e.offset + e.info.numel());
+        std::memcpy(full.t.data, u.master.t.data, size_t(u.layout.padded_numel) * 4);
+      std::memcpy(out.data, full.t.f32() + e.offset, size_t(e.info.numel()) * 4);
+      return;
     }
   }
   throw Error("no such parameter in this model", {.tensor = name});

@@ -50,6 +50,8 @@ class ShardedModel {
 
   // The f32 master values of one tensor, gathered from its shards (collective: every rank calls).
   std::vector<float> gather_tensor(const std::string& name);
+  // The same into `out` (f32, the tensor's element count), staged in a tracked buffer.
+  void gather_tensor(const std::string& name, const Tensor& out);
   std::vector<std::string> names() const;
   int num_units() const { return int(units_.size()); }
   // Elements of all units' flat buffers (padding included), or of one unit.
@@ -79,6 +81,7 @@ class ShardedModel {
  private:
   struct Unit;
   void gather_start(Unit& u);
+  const Tensor& gather_source(Unit& u);
   void ensure_gathered(Unit& u, model::LlamaCompute& c);
   void release(Unit& u, model::LlamaCompute& c);
   void ensure_grad(Unit& u, model::LlamaCompute& c);

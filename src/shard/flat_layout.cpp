@@ -57,13 +57,19 @@ void load_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, const
     if (!info.dtype || !is_float(*info.dtype))
       throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = source, .tensor = name});
   }
-  std::vector<char> tmp;
+  // Read in bounded pieces through one tracked staging buffer: a shard of a large embedding in the
+  // file's dtype would otherwise be an untracked copy of hundreds of MiB.
+  constexpr int64_t kPiece = int64_t(1) << 20;  // elements
+  Buffer tmp;
   for_each_overlap(layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
     const DType file_dtype = *weights.info(e.info.name).dtype;
-    const int64_t n = hi - lo;
-    tmp.resize(size_t(n) * dtype_size(file_dtype));
-    weights.read_range(e.info.name, uint64_t(lo - e.offset), uint64_t(n), tmp.data());
-    ops::cast(Tensor::view(out + (lo - begin), DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+    const size_t need = size_t(std::min(kPiece, hi - lo)) * dtype_size(file_dtype);
+    if (tmp.bytes() < need) tmp = Buffer(need, MemCategory::Workspace, false);
+    for (int64_t a = lo; a < hi; a += kPiece) {
+      const int64_t n = std::min(kPiece, hi - a);
+      weights.read_range(e.info.name, uint64_t(a - e.offset), uint64_t(n), tmp.data());
+      ops::cast(Tensor::view(out + (a - begin), DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+    }
   });
 }
 

@@ -39,6 +39,7 @@ struct ShardingConfig {
   DType param_dtype = DType::F32;     // gathered parameters and compute
   DType reduce_dtype = DType::F32;    // gradient communication
   bool reduce_every_microbatch = true;  // false: defer gradient reduction to the last micro-batch (no_sync)
+  bool auto_strategy = false;  // sharding_strategy: auto: the trainer picks `strategy` by memory (docs/memory.md)
 
   bool shard_optimizer() const { return strategy != Strategy::NoShard; }
   bool shard_gradients() const;

@@ -32,9 +32,8 @@ void Progress::step(const StepStats& s) {
   if (quiet_) return;
   const double eta = s.step > 0 ? s.elapsed_s / double(s.step) * double(s.total_steps - s.step) : 0.0;
   const std::string stats =
-      fmt::format("loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {} < {} | mem {}", s.loss, s.lr,
-                  s.grad_norm, s.tokens_per_s, format_duration(s.elapsed_s), format_duration(eta),
-                  format_bytes(s.mem_bytes));
+      fmt::format("loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {} < {} | {}", s.loss, s.lr,
+                  s.grad_norm, s.tokens_per_s, format_duration(s.elapsed_s), format_duration(eta), s.mem);
   if (bar_) {
     constexpr int kWidth = 24;
     const int filled = int(kWidth * s.step / std::max<int64_t>(1, s.total_steps));

@@ -13,7 +13,7 @@ namespace shardlm::train {
 struct StepStats {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
-  int64_t mem_bytes = 0;  // tracked live bytes
+  std::string mem;  // memory::memory_brief: tracked bytes by category and RSS
 };
 
 class Progress {

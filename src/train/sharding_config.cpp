@@ -29,7 +29,9 @@ auto parse_at(const ConfigTree& t, const std::string& key, const std::string& fa
 shard::ShardingConfig read_sharding_config(ConfigTree& t) {
   for (const auto& [from, to] : kAccelerateAliases) t.alias(from, to);
   shard::ShardingConfig c;
-  c.strategy = parse_at(t, "sharding_strategy", "FULL_SHARD", shard::parse_strategy);
+  // auto: the trainer chooses once the model and world are known (docs/memory.md).
+  c.auto_strategy = t.get("sharding_strategy", "FULL_SHARD") == "auto";
+  if (!c.auto_strategy) c.strategy = parse_at(t, "sharding_strategy", "FULL_SHARD", shard::parse_strategy);
   c.wrap = parse_at(t, "auto_wrap_policy", "TRANSFORMER_BASED_WRAP", shard::parse_wrap_policy);
   c.min_num_params = t.get<int64_t>("min_num_params", c.min_num_params);
   if (c.min_num_params < 1) throw t.error_at("min_num_params", "must be positive");

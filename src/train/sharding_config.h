@@ -1,7 +1,7 @@
 // Reading the sharding section of a training configuration.
 //
 // shardlm's own keys use FSDP's vocabulary:
-//   sharding_strategy: FULL_SHARD        # NO_SHARD | ZERO1 | SHARD_GRAD_OP | FULL_SHARD | HYBRID_SHARD | _HYBRID_SHARD_ZERO2
+//   sharding_strategy: FULL_SHARD        # NO_SHARD | ZERO1 | SHARD_GRAD_OP | FULL_SHARD | HYBRID_SHARD | _HYBRID_SHARD_ZERO2 | auto
 //   auto_wrap_policy: TRANSFORMER_BASED_WRAP   # | SIZE_BASED_WRAP | NO_WRAP
 //   min_num_params: 100000000            # SIZE_BASED_WRAP
 //   forward_prefetch: false

@@ -133,6 +133,16 @@ TrainConfig read_train_config(ConfigTree& t) {
   if (c.resume_from == "false" || c.resume_from == "False") c.resume_from = "";
   if (c.resume_from == "true" || c.resume_from == "True") c.resume_from = "auto";  // HF Trainer's boolean form
   c.sharding = read_sharding_config(t);
+  if (t.has("max_memory_per_rank")) {
+    try {
+      c.max_memory_per_rank = int64_t(io::parse_size(t.get("max_memory_per_rank", "")));
+    } catch (const Error& e) {
+      throw t.error_at("max_memory_per_rank", e.message());
+    }
+    if (c.max_memory_per_rank <= 0) throw t.error_at("max_memory_per_rank", "must be positive, e.g. 24GB");
+  }
+  if (c.sharding.auto_strategy && c.max_memory_per_rank == 0)
+    throw t.error_at("sharding_strategy", "auto needs max_memory_per_rank (the memory budget of one rank, e.g. 24GB)");
   // activation_checkpointing: true (every layer), false, or k (every k-th layer); accelerate's
   // fsdp_config.fsdp_activation_checkpointing: true means every layer.
   if (t.has("activation_checkpointing")) {

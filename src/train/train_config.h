@@ -61,6 +61,7 @@ struct TrainConfig {
   std::string metrics_file = "metrics.jsonl";  // relative to output_dir
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
+  int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)
 
   // Sharded checkpoints (docs/checkpoints.md). Saving is on when either interval is set; a final
   // checkpoint is then also written at the end.

@@ -17,6 +17,8 @@
 #include "shard/engine.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
+#include "memory/estimator.h"
+#include "memory/usage.h"
 #include "model/llama.h"
 #include "train/hf_export.h"
 #include "train/param_store.h"
@@ -293,14 +295,15 @@ int64_t resume_training_state(const ckpt::CheckpointReader& r, const TrainConfig
 }
 
 // What a checkpoint records about the run that wrote it (for people and for checks on resume).
-nlohmann::json run_description(const TrainConfig& c, int world_size, const shard::Mesh& mesh) {
+nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig& sharding, int world_size,
+                               const shard::Mesh& mesh) {
   return {{"config_file", c.source},
           {"model", c.model},
           {"world_size", world_size},
-          {"strategy", shard::strategy_name(c.sharding.strategy)},
+          {"strategy", shard::strategy_name(sharding.strategy)},
           {"shard_group_size", mesh.shard->size()},
-          {"param_dtype", dtype_name(c.sharding.param_dtype)},
-          {"reduce_dtype", dtype_name(c.sharding.reduce_dtype)},
+          {"param_dtype", dtype_name(sharding.param_dtype)},
+          {"reduce_dtype", dtype_name(sharding.reduce_dtype)},
           {"seq_len", c.seq_len},
           {"micro_batch_size", c.micro_batch_size},
           {"gradient_accumulation_steps", c.gradient_accumulation_steps},
@@ -342,9 +345,26 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                             mcfg.sliding_window),
                 {.file = c.source, .key = "seq_len"});
 
+  // What the estimator expects this run to hold per rank (docs/memory.md); `sharding_strategy: auto`
+  // picks the strategy with it.
+  shard::ShardingConfig sharding = c.sharding;
+  memory::EstimateInput est_in{.model = mcfg, .sharding = sharding, .world_size = world.size(),
+                               .ranks_per_node = ranks_per_node(world), .micro_batch_size = B, .seq_len = T,
+                               .grad_accum = c.gradient_accumulation_steps,
+                               .checkpoint_every = c.activation_checkpointing};
+  std::string auto_why;
+  if (sharding.auto_strategy) {
+    try {
+      sharding.strategy = est_in.sharding.strategy = memory::choose_strategy(est_in, c.max_memory_per_rank, &auto_why);
+    } catch (const Error& e) {
+      throw Error(e.message(), {.file = c.source, .key = "max_memory_per_rank"});
+    }
+  }
+  const memory::Estimate mem_estimate = memory::estimate(est_in);
+
   // The sharding engine drives every run; one process is world size 1 through the same path.
-  shard::Mesh mesh = shard::make_mesh(world, c.sharding, ranks_per_node(world));
-  shard::ShardedModel engine(mcfg, c.sharding, mesh);
+  shard::Mesh mesh = shard::make_mesh(world, sharding, ranks_per_node(world));
+  shard::ShardedModel engine(mcfg, sharding, mesh);
   // Resuming: the checkpoint is opened and validated (metadata, every file's presence and size) on
   // every rank before anything else, so a bad one is reported before any training.
   std::vector<std::string> resume_notes;
@@ -367,10 +387,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   // gathered from the shards (a collective, so every rank runs it).
   auto gather_full = [&]() {
     auto full = std::make_unique<ParamStore>(mcfg, DType::F32, ParamStore::Mode::WeightsOnly);
-    for (const std::string& name : engine.names()) {
-      const std::vector<float> v = engine.gather_tensor(name);
-      std::copy(v.begin(), v.end(), full->master(name).f32());
-    }
+    for (const std::string& name : engine.names()) engine.gather_tensor(name, full->master(name));
     return full;
   };
 
@@ -391,9 +408,14 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                              mcfg.num_hidden_layers, mcfg.hidden_size, double(parameter_count(mcfg)) / 1e6,
                              dtype_name(c.compute_dtype)));
   progress.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
-                             shard::strategy_name(c.sharding.strategy), world.size(), world.size() > 1 ? "s" : "",
+                             shard::strategy_name(sharding.strategy), world.size(), world.size() > 1 ? "s" : "",
                              mesh.shard->size(), engine.num_units(), engine.num_units() > 1 ? "s" : "",
-                             dtype_name(c.sharding.reduce_dtype)));
+                             dtype_name(sharding.reduce_dtype)));
+  if (!auto_why.empty()) progress.print(auto_why);
+  progress.print(fmt::format("memory: estimated peak {} per rank over training steps (activations {}, tracked "
+                             "buffers only; `shardlm estimate-memory` has the breakdown)",
+                             format_bytes(mem_estimate.peak_total),
+                             format_bytes(mem_estimate.category_peak[size_t(MemCategory::Activations)])));
   data::SamplerOptions so;
   so.world_size = world.size();
   so.rank = world.rank();
@@ -444,6 +466,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
       line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
                           std::min(c.accuracy_examples, data.task->size()));
     }
+    memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
     write_metrics(rec);
     progress.print(line);
     if (step == start_step - 1) {
@@ -467,7 +490,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                    {"rows_per_step", sampler.rows_per_step()},
                    {"seed", c.seed},
                    {"lr", c.schedule.at(step)}};
-    so.run = run_description(c, world.size(), mesh);
+    so.run = run_description(c, sharding, world.size(), mesh);
     so.tokenizer_source = c.model;
     const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine, mcfg, world);
     last_save = clock::now();
@@ -508,12 +531,15 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     for (const data::BatchBuffers& mb : micro) tokens_seen += mb.B * mb.T * world.size();
 
     const double elapsed = std::chrono::duration<double>(clock::now() - t_train).count();
+    const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
+    const memory::ProcessMemory rss_now = memory::process_memory();
     StepStats s{step, c.max_steps, loss, opt.lr, norm, double(tokens_seen) / elapsed, elapsed,
-                MemoryTracker::for_device(Device::CPU).stats().live_total};
+                memory::memory_brief(mem_now, rss_now)};
     progress.step(s);
-    write_metrics({{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
-                   {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch},
-                   {"mem_live_bytes", s.mem_bytes}});
+    nlohmann::json rec = {{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
+                          {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
+    memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
+    write_metrics(rec);
     if (step == start_step) result.first_loss = loss;
     result.last_loss = loss;
     result.steps = step;
@@ -540,16 +566,23 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     if (lead) save_hf_model(c.output_dir, mcfg, *full, c.save_dtype, io::parse_size(c.max_shard_size), c.model);
     world.barrier();
   }
-  const MemStats mem = MemoryTracker::for_device(Device::CPU).stats();
-  std::string peaks;
-  for (int i = 0; i < kNumMemCategories; ++i)
-    if (mem.peak[size_t(i)] > 0)
-      peaks += fmt::format("{}{} {}", peaks.empty() ? "" : ", ", mem_category_name(MemCategory(i)), format_bytes(mem.peak[size_t(i)]));
+  // Every rank takes part in gathering the table's figures; rank 0 prints it.
+  MemStats est_stats;
+  est_stats.peak = mem_estimate.category_peak;
+  est_stats.peak_total = mem_estimate.peak_total;
+  const std::vector<std::string> mem_table = memory::memory_summary(
+      MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory(), world, &est_stats);
   progress.print(fmt::format("done: {} steps in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}",
                              result.steps, format_duration(result.seconds), result.tokens_per_s, result.first_loss,
                              result.last_loss, result.initial_eval_loss, result.eval_loss));
-  progress.print(fmt::format("peak memory{}: {} tracked ({})", world.size() > 1 ? " of rank 0" : "",
-                             format_bytes(mem.peak_total), peaks));
+  for (const std::string& line : mem_table) progress.print(line);
+  progress.print(c.saves_checkpoints()
+                     ? std::string("  (the estimate covers training steps; the measured peaks also cover loading, "
+                                   "evaluation and the final save, streamed from the last checkpoint by rank 0)")
+                     : fmt::format("  (the estimate covers training steps; the measured peaks also cover loading, "
+                                   "evaluation and the final save, which gathers the whole model in f32 on every "
+                                   "rank: up to {})",
+                                   format_bytes(mem_estimate.save_gather_bytes)));
   progress.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c.output_dir,
                              dtype_name(c.save_dtype), std::chrono::duration<double>(clock::now() - t_start).count()));
   return result;

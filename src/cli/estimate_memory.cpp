@@ -1,0 +1,266 @@
+// `shardlm estimate-memory`: per-rank memory of a training run from a model config alone.
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/model_files.h"
+#include "memory/estimator.h"
+#include "model/config.h"
+
+namespace shardlm::cli {
+
+namespace {
+
+struct Opts {
+  std::string model, strategy = "FULL_SHARD", param_dtype = "f32", reduce_dtype = "f32", ckpt = "false";
+  std::string wrap = "TRANSFORMER_BASED_WRAP", backward_prefetch = "BACKWARD_PRE", device_memory;
+  int world = 1, nproc = 0, shard_group = 0;
+  int64_t micro_batch = 8, seq_len = 256, accum = 1, lora_rank = 0, min_num_params = 100000000;
+  bool forward_prefetch = false, no_sync = false, offload = false, qlora = false, sweep = false;
+};
+
+// A directory or config.json when one exists at that path, else a preset name.
+ModelConfig resolve_model(const std::string& m) {
+  if (std::filesystem::exists(m)) return load_model_config(m);
+  const std::vector<std::string> names = preset_names();
+  if (std::find(names.begin(), names.end(), m) != names.end()) return preset(m);
+  throw Error(fmt::format("--model {}: no such directory or config.json, and not a preset ({})", m,
+                          fmt::join(names, ", ")));
+}
+
+DType float_dtype(const std::string& flag, const std::string& s) {
+  DType d;
+  try {
+    d = parse_dtype(s);
+  } catch (const Error&) {
+    throw Error(fmt::format("{} {}: expected f32 or bf16", flag, s));
+  }
+  if (d != DType::F32 && d != DType::BF16) throw Error(fmt::format("{} {}: expected f32 or bf16", flag, s));
+  return d;
+}
+
+// An Error from a parser, with the flag it came from in front.
+template <class Parse>
+auto for_flag(const char* flag, const std::string& value, Parse parse) {
+  try {
+    return parse(value);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} {}: {}", flag, value, e.message()));
+  }
+}
+
+int parse_checkpointing(const std::string& v) {
+  if (v == "true" || v == "True" || v == "1") return 1;
+  if (v == "false" || v == "False" || v == "0") return 0;
+  try {
+    size_t used = 0;
+    const int k = std::stoi(v, &used);
+    if (used == v.size() && k >= 0) return k;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("--activation-checkpointing {}: expected true, false or a layer interval k >= 1", v));
+}
+
+// The table of one estimate, per rank, by category.
+void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget) {
+  const bool host = in.offload;
+  fmt::print("\nper rank{}:\n", e.approximate ? " (ESTIMATE ONLY: see the notes)" : "");
+  fmt::print("  {:<44} {:>12} {:>12}  {}\n", "what", "at peak", "own peak", host ? "where" : "tracker category");
+  for (int i = 0; i < memory::kNumTerms; ++i) {
+    const memory::Term t = memory::Term(i);
+    const bool on_host = host && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard || t == memory::Term::Optimizer);
+    const char* name = t == memory::Term::ParamsAtRest && in.lora_rank > 0 ? "parameters at rest (frozen base, f32 LoRA)"
+                                                                            : memory::term_name(t);
+    fmt::print("  {:<44} {:>12} {:>12}  {}\n", name, format_bytes(e.at_peak[size_t(i)]),
+               format_bytes(e.peak[size_t(i)]), host ? (on_host ? "host" : "device") : mem_category_name(memory::term_category(t)));
+  }
+  fmt::print("  {:<44} {:>12}\n", "total (peak of the sum)", format_bytes(e.peak_total));
+  if (host)
+    fmt::print("  {:<44} {:>12}\n  {:<44} {:>12}\n", "  of which host memory", format_bytes(e.host_bytes),
+               "  of which device memory", format_bytes(e.device_bytes));
+  if (budget > 0) {
+    const double used = double(e.device_bytes) / double(budget);
+    fmt::print("  {:<44} {:>12}  {}\n", fmt::format("budget (--device-memory)"), format_bytes(budget),
+               e.device_bytes <= budget ? fmt::format("fits ({:.0f}% used)", 100 * used)
+                                        : fmt::format("does NOT fit ({:.0f}%)", 100 * used));
+  }
+  fmt::print("\ncommunication: {} per rank per step ({} of it between nodes), ring accounting\n",
+             format_bytes(int64_t(e.comm_bytes_per_step)), format_bytes(int64_t(e.inter_node_bytes_per_step)));
+  fmt::print("final save today gathers the whole model in f32 on every rank: up to {} more (until sharded checkpoints)\n",
+             format_bytes(e.save_gather_bytes));
+  fmt::print("not counted: what the tracker cannot see (allocator slack, BLAS/MPI/OpenMP buffers, per-thread\n"
+             "attention scratch, the data pipeline, the program itself): compare RSS in a training run's summary\n");
+  for (const std::string& n : e.notes) fmt::print("note: {}\n", n);
+}
+
+void print_accelerate(const ModelConfig& cfg) {
+  fmt::print("\naccelerate estimate-memory's table, computed for this engine (model states only, one process):\n");
+  fmt::print("  {:<17}| {:>13} | {:>11} | {:>26} | {:>15}\n", "dtype", "Largest Layer", "Total Size",
+             "Training using Adam", "accelerate says");
+  for (const memory::AccelerateRow& r : memory::accelerate_table(cfg)) {
+    const std::string adam = r.adam_training < 0
+                                 ? std::string("n/a (see --qlora)")
+                                 : fmt::format("{} ({} B/param)", format_bytes(r.adam_training),
+                                               r.adam_training / std::max<int64_t>(1, parameter_count(cfg)));
+    fmt::print("  {:<17}| {:>13} | {:>11} | {:>26} | {:>15}\n", r.dtype, format_bytes(r.largest_layer),
+               format_bytes(r.total_size), adam, format_bytes(r.accelerate_says));
+  }
+  fmt::print(
+      "  accelerate multiplies each dtype's size by 4 (weights, gradients, 2 Adam moments in that dtype). Mixed\n"
+      "  precision keeps f32 master weights, f32 gradients and f32 moments (16 B/param) plus the bf16 copy it\n"
+      "  computes with (2 B/param): 18 B/param, not 8. Quantized weights cannot be trained with Adam at all.\n"
+      "  None of it counts activations, logits or communication buffers, or divides anything by sharding:\n"
+      "  the per-rank table above does.\n");
+}
+
+void run(const Opts& o) {
+  memory::EstimateInput in;
+  in.model = resolve_model(o.model);
+  in.sharding.strategy = for_flag("--sharding-strategy", o.strategy, shard::parse_strategy);
+  in.sharding.param_dtype = float_dtype("--param-dtype", o.param_dtype);
+  in.sharding.reduce_dtype = float_dtype("--reduce-dtype", o.reduce_dtype);
+  in.sharding.wrap = for_flag("--auto-wrap-policy", o.wrap, shard::parse_wrap_policy);
+  in.sharding.min_num_params = o.min_num_params;
+  in.sharding.forward_prefetch = o.forward_prefetch;
+  in.sharding.backward_prefetch = for_flag("--backward-prefetch", o.backward_prefetch, shard::parse_backward_prefetch);
+  in.sharding.shard_group_size = o.shard_group;
+  in.sharding.reduce_every_microbatch = !o.no_sync;
+  if (o.world < 1) throw Error(fmt::format("--world-size {}: must be >= 1", o.world));
+  if (o.nproc < 0) throw Error(fmt::format("--nproc-per-node {}: must be >= 1", o.nproc));
+  if (o.nproc > 0 && o.world % o.nproc != 0)
+    throw Error(fmt::format("--nproc-per-node {} does not divide --world-size {}", o.nproc, o.world));
+  in.world_size = o.world;
+  in.ranks_per_node = o.nproc;
+  if (o.micro_batch < 1 || o.seq_len < 1 || o.accum < 1)
+    throw Error("--micro-batch-size, --seq-len and --gradient-accumulation-steps must be >= 1");
+  in.micro_batch_size = o.micro_batch;
+  in.seq_len = o.seq_len;
+  in.grad_accum = o.accum;
+  in.checkpoint_every = parse_checkpointing(o.ckpt);
+  in.offload = o.offload;
+  if (o.lora_rank < 0) throw Error(fmt::format("--lora-rank {}: must be >= 1", o.lora_rank));
+  if (o.qlora && o.lora_rank == 0) throw Error("--qlora needs --lora-rank R (e.g. 16)");
+  in.lora_rank = o.lora_rank;
+  in.qlora = o.qlora;
+  int64_t budget = 0;
+  if (!o.device_memory.empty()) {
+    try {
+      budget = int64_t(io::parse_size(o.device_memory));
+    } catch (const Error& e) {
+      throw Error(fmt::format("--device-memory: {}", e.message()));
+    }
+  }
+
+  const ModelConfig& m = in.model;
+  const double params = double(parameter_count(m));
+  fmt::print("shardlm estimate-memory: {} ({} parameters, {} layers, hidden {}, vocab {})\n", o.model,
+             params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
+             m.num_hidden_layers, m.hidden_size, m.vocab_size);
+  const std::string ckpt = in.checkpoint_every == 0   ? "no activation checkpointing"
+                           : in.checkpoint_every == 1 ? "activation checkpointing on every layer"
+                                                      : fmt::format("activation checkpointing every {} layers",
+                                                                    in.checkpoint_every);
+  if (o.sweep) {
+    const std::vector<shard::Strategy> all = {shard::Strategy::NoShard, shard::Strategy::Zero1,
+                                              shard::Strategy::ShardGradOp, shard::Strategy::FullShard,
+                                              shard::Strategy::HybridShard, shard::Strategy::HybridShardZero2};
+    fmt::print("peak per rank (tracked), param {}, micro-batch {} x {} tokens, {}{}\n", dtype_name(in.sharding.param_dtype),
+               in.micro_batch_size, in.seq_len, ckpt,
+               budget > 0 ? fmt::format("; * = fits {}", format_bytes(budget)) : "");
+    fmt::print("  {:>5}", "world");
+    for (shard::Strategy s : all) fmt::print(" {:>20}", shard::strategy_name(s));
+    fmt::print("\n");
+    for (int w = 1; w <= o.world; ++w) {
+      fmt::print("  {:>5}", w);
+      for (shard::Strategy s : all) {
+        memory::EstimateInput x = in;
+        x.world_size = w;
+        x.ranks_per_node = o.nproc > 0 ? std::min(o.nproc, w) : 0;
+        x.sharding.strategy = s;
+        std::string cell = "-";  // a hybrid mesh this world cannot form
+        try {
+          const memory::Estimate e = memory::estimate(x);
+          cell = format_bytes(e.device_bytes) + (budget > 0 ? (e.device_bytes <= budget ? " *" : "  ") : "");
+        } catch (const Error&) {
+        }
+        fmt::print(" {:>20}", cell);
+      }
+      fmt::print("\n");
+    }
+    fmt::print("(hybrid strategies shard within a node of --nproc-per-node ranks{})\n",
+               o.nproc > 0 ? "" : "; without it the node is the whole world, as FULL_SHARD / SHARD_GRAD_OP");
+    if (budget > 0) {
+      std::string why;
+      try {
+        memory::choose_strategy(in, budget, &why);
+        fmt::print("at world size {}: {}\n", o.world, why);
+      } catch (const Error& e) {
+        fmt::print("at world size {}: {}\n", o.world, e.message());
+      }
+    }
+    return;
+  }
+  memory::Estimate e;
+  try {
+    e = memory::estimate(in);
+  } catch (const Error& err) {  // the mesh: name the flags, not the training config's key
+    throw Error(fmt::format("{} (--world-size {}, --nproc-per-node / --shard-group-size)", err.message(), in.world_size));
+  }
+  fmt::print("{} on {} rank{} (shard groups of {}, {} units), param {}, reduce {}; micro-batch {} x {} tokens, {} "
+             "accumulation step{}, {}\n",
+             shard::strategy_name(in.sharding.strategy), in.world_size, in.world_size > 1 ? "s" : "", e.shard_group,
+             e.num_units, dtype_name(in.sharding.param_dtype), dtype_name(in.sharding.reduce_dtype),
+             in.micro_batch_size, in.seq_len, in.grad_accum, in.grad_accum > 1 ? "s" : "", ckpt);
+  print_estimate(in, e, budget);
+  print_accelerate(m);
+}
+
+}  // namespace
+
+void register_estimate_memory(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("estimate-memory",
+                                     "Per-rank memory of a training run, by category, from a model config alone");
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "Model directory, config.json or preset (" + fmt::format("{}", fmt::join(preset_names(), ", ")) + ")")
+      ->required();
+  cmd->add_option("--sharding-strategy", o->strategy,
+                  "NO_SHARD, ZERO1, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (or accelerate's 1-5)")
+      ->capture_default_str();
+  cmd->add_option("--world-size", o->world, "Ranks in all (with --sweep: the largest world tried)")->capture_default_str();
+  cmd->add_option("--nproc-per-node", o->nproc, "Ranks per node: hybrid strategies shard within a node (default: one node)");
+  cmd->add_option("--shard-group-size", o->shard_group, "Hybrid: ranks per shard group (default: the node)");
+  cmd->add_option("--param-dtype", o->param_dtype, "Gathered parameters and compute: f32 or bf16")->capture_default_str();
+  cmd->add_option("--reduce-dtype", o->reduce_dtype, "Gradient communication: f32 or bf16")->capture_default_str();
+  cmd->add_option("--micro-batch-size", o->micro_batch, "Sequences per rank per micro-batch")->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--gradient-accumulation-steps", o->accum, "Micro-batches per step (matters with --no-sync)")
+      ->capture_default_str();
+  cmd->add_option("--activation-checkpointing", o->ckpt, "true, false, or k: every k-th layer recomputes")
+      ->capture_default_str();
+  cmd->add_option("--auto-wrap-policy", o->wrap, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP")->capture_default_str();
+  cmd->add_option("--min-num-params", o->min_num_params, "SIZE_BASED_WRAP: parameters per unit")->capture_default_str();
+  cmd->add_flag("--forward-prefetch", o->forward_prefetch, "Gather the next unit during this one's forward");
+  cmd->add_option("--backward-prefetch", o->backward_prefetch, "BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH")
+      ->capture_default_str();
+  cmd->add_flag("--no-sync", o->no_sync, "Keep full gradients over the micro-batches, reduce once");
+  cmd->add_flag("--offload", o->offload,
+                "Estimate only (not built yet): master weights, gradient shard and AdamW state in host memory");
+  cmd->add_option("--lora-rank", o->lora_rank,
+                  "Estimate only: LoRA adapters of rank R on a frozen bf16 base (LoRA training itself is not built yet)");
+  cmd->add_flag("--qlora", o->qlora, "Estimate only: with --lora-rank, the frozen base's linear weights in 4-bit NF4");
+  cmd->add_option("--device-memory", o->device_memory, "Memory per rank to fit, e.g. 80GB or 24GiB");
+  cmd->add_flag("--sweep", o->sweep, "Every strategy at world sizes 1..--world-size, marking what fits --device-memory");
+  cmd->footer(
+      "The estimate replays what the engine allocates (docs/memory.md): for its tracked buffers it is the\n"
+      "byte count a run reports. Defaults are `shardlm train`'s (micro_batch_size 8, seq_len 256, f32).\n"
+      "Examples:\n"
+      "  shardlm estimate-memory --model llama2-7b --world-size 8 --param-dtype bf16 --micro-batch-size 1 --seq-len 4096\n"
+      "  shardlm estimate-memory --model runs/tiny --sharding-strategy NO_SHARD\n"
+      "  shardlm estimate-memory --model llama3-8b --sweep --world-size 8 --device-memory 80GB --param-dtype bf16\n"
+      "  shardlm estimate-memory --model llama2-70b --lora-rank 16 --qlora --world-size 2 --param-dtype bf16");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace shardlm::cli

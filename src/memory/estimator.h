@@ -1,0 +1,99 @@
+// Memory estimate of a training run, per rank, from a model config alone (no weights).
+//
+// This is not a textbook formula: it replays what the sharding engine (shard/engine.cpp) and
+// LlamaCompute (model/llama.cpp) allocate, buffer by buffer and in the order they do it, through a
+// model of the MemoryTracker (live and peak bytes per category, and the peak of their sum). The
+// sizes come from the same functions the engine uses (llama_units, wrap_units, make_flat_layout's
+// padding), the activation arena's buffer list, the cross-entropy chunk (256 rows of V logits)
+// and the bf16 widening copies the CPU matmul makes. For the tracked categories the result is
+// the byte count the tracker reports (tests/mpi/memory_test.cpp checks it at 1, 2 and 4 ranks);
+// what the tracker cannot see (allocator slack, BLAS/MPI/OpenMP internals, per-thread attention
+// scratch, the data pipeline) is outside it, and docs/memory.md says how large that usually is.
+//
+// LoRA/QLoRA and CPU offload are estimates of designs the engine does not implement yet; they are
+// labelled as such wherever they are printed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "model/config.h"
+#include "shard/sharding.h"
+
+namespace shardlm::memory {
+
+// Finer than the tracker's categories, so the table can say what the bytes are for.
+enum class Term : uint8_t {
+  ParamsAtRest,    // f32 master weights (this rank's shard, or all of them for NO_SHARD)
+  FullParams,      // parameters in param_dtype: gathered units incl. prefetch, or the persistent copy
+  GradShard,       // reduced f32 gradient shard
+  FullGrads,       // f32 full-unit gradient accumulators
+  Optimizer,       // AdamW m and v
+  Activations,     // what forward keeps for backward (the arena)
+  LossWorkspace,   // the cross-entropy chunk of logits and its bf16 widening copies
+  Communication,   // all-gather send buffers, reduce-scatter / all-reduce staging
+  OtherWorkspace,  // backward gradient buffers of the arena, bf16 widening in matmuls
+};
+constexpr int kNumTerms = 9;
+const char* term_name(Term t);
+MemCategory term_category(Term t);
+
+struct EstimateInput {
+  ModelConfig model;
+  shard::ShardingConfig sharding;  // strategy, wrap, prefetch, param/reduce dtype, shard group, no_sync
+  int world_size = 1;
+  int ranks_per_node = 0;  // 0: every rank on one node. Hybrid shard groups default to this.
+  int64_t micro_batch_size = 1;
+  int64_t seq_len = 2048;
+  int64_t grad_accum = 1;  // micro-batches per step (matters with no_sync)
+  int checkpoint_every = 0;  // activation checkpointing: every k-th layer (1 = all, 0 = none)
+  bool offload = false;      // estimate only: master, gradient shard and AdamW state in host memory
+  int64_t lora_rank = 0;     // estimate only: frozen base + LoRA adapters of this rank
+  bool qlora = false;        // estimate only: the frozen base's linear weights in 4-bit NF4
+};
+
+struct Estimate {
+  // Bytes of each term live at the moment the total peaks (they add up to peak_total), and each
+  // term's own highest value (which may be reached at another moment).
+  std::array<int64_t, kNumTerms> at_peak{}, peak{};
+  std::array<int64_t, kNumMemCategories> category_peak{};  // what MemoryTracker's peak[] reports
+  int64_t peak_total = 0;                                   // what MemoryTracker's peak_total reports
+  int64_t host_bytes = 0;    // with offload: the terms that would live in host memory
+  int64_t device_bytes = 0;  // peak_total - host_bytes (all of it without offload)
+  int shard_group = 1;       // ranks a unit's parameters are split over
+  int num_units = 0;
+  int64_t padded_params = 0;      // Psi: elements of all flat buffers, padding included
+  int64_t parameters = 0;         // the model's parameter count
+  double comm_bytes_per_step = 0;        // per rank, ring accounting (as CommStats)
+  double inter_node_bytes_per_step = 0;  // of that, what crosses nodes
+  int64_t save_gather_bytes = 0;  // the final save gathers the whole f32 model on every rank
+  bool approximate = false;       // LoRA/QLoRA or offload: not what the engine runs today
+  std::vector<std::string> notes;
+};
+
+// Throws an Error for impossible layouts (a hybrid shard group that does not divide the world).
+Estimate estimate(const EstimateInput& in);
+
+// The table accelerate estimate-memory prints, computed correctly (see docs/memory.md).
+struct AccelerateRow {
+  std::string dtype;          // "float32", "float16/bfloat16", "int8", "int4"
+  int64_t largest_layer = 0;  // bytes of the largest of: a decoder layer, the embedding, the lm_head
+  int64_t total_size = 0;     // bytes of all parameters in that dtype
+  int64_t adam_training = -1; // model states for Adam training in this engine; -1: not trainable so
+  int64_t accelerate_says = 0;  // what accelerate prints: 4 x total_size
+};
+std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg);
+
+// Strategies `auto` may choose for this world, in the order that breaks ties in communication
+// volume (least sharding first). Hybrid ones only when the world spans several nodes.
+std::vector<shard::Strategy> auto_candidates(int world_size, int ranks_per_node);
+
+// The auto choice: among the candidates whose estimated per-rank peak fits `budget` bytes, the
+// one with the least inter-node, then total, communication per step. `why` gets one line naming
+// the choice and what ruled out the cheaper ones; throws an Error (one line) when none fits.
+shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why);
+
+}  // namespace shardlm::memory

@@ -1,0 +1,196 @@
+// The memory estimator against what the engine really allocates, under MPI at 1, 2 and 4 ranks.
+//
+// For every strategy, with and without activation checkpointing, in f32 and bf16, each rank runs a
+// few training steps of a small model and reads the MemoryTracker's peaks; the estimator, given
+// the same configuration, must predict them. The estimator replays the engine's allocations, so
+// for tracked bytes the tolerance is zero: every category's peak and the peak total must be equal
+// to the byte (far inside the 5% the estimate promises users for tracked memory).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "memory/estimator.h"
+#include "mpi_test_main.h"
+#include "shard/engine.h"
+
+using namespace shardlm;
+
+static comm::Communicator* g_world = nullptr;
+
+namespace {
+
+constexpr int kT = 24, kSteps = 3;
+
+ModelConfig test_config() {
+  ModelConfig c = preset("tiny");
+  c.num_hidden_layers = 3;
+  return c;
+}
+
+data::Example row(int s, int m, int r) {
+  data::Example e;
+  for (int t = 0; t < kT; ++t) {
+    const auto x = philox4x32({uint32_t(s), uint32_t(m), uint32_t(r), uint32_t(t)}, {3, 0});
+    e.ids.push_back(3 + int32_t(x[0] % 250));
+    e.targets.push_back(t < r % 3 ? ops::kIgnoreIndex : 3 + int32_t(x[1] % 250));
+  }
+  return e;
+}
+
+struct Case {
+  std::string name;
+  shard::ShardingConfig sc;
+  int ckpt = 0;
+  int accum = 1;
+  int rows_per_rank = 2;
+};
+
+struct Measured {
+  std::array<int64_t, kNumMemCategories> peak{};
+  int64_t peak_total = 0;
+};
+
+// Runs kSteps steps of the engine and returns this rank's tracked peaks over the whole run
+// (construction, initialization and the steps), net of whatever was live before.
+Measured run_case(const Case& c) {
+  MemoryTracker& tracker = MemoryTracker::for_device(Device::CPU);
+  const MemStats before = tracker.stats();
+  tracker.reset_peaks();
+  {
+    const ModelConfig cfg = test_config();
+    shard::Mesh mesh = shard::make_mesh(*g_world, c.sc, 2);
+    shard::ShardedModel engine(cfg, c.sc, mesh);
+    engine.init_random(3);
+    model::LlamaCompute compute(cfg, c.sc.param_dtype);
+    compute.set_checkpointing(c.ckpt);
+    ops::AdamWConfig opt;
+    opt.lr = 1e-3;
+    const int R = g_world->rank();
+    for (int s = 0; s < kSteps; ++s) {
+      std::vector<data::BatchBuffers> bufs;
+      for (int m = 0; m < c.accum; ++m) {
+        std::vector<data::Example> rows;
+        for (int r = R * c.rows_per_rank; r < (R + 1) * c.rows_per_rank; ++r) rows.push_back(row(s, m, r));
+        bufs.push_back(data::make_batch(rows, kT, 0));
+      }
+      std::vector<model::Batch> micro;
+      for (const auto& b : bufs) micro.push_back(b.batch());
+      const shard::StepStats st = engine.train_step(compute, micro, opt, s + 1, 1.0);
+      EXPECT_TRUE(std::isfinite(st.loss));
+    }
+  }
+  const MemStats after = tracker.stats();
+  Measured m;
+  for (int i = 0; i < kNumMemCategories; ++i) m.peak[size_t(i)] = after.peak[size_t(i)] - before.live[size_t(i)];
+  m.peak_total = after.peak_total - before.live_total;
+  EXPECT_EQ(after.live_total, before.live_total) << "the case left tracked memory behind";
+  return m;
+}
+
+memory::Estimate estimate_case(const Case& c) {
+  memory::EstimateInput in;
+  in.model = test_config();
+  in.sharding = c.sc;
+  in.world_size = g_world->size();
+  in.ranks_per_node = 2;  // as make_mesh above is told
+  in.micro_batch_size = c.rows_per_rank;
+  in.seq_len = kT;
+  in.grad_accum = c.accum;
+  in.checkpoint_every = c.ckpt;
+  return memory::estimate(in);
+}
+
+std::vector<Case> matrix() {
+  using S = shard::Strategy;
+  std::vector<Case> out;
+  for (S s : {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard, S::HybridShard, S::HybridShardZero2})
+    for (DType d : {DType::F32, DType::BF16})
+      for (int ckpt : {0, 1}) {
+        Case c;
+        c.sc.strategy = s;
+        c.sc.param_dtype = d;
+        c.sc.shard_group_size = std::min(2, g_world->size());  // hybrid: groups of 2 (at 4 ranks, 2 replicas)
+        c.ckpt = ckpt;
+        c.name = fmt::format("{} {}{}", shard::strategy_name(s), dtype_name(d), ckpt ? " checkpointed" : "");
+        out.push_back(c);
+      }
+  // The other switches that change what is alive when.
+  Case c;
+  c.sc.strategy = S::FullShard;
+  c.sc.wrap = shard::WrapPolicy::SizeBased;
+  c.sc.min_num_params = 60000;  // two decoder layers per unit
+  c.sc.forward_prefetch = true;
+  c.sc.backward_prefetch = shard::BackwardPrefetch::Post;
+  c.name = "FULL_SHARD size-wrap, forward prefetch, BACKWARD_POST";
+  out.push_back(c);
+  c = Case{};
+  c.sc.strategy = S::ShardGradOp;
+  c.sc.param_dtype = c.sc.reduce_dtype = DType::BF16;
+  c.sc.reduce_every_microbatch = false;
+  c.accum = 2;
+  c.ckpt = 2;
+  c.name = "SHARD_GRAD_OP bf16 reduce, no_sync over 2 micro-batches, every 2nd layer checkpointed";
+  out.push_back(c);
+  c = Case{};
+  c.sc.strategy = S::NoShard;
+  c.sc.reduce_dtype = DType::BF16;
+  c.sc.wrap = shard::WrapPolicy::NoWrap;
+  c.accum = 2;
+  c.rows_per_rank = 12;  // more than one cross-entropy chunk of 256 rows
+  c.name = "NO_SHARD no-wrap, bf16 reduce, 2 micro-batches of 288 tokens";
+  out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+TEST(MemoryEstimate, MatchesTheTrackerForEveryStrategy) {
+  std::array<double, kNumMemCategories> worst{};
+  double worst_total = 0;
+  for (const Case& c : matrix()) {
+    SCOPED_TRACE(c.name);
+    const Measured m = run_case(c);
+    const memory::Estimate e = estimate_case(c);
+    for (int i = 0; i < kNumMemCategories; ++i) {
+      EXPECT_EQ(e.category_peak[size_t(i)], m.peak[size_t(i)]) << mem_category_name(MemCategory(i));
+      if (m.peak[size_t(i)] > 0)
+        worst[size_t(i)] = std::max(worst[size_t(i)], std::fabs(double(e.category_peak[size_t(i)]) / double(m.peak[size_t(i)]) - 1));
+    }
+    EXPECT_EQ(e.peak_total, m.peak_total);
+    // What users are promised: within 5% of the measured peak.
+    EXPECT_NEAR(double(e.peak_total), double(m.peak_total), 0.05 * double(m.peak_total));
+    worst_total = std::max(worst_total, std::fabs(double(e.peak_total) / double(m.peak_total) - 1));
+  }
+  if (g_world->rank() == 0) {
+    std::string line;
+    for (int i = 0; i < kNumMemCategories; ++i)
+      line += fmt::format(" {} {:.2g}%", mem_category_name(MemCategory(i)), 100 * worst[size_t(i)]);
+    std::printf("world %d: largest relative error of the estimate, per category:%s; peak total %.2g%%\n",
+                g_world->size(), line.c_str(), 100 * worst_total);
+  }
+}
+
+TEST(MemoryEstimate, CheckpointingLowersActivationsByThePredictedAmount) {
+  for (shard::Strategy s : {shard::Strategy::NoShard, shard::Strategy::FullShard}) {
+    for (int every : {1, 2}) {
+      Case plain;
+      plain.sc.strategy = s;
+      plain.sc.param_dtype = DType::BF16;
+      plain.rows_per_rank = 3;
+      Case ck = plain;
+      ck.ckpt = every;
+      SCOPED_TRACE(fmt::format("{} every {}", shard::strategy_name(s), every));
+      const int64_t saved = run_case(plain).peak[size_t(MemCategory::Activations)] -
+                            run_case(ck).peak[size_t(MemCategory::Activations)];
+      const int64_t predicted = estimate_case(plain).category_peak[size_t(MemCategory::Activations)] -
+                                estimate_case(ck).category_peak[size_t(MemCategory::Activations)];
+      EXPECT_GT(saved, 0);
+      EXPECT_EQ(saved, predicted);
+    }
+  }
+}
+
+int main(int argc, char** argv) { return shardlm::testing::run_mpi_tests(argc, argv, g_world); }
