@@ -7,10 +7,11 @@
 //
 // Precision: CUBLAS_COMPUTE_32F everywhere (f32 accumulation). With f32 operands this is exact
 // f32 arithmetic (no TF32), like the CPU's sgemm; with two bf16 operands the products are exact
-// in f32 and tensor cores accumulate in f32. Mixed operands (one f32, one bf16) have the bf16 one
-// widened to f32 in a Workspace buffer (exact), as the CPU does; a bf16 C with f32 operands is
-// computed into an f32 workspace and rounded once at the end, since cuBLASLt's f32 path has no
-// bf16 output.
+// in f32 and tensor cores accumulate in f32 (if cuBLASLt has no bf16 kernel for the shapes and
+// alignments, both are widened and the f32 path runs). Mixed operands (one f32, one bf16) have
+// the bf16 one widened to f32 in a Workspace buffer (exact), as the CPU does; a bf16 C with f32
+// operands is computed into an f32 workspace and rounded once at the end, since cuBLASLt's f32
+// path has no bf16 output.
 #include <cublasLt.h>
 
 #include <mutex>
@@ -88,8 +89,9 @@ struct Preference {
 
 // C = alpha op(A) op(B) + beta C with A, B both f32 or both bf16 (same dtype), C f32, or bf16
 // when A and B are bf16. Shapes as validated by the front end; M, N and K > 0 (K is implied by
-// the layouts and the transposes).
-void lt_matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha,
+// the layouts and the transposes). Returns false, having done nothing, when cuBLASLt offers no
+// algorithm for these types, shapes and alignments.
+bool lt_matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha,
                float beta, int64_t M, int64_t N) {
   LtContext& ctx = lt();
   MatmulDesc desc;
@@ -116,11 +118,16 @@ void lt_matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, 
   int found = 0;
   lt_check(cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.d, l1.l, l2.l, lc.l, lc.l, pref.p, 1, &heuristic, &found),
            "heuristic");
-  SHARDLM_CHECK(found > 0, "matmul: cuBLASLt has no algorithm for C {} = op(A {}) op(B {}) (trans_a {}, trans_b {})",
-                C.describe(), A.describe(), B.describe(), trans_a, trans_b);
+  if (found == 0) return false;
   lt_check(cublasLtMatmul(ctx.handle, desc.d, &alpha, B.data, l1.l, A.data, l2.l, &beta, C.data, lc.l, C.data, lc.l,
                           &heuristic.algo, ctx.workspace.data(), kLtWorkspaceBytes, cuda::compute_stream()),
            "matmul");
+  return true;
+}
+
+[[noreturn]] void no_algorithm(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b) {
+  throw Error(fmt::format("matmul: cuBLASLt has no algorithm for C {} = op(A {}) op(B {}) (trans_a {}, trans_b {})",
+                          C.describe(), A.describe(), B.describe(), trans_a, trans_b));
 }
 
 // An f32 copy of a bf16 tensor in a Workspace buffer held by `holder`.
@@ -145,22 +152,22 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
       scale_inplace(C, beta);
     return;
   }
-  if (A.dtype == DType::BF16 && B.dtype == DType::BF16) {
-    lt_matmul(C, A, B, trans_a, trans_b, alpha, beta, M, N);
+  // Two bf16 operands: tensor cores. Should cuBLASLt have no bf16 kernel for these shapes and
+  // alignments (odd leading dimensions), fall through to the f32 path, which has one for all.
+  if (A.dtype == DType::BF16 && B.dtype == DType::BF16 && lt_matmul(C, A, B, trans_a, trans_b, alpha, beta, M, N))
     return;
-  }
-  // At least one f32 operand: compute in exact f32.
+  // An f32 operand (or the bf16 fallback): compute in exact f32.
   Buffer a_hold, b_hold, c_hold;
   const Tensor a = A.dtype == DType::F32 ? A : widen(A, a_hold);
   const Tensor b = B.dtype == DType::F32 ? B : widen(B, b_hold);
   if (C.dtype == DType::F32) {
-    lt_matmul(C, a, b, trans_a, trans_b, alpha, beta, M, N);
+    if (!lt_matmul(C, a, b, trans_a, trans_b, alpha, beta, M, N)) no_algorithm(C, A, B, trans_a, trans_b);
     return;
   }
   c_hold = Buffer(size_t(M * N) * sizeof(float), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
   const Tensor c = Tensor::view(c_hold.data(), DType::F32, {M, N}, Device::CUDA);
   if (beta != 0.0f) cast(c, C);
-  lt_matmul(c, a, b, trans_a, trans_b, alpha, beta, M, N);
+  if (!lt_matmul(c, a, b, trans_a, trans_b, alpha, beta, M, N)) no_algorithm(C, A, B, trans_a, trans_b);
   cast(C, c);
 }
 
