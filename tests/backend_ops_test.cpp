@@ -188,7 +188,7 @@ RunResult run_case(const Case& c, Device dev) {
   }
   try {
     res.scalars = c.run(ts);
-    device::synchronize();
+    if (dev == Device::CUDA) device::synchronize();  // asynchronous faults surface here, named by the case
   } catch (const std::exception& e) {
     res.errors.push_back(fmt::format("threw: {}", e.what()));
     return res;
