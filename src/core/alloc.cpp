@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace shardlm {
@@ -56,32 +57,65 @@ void MemoryTracker::reset_peaks() {
   s_.peak_total = s_.live_total;
 }
 
-Buffer::Buffer(size_t bytes, MemCategory category, bool zero) : bytes_(bytes), category_(category) {
+Buffer::Buffer(size_t bytes, MemCategory category, bool zero, Device device)
+    : bytes_(bytes), category_(category), device_(device) {
   if (bytes == 0) return;
-  const size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc needs a multiple of the alignment
-  data_ = std::aligned_alloc(64, rounded);
-  if (!data_) {
-    throw Error(fmt::format("out of host memory allocating {} for {}", format_bytes(int64_t(bytes)),
-                            mem_category_name(category)));
+  if (device == Device::CUDA) {
+    data_ = device::cuda_malloc(bytes);  // throws on failure, never returns nullptr
+    if (zero) {
+      try {
+        device::cuda_memset_zero(data_, bytes);
+      } catch (...) {
+        device::cuda_free(data_);  // the destructor will not run for a throwing constructor
+        throw;
+      }
+    }
+  } else {
+    const size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc needs a multiple of the alignment
+    data_ = std::aligned_alloc(64, rounded);
+    if (!data_) {
+      throw Error(fmt::format("out of host memory allocating {} for {}", format_bytes(int64_t(bytes)),
+                              mem_category_name(category)));
+    }
+    if (zero) std::memset(data_, 0, rounded);
   }
-  if (zero) std::memset(data_, 0, rounded);
-  MemoryTracker::for_device(Device::CPU).on_alloc(category_, int64_t(bytes_));
+  MemoryTracker::for_device(device_).on_alloc(category_, int64_t(bytes_));
+}
+
+Buffer Buffer::pinned_host(size_t bytes, MemCategory category, bool zero) {
+  Buffer b;
+  b.bytes_ = bytes;
+  b.category_ = category;
+  if (bytes == 0) return b;
+  b.data_ = device::pinned_malloc(bytes);  // throws on failure (and in a build without CUDA)
+  b.pinned_ = true;
+  if (zero) std::memset(b.data_, 0, bytes);
+  MemoryTracker::for_device(Device::CPU).on_alloc(category, int64_t(bytes));
+  return b;
 }
 
 Buffer::~Buffer() { release(); }
 
 void Buffer::release() {
   if (data_) {
-    std::free(data_);
-    MemoryTracker::for_device(Device::CPU).on_free(category_, int64_t(bytes_));
+    if (device_ == Device::CUDA)
+      device::cuda_free(data_);
+    else if (pinned_)
+      device::pinned_free(data_);
+    else
+      std::free(data_);
+    MemoryTracker::for_device(device_).on_free(category_, int64_t(bytes_));
   }
   data_ = nullptr;
   bytes_ = 0;
+  pinned_ = false;
 }
 
-Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), category_(o.category_) {
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), device_(o.device_), pinned_(o.pinned_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
+  o.pinned_ = false;
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
@@ -90,8 +124,11 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     category_ = o.category_;
+    device_ = o.device_;
+    pinned_ = o.pinned_;
     o.data_ = nullptr;
     o.bytes_ = 0;
+    o.pinned_ = false;
   }
   return *this;
 }

@@ -2,8 +2,15 @@
 //
 // The tracker keeps live and peak bytes per category and the peak of their sum, so training can
 // report where memory goes and `estimate-memory` can be checked against what was measured.
-// A Buffer owns its bytes (64-byte aligned, move-only) and uncharges them when destroyed;
-// Tensors are non-owning views into Buffers (see tensor.h).
+// A Buffer owns its bytes (move-only) and uncharges them when destroyed; Tensors are non-owning
+// views into Buffers (see tensor.h).
+//
+// A Buffer lives on a Device. CPU buffers are 64-byte aligned host memory, optionally pinned
+// (page-locked, for fast and asynchronous copies to and from a GPU: see Buffer::pinned_host).
+// CUDA buffers come from the caching allocator in ops/cuda/allocator.cu (through core/device.h,
+// so this header and alloc.cpp never include CUDA headers); they are charged to
+// MemoryTracker::for_device(Device::CUDA) with the bytes requested, while the allocator itself
+// reports the rounded bytes it hands out and the bytes it has reserved from the driver.
 #pragma once
 
 #include <array>
@@ -52,11 +59,16 @@ class MemoryTracker {
   MemStats s_;
 };
 
-// Owning, move-only, 64-byte aligned host allocation charged to a category.
+// Owning, move-only allocation charged to a category, on the CPU (64-byte aligned) or on the
+// current CUDA device (256-byte aligned, from the caching allocator; zeroing is enqueued on the
+// compute stream). A CUDA Buffer in a build without CUDA throws "built without CUDA".
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, MemCategory category, bool zero = true);
+  Buffer(size_t bytes, MemCategory category, bool zero = true, Device device = Device::CPU);
+  // Page-locked host memory (cudaHostAlloc): a CPU buffer the GPU can copy from and to
+  // asynchronously, for CPU offload. Throws in a build without CUDA.
+  static Buffer pinned_host(size_t bytes, MemCategory category, bool zero = true);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -66,6 +78,8 @@ class Buffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
   bool empty() const { return data_ == nullptr; }
 
  private:
@@ -73,6 +87,8 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::Other;
+  Device device_ = Device::CPU;
+  bool pinned_ = false;  // CPU only: allocated with cudaHostAlloc, freed with cudaFreeHost
 };
 
 std::string format_bytes(int64_t bytes);  // "1.50 GiB", "12.0 MiB", "512 B"

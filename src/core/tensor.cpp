@@ -26,7 +26,7 @@ Tensor Tensor::view(void* data, DType dtype, std::initializer_list<int64_t> shap
 }
 
 Tensor Tensor::of(const Buffer& buffer, DType dtype, std::initializer_list<int64_t> shape) {
-  Tensor t = view(buffer.data(), dtype, shape);
+  Tensor t = view(buffer.data(), dtype, shape, buffer.device());
   SHARDLM_CHECK(t.nbytes() <= buffer.bytes(), "view {} needs {} bytes but the buffer holds {}",
                 t.describe(), t.nbytes(), buffer.bytes());
   return t;
@@ -86,9 +86,14 @@ bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-OwnedTensor::OwnedTensor(DType dtype, std::initializer_list<int64_t> shape, MemCategory category, bool zero) {
-  t = Tensor::view(nullptr, dtype, shape);
-  buffer = Buffer(t.nbytes(), category, zero);
+OwnedTensor::OwnedTensor(DType dtype, std::initializer_list<int64_t> shape, MemCategory category, bool zero,
+                         Device device)
+    : OwnedTensor(dtype, shape.begin(), int(shape.size()), category, zero, device) {}
+
+OwnedTensor::OwnedTensor(DType dtype, const int64_t* shape, int ndim, MemCategory category, bool zero,
+                         Device device) {
+  t = Tensor::view(nullptr, dtype, shape, ndim, device);
+  buffer = Buffer(t.nbytes(), category, zero, device);
   t.data = buffer.data();
 }
 

@@ -32,7 +32,7 @@ struct Tensor {
                      Device device = Device::CPU);
   static Tensor view(void* data, DType dtype, const int64_t* shape, int ndim,
                      Device device = Device::CPU);
-  // A contiguous view of a Buffer; checks that the buffer is large enough.
+  // A contiguous view of a Buffer, on the buffer's device; checks that the buffer is large enough.
   static Tensor of(const Buffer& buffer, DType dtype, std::initializer_list<int64_t> shape);
 
   bool defined() const { return data != nullptr; }
@@ -68,7 +68,10 @@ struct OwnedTensor {
   Buffer buffer;
   Tensor t;
   OwnedTensor() = default;
-  OwnedTensor(DType dtype, std::initializer_list<int64_t> shape, MemCategory category, bool zero = true);
+  OwnedTensor(DType dtype, std::initializer_list<int64_t> shape, MemCategory category, bool zero = true,
+              Device device = Device::CPU);
+  OwnedTensor(DType dtype, const int64_t* shape, int ndim, MemCategory category, bool zero = true,
+              Device device = Device::CPU);
   operator const Tensor&() const { return t; }
 };
 

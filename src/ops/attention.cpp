@@ -52,6 +52,9 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_usable(op, "out", out);
   check_dtype(op, "out", out, {DType::F32, DType::BF16});
   check_shape(op, "out", out, {d.B, d.Tq, d.H, d.Dh});
+  const Device dev = check_same_device(
+      op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"segment_ids", &segment_ids}});
+  SHARDLM_DISPATCH_CUDA(dev, attention_forward(out, lse, q, k, v, segment_ids, scale));
   cpu::attention_forward(out, lse, q, k, v, segment_ids, scale);
 }
 
@@ -75,6 +78,17 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   check_shape(op, "dq", dq, {d.B, d.Tq, d.H, d.Dh});
   check_shape(op, "dk", dk, {d.B, d.Tk, d.Hkv, d.Dh});
   check_shape(op, "dv", dv, {d.B, d.Tk, d.Hkv, d.Dh});
+  const Device dev = check_same_device(op, {{"dq", &dq},
+                                            {"dk", &dk},
+                                            {"dv", &dv},
+                                            {"dout", &dout},
+                                            {"q", &q},
+                                            {"k", &k},
+                                            {"v", &v},
+                                            {"out", &out},
+                                            {"lse", &lse},
+                                            {"segment_ids", &segment_ids}});
+  SHARDLM_DISPATCH_CUDA(dev, attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale));
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale);
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/device.h"
+
 namespace shardlm::ops {
 
 void check_defined(const char* op, const char* arg, const Tensor& t) {
@@ -11,7 +13,10 @@ void check_defined(const char* op, const char* arg, const Tensor& t) {
 void check_usable(const char* op, const char* arg, const Tensor& t) {
   check_defined(op, arg, t);
   SHARDLM_CHECK(t.is_contiguous(), "{}: {}: expected a contiguous tensor, got {}", op, arg, t.describe());
-  SHARDLM_CHECK(t.device == Device::CPU, "{}: {}: no backend for {} in this build", op, arg, t.describe());
+#ifndef SHARDLM_HAVE_CUDA
+  SHARDLM_CHECK(t.device == Device::CPU, "{}: {}: {} is on a CUDA device, but this shardlm was built without CUDA", op,
+                arg, t.describe());
+#endif
 }
 
 void check_dtype(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed) {
@@ -38,6 +43,27 @@ void check_shape(const char* op, const char* arg, const Tensor& t, std::initiali
 
 void check_numel(const char* op, const char* arg, const Tensor& t, int64_t n) {
   SHARDLM_CHECK(t.numel() == n, "{}: {}: expected {} elements, got {}", op, arg, n, t.describe());
+}
+
+Device check_same_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  const NamedTensor* first = nullptr;
+  for (const NamedTensor& n : tensors) {
+    if (!n.t->defined()) continue;
+    if (!first) {
+      first = &n;
+      continue;
+    }
+    SHARDLM_CHECK(n.t->device == first->t->device,
+                  "{}: {}: on {}, but {} is on {} (all tensors of one op must be on one device)", op, n.name,
+                  device_name(n.t->device), first->name, device_name(first->t->device));
+  }
+  return first ? first->t->device : Device::CPU;
+}
+
+std::vector<int32_t> host_i32(const Tensor& t) {
+  std::vector<int32_t> v(size_t(t.numel()));
+  device::copy_bytes(v.data(), Device::CPU, t.i32(), t.device, v.size() * sizeof(int32_t));
+  return v;
 }
 
 }  // namespace shardlm::ops

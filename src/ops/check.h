@@ -1,19 +1,51 @@
 // Argument validation shared by the op front ends (ops/*.cpp). Each check throws an Error that
 // names the op and the argument, e.g. "rmsnorm_forward: w: expected shape [64], got f32[65] on cpu".
+//
+// Dispatch: after validation a front end calls SHARDLM_DISPATCH_CUDA(device, op(args...)), which
+// returns ops::gpu::op(args...) (ops/cuda/cuda_ops.h) when the tensors are on a CUDA device, and
+// then falls through to the CPU kernel. In a build without CUDA the macro expands to nothing:
+// check_usable has already refused CUDA tensors with "built without CUDA".
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "core/tensor.h"
+
+#ifdef SHARDLM_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#define SHARDLM_DISPATCH_CUDA(device, call)                     \
+  do {                                                          \
+    if ((device) == ::shardlm::Device::CUDA) {                  \
+      return ::shardlm::ops::gpu::call;                         \
+    }                                                           \
+  } while (0)
+#else
+#define SHARDLM_DISPATCH_CUDA(device, call) static_cast<void>(device)
+#endif
 
 namespace shardlm::ops {
 
 void check_defined(const char* op, const char* arg, const Tensor& t);
-// Defined, contiguous, on the CPU (the only backend in this build's dispatch so far).
+// Defined, contiguous, and on a device this build has a backend for.
 void check_usable(const char* op, const char* arg, const Tensor& t);
 void check_dtype(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed);
 // Exact shape; -1 in `shape` matches any size.
 void check_shape(const char* op, const char* arg, const Tensor& t, std::initializer_list<int64_t> shape);
 void check_numel(const char* op, const char* arg, const Tensor& t, int64_t n);
+
+// All the defined tensors of one call must be on the same device; returns that device. The
+// Error names the first tensor that is elsewhere, e.g.
+// "matmul: B: on cpu, but A is on cuda (all tensors of one op must be on one device)".
+struct NamedTensor {
+  const char* name;
+  const Tensor* t;
+};
+Device check_same_device(const char* op, std::initializer_list<NamedTensor> tensors);
+
+// The values of an i32 tensor on the host (copied from the GPU when it lives there, which waits
+// for the compute stream): front ends validate ids with it so a bad id is reported by position.
+std::vector<int32_t> host_i32(const Tensor& t);
 
 }  // namespace shardlm::ops

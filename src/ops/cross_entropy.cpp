@@ -39,10 +39,15 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
     check_shape(op, "dw", dw, {V, D});
   }
   SHARDLM_CHECK(chunk_rows >= 1, "{}: chunk_rows must be at least 1, got {}", op, chunk_rows);
+  const Device dev =
+      check_same_device(op, {{"x", &x}, {"w", &w}, {"targets", &targets}, {"dx", &dx}, {"dw", &dw}});
 
   // A bad id would index outside the logits row in the kernel; report it here, where the row that
-  // carries it (usually a tokenizer/vocabulary mismatch in the data) can still be named.
-  const int32_t* ids = targets.i32();
+  // carries it (usually a tokenizer/vocabulary mismatch in the data) can still be named. CUDA
+  // targets are copied to the host for this (it waits for the compute stream; the op returns
+  // the loss to the host and waits anyway).
+  const std::vector<int32_t> host_ids = host_i32(targets);
+  const int32_t* ids = host_ids.data();
   for (int64_t i = 0; i < N; ++i) {
     const int32_t t = ids[i];
     if (t != kIgnoreIndex && (t < 0 || t >= V))
@@ -50,6 +55,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                               op, i, t, V, kIgnoreIndex));
   }
 
+  SHARDLM_DISPATCH_CUDA(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
   return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
 }
 

@@ -4,8 +4,11 @@
 namespace shardlm::ops {
 
 namespace {
+// CUDA ids are copied to the host for this, which waits for the compute stream: a bad id in the
+// data is then an Error naming its position rather than an out-of-bounds read in a kernel.
 void check_ids(const char* op, const Tensor& ids, int64_t vocab) {
-  const int32_t* p = ids.i32();
+  const std::vector<int32_t> host = host_i32(ids);
+  const int32_t* p = host.data();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     SHARDLM_CHECK(p[i] >= 0 && p[i] < vocab, "{}: token id {} at position {} is outside the vocabulary [0, {})", op,
                   p[i], i, vocab);
@@ -23,7 +26,9 @@ void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& id
   check_dtype(op, "ids", ids, {DType::I32});
   check_shape(op, "weight", weight, {-1, -1});
   check_shape(op, "out", out, {ids.numel(), weight.shape[1]});
+  const Device dev = check_same_device(op, {{"out", &out}, {"weight", &weight}, {"ids", &ids}});
   check_ids(op, ids, weight.shape[0]);
+  SHARDLM_DISPATCH_CUDA(dev, embedding_forward(out, weight, ids));
   cpu::embedding_forward(out, weight, ids);
 }
 
@@ -37,7 +42,9 @@ void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor&
   check_dtype(op, "ids", ids, {DType::I32});
   check_shape(op, "dweight", dweight, {-1, -1});
   check_shape(op, "dout", dout, {ids.numel(), dweight.shape[1]});
+  const Device dev = check_same_device(op, {{"dweight", &dweight}, {"dout", &dout}, {"ids", &ids}});
   check_ids(op, ids, dweight.shape[0]);
+  SHARDLM_DISPATCH_CUDA(dev, embedding_backward(dweight, dout, ids));
   cpu::embedding_backward(dweight, dout, ids);
 }
 

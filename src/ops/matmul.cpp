@@ -19,6 +19,8 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
   const int64_t N = trans_b ? B.shape[0] : B.shape[1];
   SHARDLM_CHECK(K == Kb, "matmul: inner dimensions differ: op(A) is [{}, {}], op(B) is [{}, {}]", M, K, Kb, N);
   check_shape(op, "C", C, {M, N});
+  const Device dev = check_same_device(op, {{"C", &C}, {"A", &A}, {"B", &B}});
+  SHARDLM_DISPATCH_CUDA(dev, matmul(C, A, B, trans_a, trans_b, alpha, beta));
   cpu::matmul(C, A, B, trans_a, trans_b, alpha, beta);
 }
 

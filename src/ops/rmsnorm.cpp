@@ -36,6 +36,8 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   check_dtype(op, "rstd", rstd, {DType::F32});
   check_shape(op, "rstd", rstd, {N});
   SHARDLM_CHECK(eps >= 0.0f && std::isfinite(eps), "{}: eps: expected a finite value >= 0, got {}", op, eps);
+  const Device dev = check_same_device(op, {{"y", &y}, {"rstd", &rstd}, {"x", &x}, {"w", &w}});
+  SHARDLM_DISPATCH_CUDA(dev, rmsnorm_forward(y, rstd, x, w, eps));
   cpu::rmsnorm_forward(y, rstd, x, w, eps);
 }
 
@@ -56,6 +58,9 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   check_usable(op, "dw", dw);
   check_dtype(op, "dw", dw, {DType::F32});
   check_shape(op, "dw", dw, {D});
+  const Device dev =
+      check_same_device(op, {{"dx", &dx}, {"dw", &dw}, {"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
+  SHARDLM_DISPATCH_CUDA(dev, rmsnorm_backward(dx, dw, dy, x, w, rstd));
   cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
 }
 

@@ -1,0 +1,757 @@
+// backend_ops: every op of ops/ops.h, forward and backward, run on the CPU reference and on every
+// other backend this build and machine have (today: CUDA), on the same inputs, compared with a
+// per-op tolerance (the table below). In the spirit of llama.cpp's test-backend-ops.
+//
+// For each case and each backend the harness
+//   - puts every tensor in its own buffer on the backend's device, surrounded by 256 guard bytes
+//     on each side, and checks the guards after the op (an out-of-bounds write shows up there);
+//   - fills "written" outputs with NaN bytes first, so an element the op forgot to write fails
+//     the NaN/Inf check; outputs must be finite (casts of special values excepted);
+//   - checks that inputs are unchanged, bit for bit;
+//   - compares outputs and returned host scalars with the CPU reference.
+//
+// Without a GPU (or without CUDA in the build) it runs the CPU backend through the same harness
+// against itself (guards, NaN and input checks, exact agreement), checks that the harness
+// detects a perturbed output, a NaN and a guard overwrite, prints why CUDA was not tested, and
+// passes. With a GPU any mismatch fails the test.
+//
+// Exit status: 0 when everything passed, 1 otherwise. Plain main(), no skips.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace shardlm {
+namespace {
+
+// ---- deterministic inputs ---------------------------------------------------------------------
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {  // splitmix64
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  float normal() {
+    const double u1 = uniform() + 1e-300, u2 = uniform();
+    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  int32_t below(int32_t n) { return int32_t(next() % uint64_t(n)); }
+};
+
+std::vector<float> randn(Rng& r, int64_t n, float scale = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = r.normal() * scale;
+  return v;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// Element i of raw bytes of dtype t, as double.
+double element(const std::vector<uint8_t>& bytes, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, bytes.data() + i * 4, 4);
+      return f;
+    }
+    case DType::BF16: {
+      bf16_t h;
+      std::memcpy(&h, bytes.data() + i * 2, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::F16: {
+      f16_t h;
+      std::memcpy(&h, bytes.data() + i * 2, 2);
+      return f16_to_f32(h);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + i * 4, 4);
+      return v;
+    }
+  }
+  return 0.0;
+}
+
+std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
+  std::vector<uint8_t> out(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::F32) {
+      std::memcpy(out.data() + i * 4, &v[i], 4);
+    } else if (t == DType::BF16) {
+      const bf16_t h = f32_to_bf16(v[i]);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    } else if (t == DType::F16) {
+      const f16_t h = f32_to_f16(v[i]);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    } else {
+      const int32_t x = int32_t(v[i]);
+      std::memcpy(out.data() + i * 4, &x, 4);
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> encode_i32(const std::vector<int32_t>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+// ---- cases ------------------------------------------------------------------------------------
+enum class Role {
+  In,     // read only: must be unchanged
+  Out,    // written: filled with NaN bytes before the op, must be fully written
+  InOut,  // updated in place (accumulated outputs, in-place ops): initial values given
+};
+
+struct Arg {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  Role role;
+  std::vector<uint8_t> init;  // initial bytes (empty for Out)
+};
+
+struct Tolerance {
+  double atol = 0.0, rtol = 0.0;
+};
+
+struct Case {
+  std::string op, label;
+  std::vector<Arg> args;
+  // Runs the op on tensors in the order of args; returns the op's host results (if any).
+  std::function<std::vector<double>(const std::vector<Tensor>&)> run;
+  Tolerance tol;
+  double scalar_rtol = 1e-6;  // for returned host values
+  bool bitwise = false;       // outputs must match bit for bit (casts)
+  bool nonfinite_ok = false;  // outputs may hold NaN/Inf (casts of special values)
+};
+
+Arg in(std::string name, DType t, std::vector<int64_t> shape, const std::vector<float>& v) {
+  return {std::move(name), t, std::move(shape), Role::In, encode(v, t)};
+}
+Arg in_i32(std::string name, std::vector<int64_t> shape, const std::vector<int32_t>& v) {
+  return {std::move(name), DType::I32, std::move(shape), Role::In, encode_i32(v)};
+}
+Arg out(std::string name, DType t, std::vector<int64_t> shape) {
+  return {std::move(name), t, std::move(shape), Role::Out, {}};
+}
+Arg inout(std::string name, DType t, std::vector<int64_t> shape, const std::vector<float>& v) {
+  return {std::move(name), t, std::move(shape), Role::InOut, encode(v, t)};
+}
+
+// ---- running a case on a device ---------------------------------------------------------------
+constexpr size_t kGuard = 256;  // bytes on each side; keeps the tensor 256-byte aligned
+
+uint8_t guard_byte(size_t i) { return uint8_t(0xA5 ^ (i * 37)); }
+
+struct RunResult {
+  std::vector<std::vector<uint8_t>> bytes;  // final contents of every arg
+  std::vector<double> scalars;
+  std::vector<std::string> errors;          // guard violations, exceptions
+};
+
+RunResult run_case(const Case& c, Device dev) {
+  RunResult res;
+  std::vector<Buffer> bufs;
+  std::vector<Tensor> ts;
+  for (const Arg& a : c.args) {
+    const size_t nbytes = size_t(numel_of(a.shape)) * dtype_size(a.dtype);
+    std::vector<uint8_t> host(nbytes + 2 * kGuard);
+    for (size_t i = 0; i < kGuard; ++i) host[i] = host[kGuard + nbytes + i] = guard_byte(i);
+    if (a.role == Role::Out)
+      std::memset(host.data() + kGuard, 0xFF, nbytes);  // NaN in f32, bf16 and f16
+    else
+      std::memcpy(host.data() + kGuard, a.init.data(), nbytes);
+    bufs.emplace_back(host.size(), MemCategory::Other, /*zero=*/false, dev);
+    device::copy_bytes(bufs.back().data(), dev, host.data(), Device::CPU, host.size());
+    ts.push_back(Tensor::view(static_cast<uint8_t*>(bufs.back().data()) + kGuard, a.dtype, a.shape.data(),
+                              int(a.shape.size()), dev));
+  }
+  try {
+    res.scalars = c.run(ts);
+    if (dev == Device::CUDA) device::synchronize();  // asynchronous faults surface here, named by the case
+  } catch (const std::exception& e) {
+    res.errors.push_back(fmt::format("threw: {}", e.what()));
+    return res;
+  }
+  for (size_t k = 0; k < c.args.size(); ++k) {
+    const Arg& a = c.args[k];
+    const size_t nbytes = size_t(numel_of(a.shape)) * dtype_size(a.dtype);
+    std::vector<uint8_t> host(nbytes + 2 * kGuard);
+    device::copy_bytes(host.data(), Device::CPU, bufs[k].data(), dev, host.size());
+    for (size_t i = 0; i < kGuard; ++i) {
+      if (host[i] != guard_byte(i)) {
+        res.errors.push_back(fmt::format("{}: guard byte {} before the tensor was overwritten", a.name, kGuard - i));
+        break;
+      }
+      if (host[kGuard + nbytes + i] != guard_byte(i)) {
+        res.errors.push_back(fmt::format("{}: guard byte {} after the tensor was overwritten", a.name, i));
+        break;
+      }
+    }
+    res.bytes.emplace_back(host.begin() + kGuard, host.begin() + kGuard + nbytes);
+  }
+  return res;
+}
+
+// Checks `got` (from any backend) against `want` (the CPU reference). Returns "" when it passes,
+// else one line naming the first problem.
+std::string compare(const Case& c, const RunResult& got, const RunResult& want) {
+  if (!got.errors.empty()) return got.errors.front();
+  if (!want.errors.empty()) return "reference: " + want.errors.front();
+  for (size_t k = 0; k < c.args.size(); ++k) {
+    const Arg& a = c.args[k];
+    const std::vector<uint8_t>& g = got.bytes[k];
+    const std::vector<uint8_t>& w = want.bytes[k];
+    if (a.role == Role::In) {
+      if (g != a.init) return fmt::format("{}: input was modified", a.name);
+      continue;
+    }
+    const int64_t n = numel_of(a.shape);
+    if (c.bitwise) {
+      if (g != w) {
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t sz = dtype_size(a.dtype);
+          if (std::memcmp(g.data() + i * int64_t(sz), w.data() + i * int64_t(sz), sz) != 0)
+            return fmt::format("{}[{}]: got {}, want {} (bitwise)", a.name, i, element(g, a.dtype, i),
+                               element(w, a.dtype, i));
+        }
+      }
+      continue;
+    }
+    // A bf16/f16 output may differ by one rounding step when the f32 values straddle a rounding
+    // boundary: allow at least one unit in the last place of the stored type.
+    Tolerance tol = c.tol;
+    if (a.dtype == DType::BF16) tol.rtol = std::max(tol.rtol, 1.0 / 128);
+    if (a.dtype == DType::F16) tol.rtol = std::max(tol.rtol, 1.0 / 1024);
+    double worst = -1.0;
+    int64_t worst_i = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const double gv = element(g, a.dtype, i), wv = element(w, a.dtype, i);
+      if (!c.nonfinite_ok && !std::isfinite(gv)) return fmt::format("{}[{}] is {} (not finite)", a.name, i, gv);
+      if (!c.nonfinite_ok && !std::isfinite(wv)) return fmt::format("reference {}[{}] is {}", a.name, i, wv);
+      const double err = std::fabs(gv - wv), bound = tol.atol + tol.rtol * std::fabs(wv);
+      if (!(err <= bound) && !(std::isnan(gv) && std::isnan(wv)) && !(gv == wv)) {
+        if (err - bound > worst) {
+          worst = err - bound;
+          worst_i = i;
+        }
+      }
+    }
+    if (worst_i >= 0)
+      return fmt::format("{}[{}]: got {:.9g}, want {:.9g} (atol {:g}, rtol {:g})", a.name, worst_i,
+                         element(g, a.dtype, worst_i), element(w, a.dtype, worst_i), tol.atol, tol.rtol);
+  }
+  if (got.scalars.size() != want.scalars.size()) return "different number of returned values";
+  for (size_t i = 0; i < got.scalars.size(); ++i) {
+    const double gv = got.scalars[i], wv = want.scalars[i];
+    if (!std::isfinite(gv)) return fmt::format("returned value {} is {}", i, gv);
+    if (!(std::fabs(gv - wv) <= c.scalar_rtol * std::fabs(wv) + 1e-12))
+      return fmt::format("returned value {}: got {:.17g}, want {:.17g} (rtol {:g})", i, gv, wv, c.scalar_rtol);
+  }
+  return "";
+}
+
+// ---- the cases, with the tolerance table ------------------------------------------------------
+// Tolerances (atol + rtol * |reference|, per element; bf16 outputs at least rtol 2^-7, f16 2^-10):
+//   cast, zero, embedding_forward            bitwise / exact: pure data movement or one rounding
+//   add_inplace, scale_inplace, add_bias,
+//   bias_backward, embedding_backward        1e-7 + 1e-6: the same f32 operations in the same order
+//   adamw_step                               1e-7 + 1e-6: the same ops, no fused multiply-add
+//   swiglu                                   1e-6 + 1e-5: expf differs from libm by a few ulp
+//   rope                                     1e-5 + 1e-5: cosf/sinf differ from libm by a few ulp
+//   rmsnorm forward / backward               1e-5 + 1e-5 / 1e-5 + 1e-4: double sums, other order
+//   matmul                                   2e-4 + 1e-4: f32 sums of up to 130 terms, other order
+//   linear_cross_entropy dx, dw              1e-6 + 1e-4 (grad_scale ~ 1/32); loss rtol 1e-5
+//   attention forward (out, lse)             1e-5 + 1e-4: online softmax with other tiling
+//   attention backward (dq, dk, dv)          1e-4 + 1e-3: recomputed P, sums in other order
+//   sum_squares                              rtol 1e-12 on the returned double
+std::vector<Case> make_cases() {
+  std::vector<Case> cases;
+  Rng rng(20240607);
+  const DType F = DType::F32, H = DType::BF16;
+  auto dn = [](DType t) { return std::string(dtype_name(t)); };
+
+  // matmul
+  struct MM {
+    int64_t M, N, K;
+    bool ta, tb;
+    DType a, b, c;
+    float alpha, beta;
+  };
+  std::vector<MM> mms;
+  for (int t = 0; t < 4; ++t) mms.push_back({17, 33, 29, bool(t & 1), bool(t & 2), F, F, F, 1.0f, 0.0f});
+  mms.push_back({64, 48, 130, false, true, H, H, F, 1.0f, 0.0f});
+  mms.push_back({64, 48, 130, true, false, H, H, H, 1.0f, 0.0f});
+  mms.push_back({31, 5, 70, false, true, F, H, F, 1.0f, 0.0f});
+  mms.push_back({31, 5, 70, true, true, H, F, H, 0.5f, 1.5f});
+  mms.push_back({1, 7, 5, false, false, F, F, F, 0.5f, 1.5f});
+  mms.push_back({40, 1, 3, true, false, H, H, F, 2.0f, 1.0f});
+  for (const MM& m : mms) {
+    Case c;
+    c.op = "matmul";
+    c.label = fmt::format("C {}[{}x{}] = {}A {}{} {}B {}{} a={} b={}", dn(m.c), m.M, m.N, m.ta ? "T " : "", dn(m.a),
+                          m.K, m.tb ? "T " : "", dn(m.b), m.K, m.alpha, m.beta);
+    const std::vector<int64_t> ashape = m.ta ? std::vector<int64_t>{m.K, m.M} : std::vector<int64_t>{m.M, m.K};
+    const std::vector<int64_t> bshape = m.tb ? std::vector<int64_t>{m.N, m.K} : std::vector<int64_t>{m.K, m.N};
+    c.args.push_back(m.beta != 0.0f ? inout("C", m.c, {m.M, m.N}, randn(rng, m.M * m.N)) : out("C", m.c, {m.M, m.N}));
+    c.args.push_back(in("A", m.a, ashape, randn(rng, m.M * m.K)));
+    c.args.push_back(in("B", m.b, bshape, randn(rng, m.K * m.N)));
+    c.run = [m](const std::vector<Tensor>& t) {
+      ops::matmul(t[0], t[1], t[2], m.ta, m.tb, m.alpha, m.beta);
+      return std::vector<double>{};
+    };
+    c.tol = {2e-4, 1e-4};
+    cases.push_back(std::move(c));
+  }
+
+  // embedding
+  for (auto [wt, ot] : {std::pair{F, F}, std::pair{H, F}, std::pair{F, H}}) {
+    const int64_t V = 50, D = 37, N = 23;
+    std::vector<int32_t> ids(N);
+    for (auto& id : ids) id = rng.below(int32_t(V));
+    Case c;
+    c.op = "embedding_forward";
+    c.label = fmt::format("weight {}[{}x{}] -> out {} N={}", dn(wt), V, D, dn(ot), N);
+    c.args = {out("out", ot, {N, D}), in("weight", wt, {V, D}, randn(rng, V * D)), in_i32("ids", {N}, ids)};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::embedding_forward(t[0], t[1], t[2]);
+      return std::vector<double>{};
+    };
+    cases.push_back(std::move(c));
+  }
+  for (DType dt : {F, H}) {
+    const int64_t V = 11, D = 70, N = 40;
+    std::vector<int32_t> ids(N);
+    for (auto& id : ids) id = rng.below(5);  // many repeats
+    Case c;
+    c.op = "embedding_backward";
+    c.label = fmt::format("dout {}[{}x{}] into dweight f32[{}x{}], repeated ids", dn(dt), N, D, V, D);
+    c.args = {inout("dweight", F, {V, D}, randn(rng, V * D)), in("dout", dt, {N, D}, randn(rng, N * D)),
+              in_i32("ids", {N}, ids)};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::embedding_backward(t[0], t[1], t[2]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+
+  // RMSNorm
+  struct RN {
+    int64_t N, D;
+    DType x, w, y;
+  };
+  for (const RN& r : {RN{7, 129, F, F, F}, RN{5, 2050, H, H, H}, RN{3, 64, H, F, F}, RN{1, 1, F, F, F}}) {
+    Case f;
+    f.op = "rmsnorm_forward";
+    f.label = fmt::format("x {}[{}x{}] w {} y {}", dn(r.x), r.N, r.D, dn(r.w), dn(r.y));
+    f.args = {out("y", r.y, {r.N, r.D}), out("rstd", F, {r.N}), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
+              in("w", r.w, {r.D}, randn(rng, r.D))};
+    f.run = [](const std::vector<Tensor>& t) {
+      ops::rmsnorm_forward(t[0], t[1], t[2], t[3], 1e-5f);
+      return std::vector<double>{};
+    };
+    f.tol = {1e-5, 1e-5};
+    cases.push_back(std::move(f));
+
+    std::vector<float> rstd(static_cast<size_t>(r.N));
+    for (float& v : rstd) v = float(0.5 + 1.5 * rng.uniform());
+    Case b;
+    b.op = "rmsnorm_backward";
+    b.label = f.label;
+    b.args = {out("dx", r.y, {r.N, r.D}), inout("dw", F, {r.D}, randn(rng, r.D)),
+              in("dy", r.y, {r.N, r.D}, randn(rng, r.N * r.D)), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
+              in("w", r.w, {r.D}, randn(rng, r.D)), in("rstd", F, {r.N}, rstd)};
+    b.run = [](const std::vector<Tensor>& t) {
+      ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
+      return std::vector<double>{};
+    };
+    b.tol = {1e-5, 1e-4};
+    cases.push_back(std::move(b));
+  }
+
+  // RoPE (forward and backward; in place when `alias`)
+  struct RP {
+    int64_t B, T, Hh, Dh;
+    DType x, o;
+    bool alias;
+  };
+  for (const RP& r : {RP{2, 5, 3, 64, F, F, false}, RP{1, 7, 2, 128, H, H, false}, RP{2, 3, 4, 32, F, F, true},
+                      RP{1, 4, 1, 6, F, H, false}}) {
+    const int64_t n = r.B * r.T * r.Hh * r.Dh;
+    std::vector<int32_t> pos(static_cast<size_t>(r.B * r.T));
+    for (auto& p : pos) p = rng.below(3000);
+    const std::vector<float> inv = ops::rope_inv_freq(r.Dh, 500000.0f, {});
+    for (int dir = 0; dir < 2; ++dir) {
+      Case c;
+      c.op = dir == 0 ? "rope_forward" : "rope_backward";
+      c.label = fmt::format("{} [{}x{}x{}x{}] -> {}{}", dn(r.x), r.B, r.T, r.Hh, r.Dh, dn(r.o), r.alias ? " in place" : "");
+      const std::vector<int64_t> shape{r.B, r.T, r.Hh, r.Dh};
+      if (r.alias)
+        c.args = {inout("x", r.x, shape, randn(rng, n))};
+      else
+        c.args = {out("out", r.o, shape), in("x", r.x, shape, randn(rng, n))};
+      c.args.push_back(in_i32("positions", {r.B, r.T}, pos));
+      c.args.push_back(in("inv_freq", F, {r.Dh / 2}, inv));
+      const bool alias = r.alias;
+      c.run = [alias, dir](const std::vector<Tensor>& t) {
+        const Tensor& o = t[0];
+        const Tensor& x = alias ? t[0] : t[1];
+        const size_t p = alias ? 1 : 2;
+        if (dir == 0)
+          ops::rope_forward(o, x, t[p], t[p + 1]);
+        else
+          ops::rope_backward(o, x, t[p], t[p + 1]);
+        return std::vector<double>{};
+      };
+      c.tol = {1e-5, 1e-5};
+      cases.push_back(std::move(c));
+    }
+  }
+
+  // attention: forward, and backward from the CPU forward's out and lse
+  struct AT {
+    int64_t B, Tq, Tk, Hq, Hkv, Dh;
+    DType t;
+    int seg_len;  // 0: no segment_ids
+  };
+  for (const AT& a : {AT{1, 17, 17, 2, 2, 16, F, 0}, AT{2, 33, 33, 4, 2, 64, H, 0}, AT{1, 9, 40, 4, 1, 32, F, 0},
+                      AT{2, 50, 50, 2, 1, 64, F, 13}, AT{1, 70, 70, 2, 2, 128, H, 9}, AT{1, 20, 45, 6, 2, 80, F, 7},
+                      AT{1, 5, 5, 1, 1, 200, F, 0}, AT{1, 1, 3, 2, 1, 8, H, 0}}) {
+    const std::vector<int64_t> qs{a.B, a.Tq, a.Hq, a.Dh}, ks{a.B, a.Tk, a.Hkv, a.Dh}, ls{a.B, a.Hq, a.Tq};
+    const std::vector<float> q = randn(rng, numel_of(qs)), k = randn(rng, numel_of(ks)), v = randn(rng, numel_of(ks));
+    std::vector<int32_t> seg(static_cast<size_t>(a.B * a.Tk));
+    for (int64_t i = 0; i < a.B * a.Tk; ++i) seg[size_t(i)] = a.seg_len ? int32_t((i % a.Tk) / a.seg_len) : 0;
+    const float scale = 1.0f / std::sqrt(float(a.Dh));
+    const std::string label =
+        fmt::format("{} B={} Tq={} Tk={} H={} Hkv={} Dh={}{}", dn(a.t), a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh,
+                    a.seg_len ? fmt::format(" segments of {}", a.seg_len) : "");
+    const bool with_seg = a.seg_len > 0;
+
+    Case f;
+    f.op = "attention_forward";
+    f.label = label;
+    f.args = {out("out", a.t, qs), out("lse", F, ls), in("q", a.t, qs, q), in("k", a.t, ks, k), in("v", a.t, ks, v),
+              in_i32("segment_ids", {a.B, a.Tk}, seg)};
+    f.run = [with_seg, scale](const std::vector<Tensor>& t) {
+      ops::attention_forward(t[0], t[1], t[2], t[3], t[4], with_seg ? t[5] : Tensor{}, scale);
+      return std::vector<double>{};
+    };
+    f.tol = {1e-5, 1e-4};
+
+    // The backward needs a consistent out and lse: take them from the CPU forward.
+    RunResult fwd = run_case(f, Device::CPU);
+    if (!fwd.errors.empty()) throw Error("attention forward for the backward case failed: " + fwd.errors.front());
+    Case b;
+    b.op = "attention_backward";
+    b.label = label;
+    b.args = {out("dq", F, qs),
+              out("dk", F, ks),
+              out("dv", F, ks),
+              in("dout", a.t, qs, randn(rng, numel_of(qs))),
+              in("q", a.t, qs, q),
+              in("k", a.t, ks, k),
+              in("v", a.t, ks, v),
+              {"out", a.t, qs, Role::In, fwd.bytes[0]},
+              {"lse", F, ls, Role::In, fwd.bytes[1]},
+              in_i32("segment_ids", {a.B, a.Tk}, seg)};
+    b.run = [with_seg, scale](const std::vector<Tensor>& t) {
+      ops::attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], with_seg ? t[9] : Tensor{}, scale);
+      return std::vector<double>{};
+    };
+    b.tol = {1e-4, 1e-3};
+    cases.push_back(std::move(f));
+    cases.push_back(std::move(b));
+  }
+
+  // SwiGLU
+  for (auto [gt, ut, ot] : {std::tuple{F, F, F}, std::tuple{H, H, H}, std::tuple{H, F, F}}) {
+    const int64_t N = 5, Fd = 333;
+    Case f;
+    f.op = "swiglu_forward";
+    f.label = fmt::format("gate {} up {} out {} [{}x{}]", dn(gt), dn(ut), dn(ot), N, Fd);
+    f.args = {out("out", ot, {N, Fd}), in("gate", gt, {N, Fd}, randn(rng, N * Fd, 3.0f)),
+              in("up", ut, {N, Fd}, randn(rng, N * Fd))};
+    f.run = [](const std::vector<Tensor>& t) {
+      ops::swiglu_forward(t[0], t[1], t[2]);
+      return std::vector<double>{};
+    };
+    f.tol = {1e-6, 1e-5};
+    cases.push_back(std::move(f));
+    Case b;
+    b.op = "swiglu_backward";
+    b.label = fmt::format("gate {} up {} grads {} [{}x{}]", dn(gt), dn(ut), dn(ot), N, Fd);
+    b.args = {out("dgate", ot, {N, Fd}), out("dup", ot, {N, Fd}), in("dout", ot, {N, Fd}, randn(rng, N * Fd)),
+              in("gate", gt, {N, Fd}, randn(rng, N * Fd, 3.0f)), in("up", ut, {N, Fd}, randn(rng, N * Fd))};
+    b.run = [](const std::vector<Tensor>& t) {
+      ops::swiglu_backward(t[0], t[1], t[2], t[3], t[4]);
+      return std::vector<double>{};
+    };
+    b.tol = {1e-6, 1e-5};
+    cases.push_back(std::move(b));
+  }
+
+  // linear + cross-entropy
+  struct CE {
+    int64_t N, D, V, chunk;
+    DType t;
+    bool backward;
+    bool ignore_chunk;  // rows [chunk, 2 chunk) all ignored
+  };
+  for (const CE& e : {CE{37, 48, 301, 16, F, true, false}, CE{37, 48, 301, 16, H, true, false},
+                      CE{29, 20, 1000, 64, F, false, false}, CE{20, 16, 77, 8, F, true, true}}) {
+    std::vector<int32_t> tg(static_cast<size_t>(e.N));
+    for (int64_t i = 0; i < e.N; ++i) {
+      tg[size_t(i)] = rng.below(int32_t(e.V));
+      if (i % 7 == 3) tg[size_t(i)] = ops::kIgnoreIndex;
+      if (e.ignore_chunk && i >= e.chunk && i < 2 * e.chunk) tg[size_t(i)] = ops::kIgnoreIndex;
+    }
+    const float grad_scale = 1.0f / 32.0f;
+    Case c;
+    c.op = "linear_cross_entropy";
+    c.label = fmt::format("{} N={} D={} V={} chunk={}{}{}", dn(e.t), e.N, e.D, e.V, e.chunk,
+                          e.backward ? " with dx, dw" : " loss only", e.ignore_chunk ? ", an all-ignored chunk" : "");
+    c.args = {in("x", e.t, {e.N, e.D}, randn(rng, e.N * e.D)), in("w", e.t, {e.V, e.D}, randn(rng, e.V * e.D, 0.3f)),
+              in_i32("targets", {e.N}, tg)};
+    if (e.backward) {
+      c.args.push_back(out("dx", F, {e.N, e.D}));
+      c.args.push_back(inout("dw", F, {e.V, e.D}, randn(rng, e.V * e.D, 0.01f)));
+    }
+    const bool bw = e.backward;
+    const int64_t chunk = e.chunk;
+    c.run = [bw, chunk, grad_scale](const std::vector<Tensor>& t) {
+      const ops::CrossEntropyResult r =
+          ops::linear_cross_entropy(t[0], t[1], t[2], bw ? t[3] : Tensor{}, bw ? t[4] : Tensor{}, grad_scale, chunk);
+      return std::vector<double>{r.loss_sum, double(r.count)};
+    };
+    c.tol = {1e-6, 1e-4};
+    c.scalar_rtol = 1e-5;
+    cases.push_back(std::move(c));
+  }
+
+  // AdamW
+  for (int64_t step : {1, 10}) {
+    const int64_t n = 1003;
+    std::vector<float> v = randn(rng, n, 0.01f);
+    for (float& x : v) x = std::fabs(x);
+    ops::AdamWConfig cfg;
+    cfg.lr = 3e-3;
+    cfg.weight_decay = step == 1 ? 0.0 : 0.1;
+    Case c;
+    c.op = "adamw_step";
+    c.label = fmt::format("n={} step={} wd={}", n, step, cfg.weight_decay);
+    c.args = {inout("param", F, {n}, randn(rng, n)), in("grad", F, {n}, randn(rng, n)),
+              inout("m", F, {n}, randn(rng, n, 0.1f)), inout("v", F, {n}, v)};
+    c.run = [cfg, step](const std::vector<Tensor>& t) {
+      ops::adamw_step(t[0], t[1], t[2], t[3], cfg, step, 0.5f);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+
+  // bias
+  for (auto [yt, bt] : {std::pair{F, F}, std::pair{H, F}, std::pair{F, H}}) {
+    Case c;
+    c.op = "add_bias";
+    c.label = fmt::format("y {}[7x33] b {}", dn(yt), dn(bt));
+    c.args = {inout("y", yt, {7, 33}, randn(rng, 7 * 33)), in("b", bt, {33}, randn(rng, 33))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::add_bias(t[0], t[1]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+  for (DType dt : {F, H}) {
+    Case c;
+    c.op = "bias_backward";
+    c.label = fmt::format("dy {}[9x33]", dn(dt));
+    c.args = {inout("db", F, {33}, randn(rng, 33)), in("dy", dt, {9, 33}, randn(rng, 9 * 33))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::bias_backward(t[0], t[1]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+
+  // casts, bitwise, including NaN, infinities, subnormals and rounding ties (random bit patterns)
+  for (DType st : {F, H, DType::F16}) {
+    for (DType dt : {F, H, DType::F16}) {
+      const int64_t n = 4099;
+      std::vector<uint8_t> src(static_cast<size_t>(n) * dtype_size(st));
+      for (size_t i = 0; i < src.size(); i += 2) {
+        const uint64_t r = rng.next();
+        std::memcpy(src.data() + i, &r, 2);
+      }
+      Case c;
+      c.op = "cast";
+      c.label = fmt::format("{} -> {} (random bit patterns)", dn(st), dn(dt));
+      c.args = {out("dst", dt, {n}), {"src", st, {n}, Role::In, src}};
+      c.run = [](const std::vector<Tensor>& t) {
+        ops::cast(t[0], t[1]);
+        return std::vector<double>{};
+      };
+      c.bitwise = true;
+      c.nonfinite_ok = true;
+      cases.push_back(std::move(c));
+    }
+  }
+
+  // add_inplace, scale_inplace, zero
+  for (auto [dt, st] : {std::pair{F, F}, std::pair{F, H}, std::pair{H, F}}) {
+    Case c;
+    c.op = "add_inplace";
+    c.label = fmt::format("dst {} += src {} [1001]", dn(dt), dn(st));
+    c.args = {inout("dst", dt, {1001}, randn(rng, 1001)), in("src", st, {1001}, randn(rng, 1001))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::add_inplace(t[0], t[1]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+  for (DType dt : {F, H}) {
+    Case s;
+    s.op = "scale_inplace";
+    s.label = fmt::format("{}[1001] *= -0.37", dn(dt));
+    s.args = {inout("x", dt, {1001}, randn(rng, 1001))};
+    s.run = [](const std::vector<Tensor>& t) {
+      ops::scale_inplace(t[0], -0.37f);
+      return std::vector<double>{};
+    };
+    s.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(s));
+    Case z;
+    z.op = "zero";
+    z.label = fmt::format("{}[3x5]", dn(dt));
+    z.args = {inout("x", dt, {3, 5}, randn(rng, 15))};
+    z.run = [](const std::vector<Tensor>& t) {
+      ops::zero(t[0]);
+      return std::vector<double>{};
+    };
+    z.bitwise = true;
+    cases.push_back(std::move(z));
+  }
+
+  // sum of squares (a host double)
+  for (auto [dt, n] : {std::pair{F, int64_t(300007)}, std::pair{H, int64_t(777)}}) {
+    Case c;
+    c.op = "sum_squares";
+    c.label = fmt::format("{}[{}]", dn(dt), n);
+    c.args = {in("x", dt, {n}, randn(rng, n))};
+    c.run = [](const std::vector<Tensor>& t) { return std::vector<double>{ops::sum_squares(t[0])}; };
+    c.scalar_rtol = 1e-12;
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// ---- the harness checks itself ----------------------------------------------------------------
+// The comparison must fail on a perturbed output and on a NaN, and the guards must catch a write
+// one element past the end. Returns the failures (empty when the harness works).
+std::vector<std::string> self_check(const Case& c, const RunResult& ref) {
+  std::vector<std::string> bad;
+  size_t k = 0;
+  while (k < c.args.size() && c.args[k].role == Role::In) ++k;
+  const Arg& a = c.args.at(k);
+  if (a.dtype != DType::F32) throw Error("self_check: the first output must be f32");
+  if (!compare(c, ref, ref).empty()) bad.push_back("the reference does not match itself");
+  RunResult perturbed = ref;
+  float v;
+  std::memcpy(&v, perturbed.bytes[k].data() + 4 * 3, 4);
+  v += float(10 * (c.tol.atol + c.tol.rtol * std::fabs(v))) + 1e-3f;
+  std::memcpy(perturbed.bytes[k].data() + 4 * 3, &v, 4);
+  if (compare(c, perturbed, ref).empty()) bad.push_back("a perturbed output was not detected");
+  RunResult nan = ref;
+  const float qnan = std::nanf("");
+  std::memcpy(nan.bytes[k].data(), &qnan, 4);
+  if (compare(c, nan, ref).empty()) bad.push_back("a NaN output was not detected");
+
+  // An op that writes one element past the end of its output: zero() on a view one element longer.
+  Case rogue;
+  rogue.op = "rogue";
+  rogue.args = {out("x", DType::F32, {16})};
+  rogue.run = [](const std::vector<Tensor>& t) {
+    ops::zero(Tensor::view(t[0].data, DType::F32, {17}, t[0].device));
+    return std::vector<double>{};
+  };
+  const RunResult r = run_case(rogue, Device::CPU);
+  if (r.errors.empty() || r.errors.front().find("guard byte 0 after") == std::string::npos)
+    bad.push_back("an out-of-bounds write was not caught by the guard bytes");
+  return bad;
+}
+
+int run_all() {
+  std::string why;
+  const bool have_cuda = device::cuda_available(&why);
+  std::vector<Device> backends{Device::CPU};  // CPU against itself: the harness's own checks
+  if (have_cuda) backends.push_back(Device::CUDA);
+
+  const std::vector<Case> cases = make_cases();
+  int failures = 0, checks = 0;
+  bool self_checked = false;
+  for (const Case& c : cases) {
+    const RunResult ref = run_case(c, Device::CPU);
+    if (!self_checked && c.op == "matmul") {
+      for (const std::string& e : self_check(c, ref)) {
+        fmt::print("FAIL harness self-check: {}\n", e);
+        ++failures;
+      }
+      self_checked = true;
+    }
+    for (Device dev : backends) {
+      const RunResult got = run_case(c, dev);
+      const std::string err = compare(c, got, ref);
+      ++checks;
+      if (err.empty()) {
+        fmt::print("ok   {:<5} {:<21} {}\n", device_name(dev), c.op, c.label);
+      } else {
+        fmt::print("FAIL {:<5} {:<21} {}: {}\n", device_name(dev), c.op, c.label, err);
+        ++failures;
+      }
+    }
+  }
+  if (!self_checked) {
+    fmt::print("FAIL harness self-check did not run\n");
+    ++failures;
+  }
+  if (!have_cuda)
+    fmt::print("backend_ops: CUDA backend not tested: {}; only the CPU backend ran through the harness\n", why);
+  fmt::print("backend_ops: {} cases, {} backend runs, {} failures (backends: cpu{})\n", cases.size(), checks, failures,
+             have_cuda ? ", cuda" : "");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace shardlm
+
+int main() {
+  try {
+    return shardlm::run_all();
+  } catch (const std::exception& e) {
+    fmt::print("backend_ops: error: {}\n", e.what());
+    return 1;
+  }
+}
