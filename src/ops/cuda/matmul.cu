@@ -13,8 +13,11 @@
 // operands is computed into an f32 workspace and rounded once at the end, since cuBLASLt's f32
 // path has no bf16 output.
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <mutex>
+#include <string>
+#include <type_traits>
 
 #include "core/device.h"
 #include "ops/cuda/common.cuh"
@@ -24,9 +27,55 @@ namespace shardlm::ops::gpu {
 
 namespace {
 
+// cuBLASLt is loaded on first use (dlopen), not linked: mapping its 540 MB library adds about
+// 150 MB to the resident memory of every process that links it, which CPU runs and `shardlm
+// convert` (whose memory bound is tested) must not pay. The pointers take their types from
+// cublasLt.h, so a mismatch with the header is a compile error.
+struct LtApi {
+  decltype(&::cublasLtCreate) Create = nullptr;
+  decltype(&::cublasLtGetStatusString) GetStatusString = nullptr;
+  decltype(&::cublasLtMatmul) Matmul = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+};
+
+const LtApi& cublaslt() {
+  static const LtApi api = [] {
+    const std::string so = fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR);
+    void* lib = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) throw Error(fmt::format("matmul: cannot load cuBLASLt ({}): {}", so, ::dlerror()));
+    LtApi a;
+    auto load = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      if (!fn) throw Error(fmt::format("matmul: {} has no symbol {}", so, name));
+    };
+    load(a.Create, "cublasLtCreate");
+    load(a.GetStatusString, "cublasLtGetStatusString");
+    load(a.Matmul, "cublasLtMatmul");
+    load(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    load(a.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    load(a.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    load(a.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    load(a.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    load(a.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    load(a.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    load(a.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    load(a.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    return a;
+  }();
+  return api;
+}
+
 void lt_check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(fmt::format("matmul: cuBLASLt {} failed: {}", what, cublasLtGetStatusString(s)));
+    throw Error(fmt::format("matmul: cuBLASLt {} failed: {}", what, cublaslt().GetStatusString(s)));
 }
 
 // The process-wide cuBLASLt handle and its workspace (cuBLASLt may use it for split-K), created
@@ -43,7 +92,7 @@ LtContext& lt() {
   static LtContext* ctx = nullptr;  // never destroyed: it may be needed until the process exits
   std::call_once(once, [] {
     auto* c = new LtContext();
-    lt_check(cublasLtCreate(&c->handle), "create");
+    lt_check(cublaslt().Create(&c->handle), "create");
     c->workspace = Buffer(kLtWorkspaceBytes, MemCategory::Workspace, /*zero=*/false, Device::CUDA);
     ctx = c;
   });
@@ -64,26 +113,26 @@ cudaDataType_t lt_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_1
 // RAII for the three kinds of cuBLASLt descriptors.
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
-  MatmulDesc() { lt_check(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor"); }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
+  MatmulDesc() { lt_check(cublaslt().MatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor"); }
+  ~MatmulDesc() { cublaslt().MatmulDescDestroy(d); }
 };
 struct Layout {
   cublasLtMatrixLayout_t l = nullptr;
   // A column-major rows x cols matrix with leading dimension ld.
   Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
-    lt_check(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld), "matrix layout");
+    lt_check(cublaslt().MatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld), "matrix layout");
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(l); }
+  ~Layout() { cublaslt().MatrixLayoutDestroy(l); }
 };
 struct Preference {
   cublasLtMatmulPreference_t p = nullptr;
-  Preference() { lt_check(cublasLtMatmulPreferenceCreate(&p), "preference"); }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  Preference() { lt_check(cublaslt().MatmulPreferenceCreate(&p), "preference"); }
+  ~Preference() { cublaslt().MatmulPreferenceDestroy(p); }
   void set(cublasLtMatmulPreferenceAttributes_t a, uint64_t v) {
-    lt_check(cublasLtMatmulPreferenceSetAttribute(p, a, &v, sizeof(v)), "preference attribute");
+    lt_check(cublaslt().MatmulPreferenceSetAttribute(p, a, &v, sizeof(v)), "preference attribute");
   }
   void set(cublasLtMatmulPreferenceAttributes_t a, uint32_t v) {
-    lt_check(cublasLtMatmulPreferenceSetAttribute(p, a, &v, sizeof(v)), "preference attribute");
+    lt_check(cublaslt().MatmulPreferenceSetAttribute(p, a, &v, sizeof(v)), "preference attribute");
   }
 };
 
@@ -98,8 +147,8 @@ bool lt_matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, 
   // cuBLASLt's operand 1 is our B, operand 2 our A (see the top of the file).
   const cublasOperation_t op1 = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op2 = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  lt_check(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)), "transa");
-  lt_check(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)), "transb");
+  lt_check(cublaslt().MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof(op1)), "transa");
+  lt_check(cublaslt().MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof(op2)), "transb");
 
   // Stored (untransposed) column-major shapes: B row-major [rows_b, cols_b] is column-major
   // [cols_b, rows_b] with ld = cols_b; likewise A and C.
@@ -116,10 +165,10 @@ bool lt_matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, 
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.d, l1.l, l2.l, lc.l, lc.l, pref.p, 1, &heuristic, &found),
+  lt_check(cublaslt().MatmulAlgoGetHeuristic(ctx.handle, desc.d, l1.l, l2.l, lc.l, lc.l, pref.p, 1, &heuristic, &found),
            "heuristic");
   if (found == 0) return false;
-  lt_check(cublasLtMatmul(ctx.handle, desc.d, &alpha, B.data, l1.l, A.data, l2.l, &beta, C.data, lc.l, C.data, lc.l,
+  lt_check(cublaslt().Matmul(ctx.handle, desc.d, &alpha, B.data, l1.l, A.data, l2.l, &beta, C.data, lc.l, C.data, lc.l,
                           &heuristic.algo, ctx.workspace.data(), kLtWorkspaceBytes, cuda::compute_stream()),
            "matmul");
   return true;
