@@ -3,7 +3,8 @@
 #  1. resume matrix: a checkpoint saved at step 4 of 8 by 4 ranks with FULL_SHARD is resumed by
 #     4 ranks (FULL_SHARD: the final weights are bitwise those of the uninterrupted run), by 2 ranks
 #     with SHARD_GRAD_OP and by 1 process (the reduction order differs: losses to 1e-5 relative,
-#     weights to 1e-5; 7.5e-9 was measured);
+#     weights to 1e-5; 7.5e-9 was measured), and one saved by a 2x2 HYBRID_SHARD mesh resumed by
+#     2 NO_SHARD ranks (likewise);
 #  2. kill -9 of every rank in the middle of writing the step-6 checkpoint: resume_from: auto skips
 #     it with a warning naming it, resumes from step 4, and ends bitwise equal to the uninterrupted run;
 #  3. a flipped byte in a shard file: resuming fails before training, in one line naming the file;
@@ -41,6 +42,10 @@ ckpt4="$work/ref/checkpoints/step_00000004"
 run 4 output_dir="$work/r4" resume_from="$ckpt4"
 run 2 output_dir="$work/r2" resume_from="$ckpt4" micro_batch_size=8 sharding_strategy=SHARD_GRAD_OP
 "$shardlm" train --config "$work/run.yaml" output_dir="$work/r1" resume_from="$ckpt4" micro_batch_size=16
+# A 2x2 hybrid mesh (replicas split their shard between them when saving) resumed by 2 NO_SHARD ranks.
+run 4 output_dir="$work/hybrid" sharding_strategy=HYBRID_SHARD shard_group_size=2
+run 2 output_dir="$work/rh" resume_from="$work/hybrid/checkpoints/step_00000004" micro_batch_size=8 \
+  sharding_strategy=NO_SHARD
 
 # kill -9 of every rank halfway through writing its file of the step-6 checkpoint.
 if SHARDLM_TEST_KILL_DURING_SAVE=6 run 4 output_dir="$work/kill" save_every=2 > "$work/kill1.log" 2>&1; then
@@ -104,7 +109,7 @@ def losses(run):
     return {r["step"]: r["loss"] for r in map(json.loads, open(f"{work}/{run}/metrics.jsonl")) if "loss" in r}
 
 ref, ref_loss = tensors(f"{work}/ref/model.safetensors"), losses("ref")
-for run in ("r2", "r1"):
+for run in ("r2", "r1", "rh"):
     got, got_loss = tensors(f"{work}/{run}/model.safetensors"), losses(run)
     assert sorted(got_loss) == [5, 6, 7, 8], (run, sorted(got_loss))
     for s, l in got_loss.items():
