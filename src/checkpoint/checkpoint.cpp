@@ -73,6 +73,11 @@ bool kill_during_save(int64_t step) {
   return v && std::atoll(v) == step;
 }
 
+// The engine buffer that holds one stored field.
+const Tensor& field_of(const shard::ShardedModel::StateRange& s, Field f) {
+  return f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+}
+
 // Atomically writes a marker or metadata file.
 void write_json(const fs::path& path, const json& j) { io::write_text_atomic(path.string(), j.dump(1) + "\n"); }
 
@@ -126,7 +131,7 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
     if (s.numel == 0) continue;
     header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
     for (Field f : kFields) {
-      const Tensor& t = f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+      const Tensor& t = field_of(s, f);
       const std::string name = unit_tensor(k, f);
       plan.emplace_back(name, DType::F32, std::vector<int64_t>{s.numel});
       data.emplace_back(name, t);
@@ -417,7 +422,7 @@ uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) 
     shard::for_each_overlap(engine.layout(k), s.begin, s.begin + s.numel,
                             [&](const shard::FlatEntry& e, int64_t lo, int64_t hi) {
                               for (Field f : kFields) {
-                                const Tensor& t = f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+                                const Tensor& t = field_of(s, f);
                                 reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32() + (lo - s.begin));
                               }
                               bytes += uint64_t(hi - lo) * 4 * std::size(kFields);
