@@ -36,9 +36,7 @@ AttnDims check_attention_inputs(const char* op, const Tensor& q, const Tensor& k
   check_shape(op, "lse", lse, {d.B, d.H, d.Tq});
   // segment_ids is optional: an undefined tensor means one segment per batch row.
   if (segment_ids.defined()) {
-    check_usable(op, "segment_ids", segment_ids);
-    check_dtype(op, "segment_ids", segment_ids, {DType::I32});
-    check_shape(op, "segment_ids", segment_ids, {d.B, d.Tk});
+    check_arg(op, "segment_ids", segment_ids, {DType::I32}, {d.B, d.Tk});
   }
   return d;
 }
@@ -49,9 +47,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
                        const Tensor& segment_ids, float scale) {
   constexpr const char* op = "attention_forward";
   const AttnDims d = check_attention_inputs(op, q, k, v, lse, segment_ids);
-  check_usable(op, "out", out);
-  check_dtype(op, "out", out, {DType::F32, DType::BF16});
-  check_shape(op, "out", out, {d.B, d.Tq, d.H, d.Dh});
+  check_arg(op, "out", out, {DType::F32, DType::BF16}, {d.B, d.Tq, d.H, d.Dh});
   const Device dev = check_same_device(
       op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"segment_ids", &segment_ids}});
   SHARDLM_DISPATCH_CUDA(dev, attention_forward(out, lse, q, k, v, segment_ids, scale));

@@ -66,4 +66,11 @@ std::vector<int32_t> host_i32(const Tensor& t) {
   return v;
 }
 
+void check_arg(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed,
+               std::initializer_list<int64_t> shape) {
+  check_usable(op, arg, t);
+  check_dtype(op, arg, t, allowed);
+  check_shape(op, arg, t, shape);
+}
+
 }  // namespace shardlm::ops

@@ -34,6 +34,9 @@ void check_dtype(const char* op, const char* arg, const Tensor& t, std::initiali
 // Exact shape; -1 in `shape` matches any size.
 void check_shape(const char* op, const char* arg, const Tensor& t, std::initializer_list<int64_t> shape);
 void check_numel(const char* op, const char* arg, const Tensor& t, int64_t n);
+// The usual trio for one argument: check_usable, check_dtype, check_shape, in that order.
+void check_arg(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed,
+               std::initializer_list<int64_t> shape);
 
 // All the defined tensors of one call must be on the same device; returns that device. The
 // Error names the first tensor that is elsewhere, e.g.

@@ -11,32 +11,22 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                                         const Tensor& dx, const Tensor& dw, float grad_scale,
                                         int64_t chunk_rows) {
   constexpr const char* op = "linear_cross_entropy";
-  check_usable(op, "x", x);
-  check_dtype(op, "x", x, {DType::F32, DType::BF16});
-  check_shape(op, "x", x, {-1, -1});
+  check_arg(op, "x", x, {DType::F32, DType::BF16}, {-1, -1});
   const int64_t N = x.shape[0], D = x.shape[1];
   SHARDLM_CHECK(D >= 1, "{}: x: hidden size must be at least 1, got {}", op, x.describe());
 
-  check_usable(op, "w", w);
-  check_dtype(op, "w", w, {DType::F32, DType::BF16});
-  check_shape(op, "w", w, {-1, D});
+  check_arg(op, "w", w, {DType::F32, DType::BF16}, {-1, D});
   const int64_t V = w.shape[0];
   SHARDLM_CHECK(V >= 1, "{}: w: vocabulary must not be empty, got {}", op, w.describe());
 
-  check_usable(op, "targets", targets);
-  check_dtype(op, "targets", targets, {DType::I32});
-  check_shape(op, "targets", targets, {N});
+  check_arg(op, "targets", targets, {DType::I32}, {N});
 
   // dx and dw come together: a backward that computes only one of them has no use in training.
   SHARDLM_CHECK(dx.defined() == dw.defined(), "{}: dx and dw must both be defined or both undefined (dx {}, dw {})",
                 op, dx.defined() ? "defined" : "undefined", dw.defined() ? "defined" : "undefined");
   if (dx.defined()) {
-    check_usable(op, "dx", dx);
-    check_dtype(op, "dx", dx, {DType::F32});
-    check_shape(op, "dx", dx, {N, D});
-    check_usable(op, "dw", dw);
-    check_dtype(op, "dw", dw, {DType::F32});
-    check_shape(op, "dw", dw, {V, D});
+    check_arg(op, "dx", dx, {DType::F32}, {N, D});
+    check_arg(op, "dw", dw, {DType::F32}, {V, D});
   }
   SHARDLM_CHECK(chunk_rows >= 1, "{}: chunk_rows must be at least 1, got {}", op, chunk_rows);
   const Device dev =

@@ -100,12 +100,8 @@ void check_rope(const char* op, const char* outname, const Tensor& out, const ch
   if (overlap)
     SHARDLM_CHECK(ob == xb && out.dtype == x.dtype, "{}: {}: overlaps {} without being the same tensor", op,
                   outname, xname);
-  check_usable(op, "positions", positions);
-  check_dtype(op, "positions", positions, {DType::I32});
-  check_shape(op, "positions", positions, {B, T});
-  check_usable(op, "inv_freq", inv_freq);
-  check_dtype(op, "inv_freq", inv_freq, {DType::F32});
-  check_shape(op, "inv_freq", inv_freq, {Dh / 2});
+  check_arg(op, "positions", positions, {DType::I32}, {B, T});
+  check_arg(op, "inv_freq", inv_freq, {DType::F32}, {Dh / 2});
   check_same_device(op, {{xname, &x}, {outname, &out}, {"positions", &positions}, {"inv_freq", &inv_freq}});
 }
 
