@@ -72,6 +72,21 @@ __device__ void load_tile(float* dst, int P, const void* src, DType t, int64_t b
   }
 }
 
+// acc[c] += coef_jj * S[jj * P + lane + 32 c] for the kTile rows jj of a shared tile, where lane jj
+// holds coef_jj: the "probabilities (or their gradients) times a tile" step of both kernels.
+template <int NC>
+__device__ __forceinline__ void accumulate_tile(float (&acc)[NC], float coef, const float* S, int P, int Dh, int lane) {
+  for (int jj = 0; jj < kTile; ++jj) {
+    const float cj = __shfl_sync(0xffffffffu, coef, jj);
+    if (cj == 0.0f) continue;  // warp-uniform
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = lane + 32 * c;
+      if (d < Dh) acc[c] += cj * S[jj * P + d];
+    }
+  }
+}
+
 __device__ __forceinline__ float dot_shared(const float* x, const float* y, int Dh) {
   float s = 0.0f;
   for (int d = 0; d < Dh; ++d) s += x[d] * y[d];
@@ -127,15 +142,7 @@ __global__ void __launch_bounds__(kBlockThreads) attn_forward_kernel(Attn a, voi
       m[r] = m_new;
 #pragma unroll
       for (int c = 0; c < NC; ++c) acc[r][c] *= alpha;
-      for (int jj = 0; jj < kTile; ++jj) {
-        const float pj = __shfl_sync(0xffffffffu, p, jj);
-        if (pj == 0.0f) continue;  // warp-uniform
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const int d = lane + 32 * c;
-          if (d < Dh) acc[r][c] += pj * Vs[jj * P + d];
-        }
-      }
+      accumulate_tile(acc[r], p, Vs, P, Dh, lane);
     }
   }
 
@@ -217,15 +224,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         const float p = expf(dot_shared(Qs + row * P, Ks + lane * P, Dh) * a.scale - row_lse[r]);
         ds = p * (dot_shared(dOs + row * P, Vs + lane * P, Dh) - row_D[r]);
       }
-      for (int jj = 0; jj < kTile; ++jj) {
-        const float dsj = __shfl_sync(0xffffffffu, ds, jj);
-        if (dsj == 0.0f) continue;  // warp-uniform
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const int d = lane + 32 * c;
-          if (d < Dh) acc[r][c] += dsj * Ks[jj * P + d];
-        }
-      }
+      accumulate_tile(acc[r], ds, Ks, P, Dh, lane);
     }
   }
 
