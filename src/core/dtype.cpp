@@ -35,25 +35,7 @@ DType parse_dtype(std::string_view s) {
 }
 
 float f16_to_f32(f16_t h) {
-  const uint32_t sign = uint32_t(h.bits & 0x8000u) << 16;
-  uint32_t exp = (h.bits >> 10) & 0x1fu;
-  uint32_t man = h.bits & 0x3ffu;
-  uint32_t u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (man << 13);  // inf or NaN (payload kept)
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);  // normal: rebias 15 -> 127
-  } else if (man == 0) {
-    u = sign;  // signed zero
-  } else {
-    // Subnormal half: normalize the mantissa into an f32 normal.
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while ((man & 0x400u) == 0);
-    u = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
-  }
+  const uint32_t u = bits::f16_to_f32(h.bits);
   float f;
   std::memcpy(&f, &u, 4);
   return f;
@@ -62,26 +44,7 @@ float f16_to_f32(f16_t h) {
 f16_t f32_to_f16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16_t{uint16_t(sign | 0x7e00u)};  // NaN
-  if (abs >= 0x477ff000u) return f16_t{uint16_t(sign | 0x7c00u)};  // rounds to >= 65520: inf
-  if (abs >= 0x38800000u) {
-    // Normal half. Drop 13 mantissa bits with round-to-nearest-even; a carry into the
-    // exponent is correct (it yields the next binade, or inf, handled above).
-    uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u);
-    return f16_t{uint16_t(sign | ((r - 0x38000000u) >> 13))};
-  }
-  if (abs < 0x33000000u) return f16_t{sign};  // below half the smallest subnormal: zero
-  // Subnormal half: value = man * 2^-24. Shift the full 24-bit significand and round to even.
-  const uint32_t exp = abs >> 23;
-  const uint32_t sig = (abs & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - exp;  // 14..24
-  uint32_t half = sig >> shift;
-  const uint32_t rem = sig & ((1u << shift) - 1);
-  const uint32_t mid = 1u << (shift - 1);
-  if (rem > mid || (rem == mid && (half & 1u))) ++half;
-  return f16_t{uint16_t(sign | half)};
+  return f16_t{bits::f32_to_f16(u)};
 }
 
 void convert_f32_to_bf16(const float* src, bf16_t* dst, size_t n) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/float_bits.h"
+
 namespace shardlm {
 
 enum class DType : uint8_t { F32, BF16, F16, I32 };
@@ -32,7 +34,7 @@ template <> constexpr DType dtype_of<f16_t>() { return DType::F16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 
 inline float bf16_to_f32(bf16_t h) {
-  uint32_t u = uint32_t(h.bits) << 16;
+  const uint32_t u = bits::bf16_to_f32(h.bits);
   float f;
   std::memcpy(&f, &u, 4);
   return f;
@@ -41,10 +43,7 @@ inline float bf16_to_f32(bf16_t h) {
 inline bf16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x0040u)};  // quiet NaN
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{uint16_t(u >> 16)};
+  return bf16_t{bits::f32_to_bf16(u)};
 }
 
 float f16_to_f32(f16_t h);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/float_bits.h"
 #include "core/tensor.h"
 #include "ops/cuda/runtime.h"
 
@@ -16,58 +17,11 @@
 
 namespace shardlm::ops::gpu {
 
-// ---- conversions, identical to core/dtype.h --------------------------------------------------
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
-
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN, payload kept
-  u += 0x7fffu + ((u >> 16) & 1u);                                             // round to nearest even
-  return uint16_t(u >> 16);
-}
-
-__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    u = sign;
-  } else {
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while ((man & 0x400u) == 0);
-    u = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
-  }
-  return __uint_as_float(u);
-}
-
-__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);
-  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
-  if (abs >= 0x38800000u) {
-    const uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u);
-    return uint16_t(sign | ((r - 0x38000000u) >> 13));
-  }
-  if (abs < 0x33000000u) return sign;
-  const uint32_t exp = abs >> 23;
-  const uint32_t sig = (abs & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - exp;
-  uint32_t half = sig >> shift;
-  const uint32_t rem = sig & ((1u << shift) - 1);
-  const uint32_t mid = 1u << (shift - 1);
-  if (rem > mid || (rem == mid && (half & 1u))) ++half;
-  return uint16_t(sign | half);
-}
+// ---- conversions: core/float_bits.h, the same functions the CPU uses ------------------------
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(bits::bf16_to_f32(b)); }
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) { return bits::f32_to_bf16(__float_as_uint(f)); }
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) { return __uint_as_float(bits::f16_to_f32(h)); }
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) { return bits::f32_to_f16(__float_as_uint(f)); }
 
 // Element i of an f32|bf16|f16 array as f32, and the store that rounds back. The dtype is a
 // kernel argument, uniform over the whole grid, so the branch costs nothing measurable in these
