@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <set>
 
+#include "core/device.h"
 #include "data/dataset.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
@@ -16,6 +18,7 @@
 #include "train/hf_export.h"
 #include "train/param_store.h"
 #include "train/schedule.h"
+#include "train/sharding_config.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -195,6 +198,48 @@ TEST(TrainConfig, ErrorsNameFileLineAndKey) {
   ConfigTree v = ConfigTree::load(path);
   msg = error_of([&] { train::read_train_config(v); });
   EXPECT_NE(msg.find(":6: key 'lr_scheduler.type'"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, DeviceCudaIsRefusedBeforeAnyWorkWithoutAGpu) {
+  const fs::path d = fresh_dir("cfg_device");
+  const std::string path = (d / "train.yaml").string();
+  std::ofstream(path) << "model: m\noutput_dir: o\ndevice: cuda\ndata:\n  train: x.txt\n";
+  ConfigTree t = ConfigTree::load(path);
+  std::string why;
+  if (device::cuda_available(&why)) {
+    // A GPU machine: the key is accepted (the GPU runs themselves are in gpu_train_test.cpp).
+    EXPECT_EQ(train::read_train_config(t).device, Device::CUDA);
+  } else {
+    const std::string msg = error_of([&] { train::read_train_config(t); });
+    EXPECT_NE(msg.find(path + ":3: key 'device': cuda asked for, but "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    std::printf("device: cuda refused here, as it should be without a GPU: %s\n", msg.c_str());
+  }
+  std::ofstream(path) << "model: m\noutput_dir: o\ndevice: tpu\ndata:\n  train: x.txt\n";
+  ConfigTree u = ConfigTree::load(path);
+  const std::string msg = error_of([&] { train::read_train_config(u); });
+  EXPECT_NE(msg.find(":3: key 'device': expected cpu or cuda, got 'tpu'"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, OffloadNeedsCudaAndAShardedStrategy) {
+  // Without device: cuda (the default cpu), under both spellings.
+  for (const std::string key : {"offload_params: true\n", "fsdp_config:\n  fsdp_offload_params: true\n"}) {
+    ConfigTree t = ConfigTree::parse("model: m\noutput_dir: o\ndata:\n  train: x.txt\n" + key, "off.yaml");
+    const std::string msg = error_of([&] { train::read_train_config(t); });
+    EXPECT_NE(msg.find("off.yaml:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offload_params': CPU offload needs device: cuda"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  // With a CUDA device (the sharding reader is told so directly: no GPU is needed for this part).
+  ConfigTree a = ConfigTree::parse("fsdp_config:\n  fsdp_offload_params: true\n  fsdp_sharding_strategy: FULL_SHARD\n");
+  EXPECT_TRUE(train::read_sharding_config(a, Device::CUDA).offload_params);
+  ConfigTree b = ConfigTree::parse("offload_params: true\nsharding_strategy: NO_SHARD\n", "ddp.yaml");
+  const std::string msg = error_of([&] { train::read_sharding_config(b, Device::CUDA); });
+  EXPECT_NE(msg.find("ddp.yaml:1: key 'offload_params': CPU offload needs a strategy that shards gradients"),
+            std::string::npos)
+      << msg;
+  ConfigTree c = ConfigTree::parse("offload_params: false\n");
+  EXPECT_FALSE(train::read_sharding_config(c).offload_params);
 }
 
 TEST(Training, GradientAccumulationEqualsOneBigBatch) {

@@ -40,6 +40,9 @@ struct ShardingConfig {
   DType reduce_dtype = DType::F32;    // gradient communication
   bool reduce_every_microbatch = true;  // false: defer gradient reduction to the last micro-batch (no_sync)
   bool auto_strategy = false;  // sharding_strategy: auto: the trainer picks `strategy` by memory (docs/memory.md)
+  // CPU offload (device: cuda only): the f32 master shard, the reduced gradient shard and AdamW's
+  // moments live in pinned host memory and the step runs on the CPU (docs/sharding.md, "GPU runs").
+  bool offload_params = false;
 
   bool shard_optimizer() const { return strategy != Strategy::NoShard; }
   bool shard_gradients() const;

@@ -13,6 +13,7 @@ constexpr std::pair<const char*, const char*> kAccelerateAliases[] = {
     {"fsdp_config.fsdp_backward_prefetch_policy", "backward_prefetch"},
     {"fsdp_config.fsdp_forward_prefetch", "forward_prefetch"},
     {"fsdp_config.fsdp_min_num_params", "min_num_params"},
+    {"fsdp_config.fsdp_offload_params", "offload_params"},
 };
 
 template <class Parse>
@@ -26,7 +27,7 @@ auto parse_at(const ConfigTree& t, const std::string& key, const std::string& fa
 }
 }  // namespace
 
-shard::ShardingConfig read_sharding_config(ConfigTree& t) {
+shard::ShardingConfig read_sharding_config(ConfigTree& t, Device device) {
   for (const auto& [from, to] : kAccelerateAliases) t.alias(from, to);
   shard::ShardingConfig c;
   // auto: the trainer chooses once the model and world are known (docs/memory.md).
@@ -50,8 +51,16 @@ shard::ShardingConfig read_sharding_config(ConfigTree& t) {
   (void)f.get<bool>("fsdp_use_orig_params", true);
   (void)f.get<bool>("fsdp_cpu_ram_efficient_loading", true);
   (void)f.get<int>("fsdp_version", 1);
-  if (f.get<bool>("fsdp_offload_params", false))
-    throw f.error_at("fsdp_offload_params", "CPU offload arrives with the GPU backend; on CPU ranks it has no meaning");
+  // CPU offload moves optimizer state from GPU memory to the host: on CPU ranks it is there already.
+  // Strategies that keep full gradients on every rank (NO_SHARD, ZERO1) would copy whole models
+  // across PCIe every step, so offload is refused for them (`auto` is checked once it has chosen).
+  c.offload_params = t.get<bool>("offload_params", false);
+  if (c.offload_params && device != Device::CUDA)
+    throw t.error_at("offload_params", "CPU offload needs device: cuda (on CPU ranks everything is in host memory already)");
+  if (c.offload_params && !c.auto_strategy && !c.shard_gradients())
+    throw t.error_at("offload_params", fmt::format("CPU offload needs a strategy that shards gradients (FULL_SHARD, "
+                                                   "SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2), not {}",
+                                                   shard::strategy_name(c.strategy)));
 
   // The rest of an accelerate config file describes the launch, which mpirun / shardlm launch
   // decide here: accepted and ignored, except a distributed type shardlm cannot be.

@@ -9,17 +9,20 @@
 //   shard_group_size: 0                  # hybrid: ranks per shard group (0 = ranks per node)
 //   no_sync: false                       # defer gradient reduction to the last micro-batch
 //   mixed_precision: {param_dtype: bf16, reduce_dtype: f32}
+//   offload_params: false                # device: cuda only: optimizer state in pinned host memory
 // An accelerate config's fsdp_config block is accepted as written (fsdp_sharding_strategy,
 // fsdp_auto_wrap_policy, fsdp_backward_prefetch, fsdp_forward_prefetch, fsdp_min_num_params, ...),
 // as is its top-level mixed_precision: bf16 | fp16 | no.
 #pragma once
 
+#include "core/alloc.h"
 #include "io/yaml_config.h"
 #include "shard/sharding.h"
 
 namespace shardlm::train {
 
-// Reads and validates the keys above (recording them as known to the tree).
-shard::ShardingConfig read_sharding_config(ConfigTree& tree);
+// Reads and validates the keys above (recording them as known to the tree). `device` is the
+// training device (the `device` key): offload_params is refused unless it is CUDA.
+shard::ShardingConfig read_sharding_config(ConfigTree& tree, Device device = Device::CPU);
 
 }  // namespace shardlm::train

@@ -4,6 +4,8 @@
 #include <iterator>
 #include <utility>
 
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "io/model_files.h"
 #include "train/sharding_config.h"
 
@@ -132,7 +134,22 @@ TrainConfig read_train_config(ConfigTree& t) {
   c.resume_from = t.get("resume_from", "");
   if (c.resume_from == "false" || c.resume_from == "False") c.resume_from = "";
   if (c.resume_from == "true" || c.resume_from == "True") c.resume_from = "auto";  // HF Trainer's boolean form
-  c.sharding = read_sharding_config(t);
+  // The device is checked here, before any data or model is read, so that a run asking for a GPU it
+  // cannot have stops at once with the key's line rather than after loading.
+  const std::string dev = t.get("device", "cpu");
+  if (dev == "cuda") {
+    c.device = Device::CUDA;
+    std::string why;
+    if (!device::cuda_available(&why)) {
+      throw t.error_at("device", why == "built without CUDA" ? std::string("cuda asked for, but this shardlm was built without CUDA")
+                                                             : "cuda asked for, but " + why);
+    }
+    if (!comm::nccl_built())
+      throw t.error_at("device", "cuda asked for, but this shardlm was built without NCCL (GPU runs move tensors over NCCL)");
+  } else if (dev != "cpu") {
+    throw t.error_at("device", fmt::format("expected cpu or cuda, got '{}'", dev));
+  }
+  c.sharding = read_sharding_config(t, c.device);
   if (t.has("max_memory_per_rank")) {
     try {
       c.max_memory_per_rank = int64_t(io::parse_size(t.get("max_memory_per_rank", "")));
@@ -141,6 +158,13 @@ TrainConfig read_train_config(ConfigTree& t) {
     }
     if (c.max_memory_per_rank <= 0) throw t.error_at("max_memory_per_rank", "must be positive, e.g. 24GB");
   }
+  // Sharded checkpoints read and write the optimizer state as host memory; GPU-resident state is
+  // not wired into them yet.
+  if (c.device == Device::CUDA && c.saves_checkpoints())
+    throw t.error_at(c.save_every > 0 ? "save_every" : "save_every_minutes",
+                     "checkpoints are not implemented yet for device: cuda");
+  if (c.device == Device::CUDA && !c.resume_from.empty())
+    throw t.error_at("resume_from", "resuming is not implemented yet for device: cuda");
   if (c.sharding.auto_strategy && c.max_memory_per_rank == 0)
     throw t.error_at("sharding_strategy", "auto needs max_memory_per_rank (the memory budget of one rank, e.g. 24GB)");
   // activation_checkpointing: true (every layer), false, or k (every k-th layer); accelerate's

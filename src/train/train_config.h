@@ -45,6 +45,9 @@ struct TrainConfig {
   std::string output_dir;
   uint64_t seed = 1234;
   DType compute_dtype = DType::F32;
+  // cpu | cuda. cuda: activations, gathered parameters and gradients on this rank's GPU (local rank
+  // mod GPU count), tensors over NCCL. Refused at read time when this build or machine has no GPU.
+  Device device = Device::CPU;
   DataConfig data;
   int64_t seq_len = 256;
   int64_t micro_batch_size = 8;
