@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "core/device.h"
+
 namespace shardlm::model {
 
 int64_t ParamInfo::numel() const {
@@ -130,16 +132,23 @@ struct LlamaCompute::Arena {
                                                  // x_in for a checkpointed layer
   std::vector<OwnedTensor> recompute;            // checkpointed layers' other 13, shared (recomputed)
   OwnedTensor h_final, xnf, rstdf, ids, positions, segments;
+  OwnedTensor targets;  // CUDA only: the batch's targets uploaded (a CPU run reads the batch's own array)
   OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
   // Views for the current batch shape.
-  Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments;
+  Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments, v_targets;
   Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
 };
 
-LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype) : cfg_(cfg), act_dtype_(act_dtype) {
+LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device)
+    : cfg_(cfg), act_dtype_(act_dtype), device_(device) {
   SHARDLM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16,
                 "activations must be f32 or bf16, got {}", dtype_name(act_dtype));
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
+  inv_freq_t_ = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
+  if (device_ != Device::CPU) {
+    inv_freq_device_ = device::copy_to_device(inv_freq_t_, MemCategory::Other, device_);
+    inv_freq_t_ = inv_freq_device_.t;
+  }
 }
 
 LlamaCompute::~LlamaCompute() = default;
@@ -152,6 +161,7 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   const DType a = act_dtype_, f32 = DType::F32;
   const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
+  const Device dev = device_;
   auto arena = std::make_unique<Arena>();
   arena->capacity = N;
   // Widths of the 14 per-layer buffers, in BlockActivations order (lse holds H values per row).
@@ -166,31 +176,33 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
     any_checkpointed = any_checkpointed || ckpt;
     t.reserve(14);
     for (const auto& [dtype, width] : widths) {
-      t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false);
+      t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false, dev);
       if (ckpt) break;  // x_in only
     }
   }
   if (any_checkpointed) {
     arena->recompute.emplace_back();  // slot 0 (the input) is each layer's own
     for (size_t i = 1; i < 14; ++i)
-      arena->recompute.emplace_back(widths[i].first, std::initializer_list<int64_t>{N, widths[i].second}, act, false);
+      arena->recompute.emplace_back(widths[i].first, std::initializer_list<int64_t>{N, widths[i].second}, act, false,
+                                   dev);
   }
-  arena->h_final = OwnedTensor(a, {N, D}, act, false);
-  arena->xnf = OwnedTensor(a, {N, D}, act, false);
-  arena->rstdf = OwnedTensor(f32, {N}, act, false);
-  arena->ids = OwnedTensor(DType::I32, {N}, act, false);
-  arena->positions = OwnedTensor(DType::I32, {N}, act, false);
-  arena->segments = OwnedTensor(DType::I32, {N}, act, false);
-  arena->dh = OwnedTensor(f32, {N, D}, ws, false);
-  arena->dtmp = OwnedTensor(f32, {N, D}, ws, false);
-  arena->dxn = OwnedTensor(f32, {N, D}, ws, false);
-  arena->datt = OwnedTensor(f32, {N, qd}, ws, false);
-  arena->dq = OwnedTensor(f32, {N, qd}, ws, false);
-  arena->dk = OwnedTensor(f32, {N, kvd}, ws, false);
-  arena->dv = OwnedTensor(f32, {N, kvd}, ws, false);
-  arena->d_act = OwnedTensor(f32, {N, F}, ws, false);
-  arena->dgate = OwnedTensor(f32, {N, F}, ws, false);
-  arena->dup = OwnedTensor(f32, {N, F}, ws, false);
+  arena->h_final = OwnedTensor(a, {N, D}, act, false, dev);
+  arena->xnf = OwnedTensor(a, {N, D}, act, false, dev);
+  arena->rstdf = OwnedTensor(f32, {N}, act, false, dev);
+  arena->ids = OwnedTensor(DType::I32, {N}, act, false, dev);
+  arena->positions = OwnedTensor(DType::I32, {N}, act, false, dev);
+  arena->segments = OwnedTensor(DType::I32, {N}, act, false, dev);
+  if (dev != Device::CPU) arena->targets = OwnedTensor(DType::I32, {N}, act, false, dev);
+  arena->dh = OwnedTensor(f32, {N, D}, ws, false, dev);
+  arena->dtmp = OwnedTensor(f32, {N, D}, ws, false, dev);
+  arena->dxn = OwnedTensor(f32, {N, D}, ws, false, dev);
+  arena->datt = OwnedTensor(f32, {N, qd}, ws, false, dev);
+  arena->dq = OwnedTensor(f32, {N, qd}, ws, false, dev);
+  arena->dk = OwnedTensor(f32, {N, kvd}, ws, false, dev);
+  arena->dv = OwnedTensor(f32, {N, kvd}, ws, false, dev);
+  arena->d_act = OwnedTensor(f32, {N, F}, ws, false, dev);
+  arena->dgate = OwnedTensor(f32, {N, F}, ws, false, dev);
+  arena->dup = OwnedTensor(f32, {N, F}, ws, false, dev);
   arena_ = std::move(arena);
   B_ = T_ = 0;  // views must be rebuilt
 }
@@ -219,6 +231,7 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   r.v_ids = rows(r.ids);
   r.v_positions = rows(r.positions).reshape({B, T});
   r.v_segments = rows(r.segments).reshape({B, T});
+  if (r.targets.t.defined()) r.v_targets = rows(r.targets);
   r.v_dh = rows(r.dh);
   r.v_dtmp = rows(r.dtmp);
   r.v_dxn = rows(r.dxn);
@@ -236,10 +249,25 @@ void LlamaCompute::bind_positions(const Batch& batch) {
   bind_shape(batch.B, batch.T);
   batch_ = batch;
   const int64_t N = batch.B * batch.T;
-  int32_t* pos = arena_->v_positions.i32();
-  for (int64_t i = 0; i < N; ++i) pos[i] = batch.positions ? batch.positions[i] : int32_t(i % batch.T);
-  if (batch.segment_ids) std::copy(batch.segment_ids, batch.segment_ids + N, arena_->v_segments.i32());
-  std::copy(batch.ids, batch.ids + N, arena_->v_ids.i32());
+  if (device_ == Device::CPU) {
+    int32_t* pos = arena_->v_positions.i32();
+    for (int64_t i = 0; i < N; ++i) pos[i] = batch.positions ? batch.positions[i] : int32_t(i % batch.T);
+    if (batch.segment_ids) std::copy(batch.segment_ids, batch.segment_ids + N, arena_->v_segments.i32());
+    std::copy(batch.ids, batch.ids + N, arena_->v_ids.i32());
+    return;
+  }
+  // A device arena: the default positions are made on the host, then everything is uploaded
+  // (synchronous copies; the batch's host arrays may change as soon as this returns).
+  const size_t bytes = size_t(N) * sizeof(int32_t);
+  std::vector<int32_t> pos;
+  if (!batch.positions) {
+    pos.resize(size_t(N));
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i % batch.T);
+  }
+  device::copy_bytes(arena_->v_positions.data, device_, batch.positions ? batch.positions : pos.data(), Device::CPU,
+                     bytes);
+  if (batch.segment_ids) device::copy_bytes(arena_->v_segments.data, device_, batch.segment_ids, Device::CPU, bytes);
+  device::copy_bytes(arena_->v_ids.data, device_, batch.ids, Device::CPU, bytes);
 }
 
 void LlamaCompute::embed_forward(const Batch& batch) {
@@ -251,8 +279,8 @@ void LlamaCompute::embed_forward(const Batch& batch) {
 void LlamaCompute::block_activations(int layer) {
   const BlockActivations& a = acts_[size_t(layer)];
   const Tensor seg = batch_.segment_ids ? arena_->v_segments : Tensor{};
-  const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv, B_, T_, T_);
+  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv_freq_t_, B_, T_,
+                        T_);
 }
 
 void LlamaCompute::set_checkpointing(int every) {
@@ -278,7 +306,11 @@ ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_s
   SHARDLM_CHECK(batch.targets, "the batch has no targets");
   const int64_t N = B_ * T_;
   ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
-  const Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
+  Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
+  if (device_ != Device::CPU) {  // the targets go up next to the other batch arrays
+    device::copy(arena_->v_targets, targets);
+    targets = arena_->v_targets;
+  }
   if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f);
   const ops::CrossEntropyResult r =
       ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, arena_->v_dxn, g_.lm_head, grad_scale);
@@ -319,9 +351,8 @@ void LlamaCompute::block_backward(int layer) {
                           a.q.reshape({B_, T_, H, Dh}), a.k.reshape({B_, T_, Hkv, Dh}),
                           a.v.reshape({B_, T_, Hkv, Dh}), a.att.reshape({B_, T_, H, Dh}), a.lse, seg,
                           1.0f / std::sqrt(float(Dh)));
-  const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  ops::rope_backward(dq4, dq4, r.v_positions, inv);
-  ops::rope_backward(dk4, dk4, r.v_positions, inv);
+  ops::rope_backward(dq4, dq4, r.v_positions, inv_freq_t_);
+  ops::rope_backward(dk4, dk4, r.v_positions, inv_freq_t_);
   if (g.bq.defined()) {
     ops::bias_backward(g.bq, r.v_dq);
     ops::bias_backward(g.bk, r.v_dk);

@@ -82,10 +82,15 @@ struct BlockActivations {
 class LlamaCompute {
  public:
   // act_dtype: f32 or bf16 activations (matches the compute dtype of the weights).
-  LlamaCompute(const ModelConfig& cfg, DType act_dtype);
+  // device: where the arena lives and every op runs; the weights and gradient views bound to it
+  // must be on the same device. On CUDA each batch's ids, targets, positions and segment ids are
+  // uploaded into the arena (Batch holds host pointers), and nothing here reads device memory
+  // from the host except the loss sums the ops return.
+  LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device = Device::CPU);
   ~LlamaCompute();
 
   const ModelConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
   void set_weights(const LlamaWeights& w) { w_ = w; }
   void set_grads(const LlamaWeights& g) { g_ = g; }
   // Views the engine rebinds unit by unit as it gathers parameters and gradient buffers.
@@ -114,7 +119,7 @@ class LlamaCompute {
   ops::CrossEntropyResult forward_backward(const Batch& batch, float grad_scale);
   // Forward and loss only (evaluation).
   ops::CrossEntropyResult forward_loss(const Batch& batch);
-  // Forward to the logits of every position: out [B*T, V] f32 (tests, scoring tools).
+  // Forward to the logits of every position: out [B*T, V] f32 on this object's device (tests, scoring tools).
   void logits(const Batch& batch, const Tensor& out);
 
   // Activations of layer l (for tests).
@@ -128,8 +133,11 @@ class LlamaCompute {
 
   ModelConfig cfg_;
   DType act_dtype_;
+  Device device_;
   LlamaWeights w_, g_;
   std::vector<float> inv_freq_;
+  OwnedTensor inv_freq_device_;  // CUDA: inv_freq_ uploaded once
+  Tensor inv_freq_t_;            // the view the ops read: of inv_freq_ (CPU) or inv_freq_device_
   int64_t B_ = 0, T_ = 0;
   int checkpoint_every_ = 0;
   std::unique_ptr<Arena> arena_;
