@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
 #include "io/model_files.h"
 #include "shard/wrap.h"
 
@@ -20,23 +21,35 @@ struct ShardedModel::Unit {
   int64_t own_numel = 0;         // elements this rank stores: shard_numel, or padded when unsharded
   bool has_root = false;
   std::vector<int64_t> layers;   // decoder layers, in order
+  // Optimizer side (pinned host memory under offload, else the engine's device):
   OwnedTensor master, m, v;      // f32 [own_numel]: what this rank optimizes
   OwnedTensor grad_shard;        // f32 [shard_numel]: reduced gradients (sharded strategies and ZeRO-1)
+  // Compute side (always the engine's device):
   OwnedTensor full_params;       // param_dtype [padded] while gathered (persistent for NO_SHARD / ZERO1)
   OwnedTensor full_grad;         // f32 [padded] while the backward accumulates into it
-  OwnedTensor send;              // param_dtype [shard_numel] while a bf16 all-gather is in flight
+  OwnedTensor send;              // param_dtype [shard_numel] while a bf16 (or offloaded) all-gather is in flight
   std::unique_ptr<comm::Request> pending;
   bool gathered = false;
   // A shard group of one rank (one process, not hybrid): the shard is the whole buffer, so the
   // parameters are the master weights (or one bf16 copy of them) and gradients accumulate straight
   // into the shard: no gathers, no reductions, no per-step buffers. FULL_SHARD on one process then
-  // does the work of NO_SHARD.
+  // does the work of NO_SHARD. Never under offload: there the shard is in host memory and the
+  // backward needs its gradients on the GPU, so the one-rank gathers and reductions do the copies.
   bool solo = false;
 };
 
 
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
-    : cfg_(cfg), sharding_(sharding), mesh_(mesh) {
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, Mesh* scalar_mesh)
+    : cfg_(cfg),
+      sharding_(sharding),
+      mesh_(mesh),
+      scalars_(scalar_mesh ? *scalar_mesh : mesh),
+      device_(mesh.shard->device()),
+      offload_(sharding.offload_params) {
+  SHARDLM_CHECK(!offload_ || (device_ == Device::CUDA && sharding.shard_gradients()),
+                "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
+                strategy_name(sharding.strategy), device_name(device_));
+  SHARDLM_CHECK(scalars_.shard->device() == Device::CPU, "the scalar mesh must be CPU communicators");
   const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
   const std::vector<std::vector<int>> groups = wrap_units(parts, sharding);
   const int S = mesh.shard->size(), r = mesh.shard->rank();
@@ -54,24 +67,47 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
     const bool sharded = sharding.shard_optimizer();
     u->own_begin = sharded ? r * u->shard_numel : 0;
     u->own_numel = sharded ? u->shard_numel : u->layout.padded_numel;
-    u->master = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Parameters);
-    u->m = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
-    u->v = OwnedTensor(DType::F32, {u->own_numel}, MemCategory::Optimizer);
-    u->solo = sharded && S == 1 && !sharding.hybrid();
+    u->master = state_tensor(DType::F32, u->own_numel, MemCategory::Parameters);
+    u->m = state_tensor(DType::F32, u->own_numel, MemCategory::Optimizer);
+    u->v = state_tensor(DType::F32, u->own_numel, MemCategory::Optimizer);
+    u->solo = sharded && S == 1 && !sharding.hybrid() && !offload_;
     if (u->solo) {
-      u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
+      u->grad_shard = state_tensor(DType::F32, u->shard_numel, MemCategory::Gradients);
       u->full_grad.t = u->grad_shard.t;  // a view: the backward accumulates into the shard itself
       if (sharding.param_dtype == DType::F32) u->full_params.t = u->master.t;
-      else u->full_params = OwnedTensor(sharding.param_dtype, {u->layout.padded_numel}, MemCategory::Parameters);
+      else
+        u->full_params =
+            OwnedTensor(sharding.param_dtype, {u->layout.padded_numel}, MemCategory::Parameters, true, device_);
       u->gathered = true;
     } else if (sharded) {
-      u->grad_shard = OwnedTensor(DType::F32, {u->shard_numel}, MemCategory::Gradients);
+      u->grad_shard = state_tensor(DType::F32, u->shard_numel, MemCategory::Gradients);
     }
     units_.push_back(std::move(u));
   }
 }
 
 ShardedModel::~ShardedModel() = default;
+
+OwnedTensor ShardedModel::state_tensor(DType dtype, int64_t n, MemCategory category) const {
+  if (!offload_) return OwnedTensor(dtype, {n}, category, true, device_);
+  OwnedTensor t;
+  t.buffer = Buffer::pinned_host(size_t(n) * dtype_size(dtype), category);
+  t.t = Tensor::of(t.buffer, dtype, {n});
+  return t;
+}
+
+// Initialization and loading write host memory; a GPU-resident master is filled through a host
+// staging copy (charged to Communication, like the other staging buffers).
+template <class Fill>
+void ShardedModel::fill_master(Unit& u, Fill fill) {
+  if (u.master.t.device == Device::CPU) {
+    fill(u.master.t.f32());
+    return;
+  }
+  OwnedTensor host(DType::F32, {u.own_numel}, MemCategory::Communication, false);
+  fill(host.t.f32());
+  device::copy(u.master.t, host.t);
+}
 
 std::vector<std::string> ShardedModel::names() const {
   std::vector<std::string> out;
@@ -93,8 +129,9 @@ int64_t ShardedModel::padded_numel(int unit) const { return units_[size_t(unit)]
 void ShardedModel::init_random(uint64_t seed) {
   for (auto& up : units_) {
     Unit& u = *up;
-    init_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, seed, float(cfg_.initializer_range),
-                    u.master.t.f32());
+    fill_master(u, [&](float* out) {
+      init_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, seed, float(cfg_.initializer_range), out);
+    });
     refresh_full_params(u);
   }
 }
@@ -103,7 +140,9 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
   std::vector<const FlatLayout*> layouts;
   for (auto& up : units_) {
     Unit& u = *up;
-    load_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, weights, source, u.master.t.f32());
+    fill_master(u, [&](float* out) {
+      load_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, weights, source, out);
+    });
     layouts.push_back(&u.layout);
     refresh_full_params(u);
   }
@@ -123,7 +162,7 @@ void ShardedModel::refresh_full_params(Unit& u) {
   if (!persistent) return;
   const int64_t padded = u.layout.padded_numel;
   if (!u.full_params.buffer.data() && !(sharding_.strategy == Strategy::NoShard && sharding_.param_dtype == DType::F32))
-    u.full_params = OwnedTensor(sharding_.param_dtype, {padded}, MemCategory::Parameters);
+    u.full_params = OwnedTensor(sharding_.param_dtype, {padded}, MemCategory::Parameters, true, device_);
   if (sharding_.strategy == Strategy::NoShard) {
     if (sharding_.param_dtype == DType::F32)
       u.full_params.t = u.master.t;  // the master weights are the full parameters
@@ -138,16 +177,31 @@ void ShardedModel::refresh_full_params(Unit& u) {
 
 void ShardedModel::gather_start(Unit& u) {
   if (u.gathered || u.pending) return;
-  u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false);
+  u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false, device_);
   u.pending = mesh_.shard->all_gather_async(u.full_params.t, gather_source(u));
 }
 
 // This rank's slice for an all-gather: the f32 master itself, or a param_dtype copy that lives only
 // until the gather completes (a persistent copy per unit would cost param_dtype bytes of the whole
 // shard, as much as 1/8 of a bf16 run's model states).
+//
+// Under offload the master is in host memory: the compute-dtype shard is made on the CPU (a pinned
+// staging copy when it needs a cast) and copied to the GPU, where the all-gather reads it. The copy
+// is synchronous, so the staging buffer may go at once.
 const Tensor& ShardedModel::gather_source(Unit& u) {
+  if (offload_) {
+    u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false, device_);
+    if (sharding_.param_dtype == DType::F32) {
+      device::copy(u.send.t, u.master.t);
+    } else {
+      OwnedTensor host = state_tensor(sharding_.param_dtype, u.shard_numel, MemCategory::Communication);
+      ops::cast(host.t, u.master.t);
+      device::copy(u.send.t, host.t);
+    }
+    return u.send.t;
+  }
   if (sharding_.param_dtype == DType::F32) return u.master.t;
-  u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false);
+  u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false, device_);
   ops::cast(u.send.t, u.master.t);
   return u.send.t;
 }
@@ -179,7 +233,8 @@ void ShardedModel::bind(Unit& u, model::LlamaCompute& c, bool grads) {
     for (const FlatEntry& e : u.layout.entries) {
       if (e.info.name != name) continue;
       char* base = static_cast<char*>(flat.t.data) + size_t(e.offset) * dtype_size(flat.t.dtype);
-      return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()));
+      // The view must carry the buffer's device: ops dispatch on it.
+      return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()), flat.t.device);
     }
     throw Error("not in this unit", {.tensor = name});
   };
@@ -193,7 +248,7 @@ void ShardedModel::bind(Unit& u, model::LlamaCompute& c, bool grads) {
 
 void ShardedModel::ensure_grad(Unit& u, model::LlamaCompute& c) {
   if (!u.full_grad.t.defined())
-    u.full_grad = OwnedTensor(DType::F32, {u.layout.padded_numel}, MemCategory::Gradients);  // zeroed
+    u.full_grad = OwnedTensor(DType::F32, {u.layout.padded_numel}, MemCategory::Gradients, true, device_);  // zeroed
   bind(u, c, true);
 }
 
@@ -212,25 +267,33 @@ void ShardedModel::reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro)
     if (rd == DType::F32) {
       group.all_reduce(u.full_grad.t, comm::ReduceOp::Sum);
     } else {
-      OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false);
+      OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
       ops::cast(low.t, u.full_grad.t);
       group.all_reduce(low.t, comm::ReduceOp::Sum);
       ops::cast(u.full_grad.t, low.t);
     }
     return;
   }
-  OwnedTensor part(DType::F32, {u.shard_numel}, MemCategory::Communication, false);
+  OwnedTensor part(DType::F32, {u.shard_numel}, MemCategory::Communication, false, device_);
   if (rd == DType::F32) {
     group.reduce_scatter(part.t, u.full_grad.t, comm::ReduceOp::Sum);
   } else {
-    OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false);
-    OwnedTensor low_part(rd, {u.shard_numel}, MemCategory::Communication, false);
+    OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
+    OwnedTensor low_part(rd, {u.shard_numel}, MemCategory::Communication, false, device_);
     ops::cast(low.t, u.full_grad.t);
     group.reduce_scatter(low_part.t, low.t, comm::ReduceOp::Sum);
     ops::cast(part.t, low_part.t);
   }
   if (sharding_.hybrid()) mesh_.replicate->all_reduce(part.t, comm::ReduceOp::Sum);
-  ops::add_inplace(u.grad_shard.t, part.t);
+  if (offload_) {
+    // The reduced part comes back to the host shard, where the optimizer step will read it. The
+    // copy waits for the compute stream, which the collective's wait() ordered after the reduction.
+    OwnedTensor host = state_tensor(DType::F32, u.shard_numel, MemCategory::Communication);
+    device::copy(host.t, part.t);
+    ops::add_inplace(u.grad_shard.t, host.t);
+  } else {
+    ops::add_inplace(u.grad_shard.t, part.t);
+  }
   if (sharded) {
     u.full_grad = OwnedTensor();
     auto none = [](const std::string&) { return Tensor{}; };
@@ -275,13 +338,12 @@ ops::CrossEntropyResult ShardedModel::run_micro_batch(model::LlamaCompute& c, co
 
 StepStats ShardedModel::train_step(model::LlamaCompute& c, const std::vector<model::Batch>& micro,
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
-  comm::Communicator& group = *mesh_.shard;
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;
   for (const model::Batch& b : micro)
     for (int64_t i = 0; i < b.B * b.T; ++i) local_tokens += b.targets[i] != ops::kIgnoreIndex;
-  double world_tokens = group.all_reduce_sum(double(local_tokens));
-  if (sharding_.hybrid()) world_tokens = mesh_.replicate->all_reduce_sum(world_tokens);
+  double world_tokens = scalars_.shard->all_reduce_sum(double(local_tokens));
+  if (sharding_.hybrid()) world_tokens = scalars_.replicate->all_reduce_sum(world_tokens);
   const float grad_scale = world_tokens > 0 ? float(1.0 / world_tokens) : 0.0f;
 
   for (auto& u : units_) {
@@ -295,19 +357,20 @@ StepStats ShardedModel::train_step(model::LlamaCompute& c, const std::vector<mod
   }
   StepStats st;
   st.tokens = int64_t(world_tokens);
-  loss_sum = group.all_reduce_sum(loss_sum);
-  if (sharding_.hybrid()) loss_sum = mesh_.replicate->all_reduce_sum(loss_sum);
+  loss_sum = scalars_.shard->all_reduce_sum(loss_sum);
+  if (sharding_.hybrid()) loss_sum = scalars_.replicate->all_reduce_sum(loss_sum);
   st.loss = world_tokens > 0 ? loss_sum / world_tokens : 0.0;
 
   // Global gradient norm. Sharded gradients: each shard group holds every element once (replicas
   // hold copies), so sum over the shard group. NO_SHARD: every rank holds all of it.
   double sumsq = 0.0;
   for (auto& u : units_) sumsq += ops::sum_squares(sharding_.shard_optimizer() ? u->grad_shard.t : u->full_grad.t);
-  if (sharding_.shard_optimizer()) sumsq = group.all_reduce_sum(sumsq);
+  if (sharding_.shard_optimizer()) sumsq = scalars_.shard->all_reduce_sum(sumsq);
   st.grad_norm = std::sqrt(sumsq);
   const float clip = ops::clip_coefficient(st.grad_norm, float(max_grad_norm));
 
-  // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay).
+  // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay). Under
+  // offload master, gradient shard and moments are host tensors, so this runs on the CPU.
   ops::AdamWConfig no_decay = opt;
   no_decay.weight_decay = 0.0;
   for (auto& up : units_) {
@@ -343,6 +406,8 @@ const FlatLayout& ShardedModel::layout(int unit) const { return units_.at(size_t
 
 ShardedModel::StateRange ShardedModel::owned_state(int unit) {
   Unit& u = *units_.at(size_t(unit));
+  // Checkpoints read and write these views as host memory.
+  SHARDLM_CHECK(u.master.t.device == Device::CPU, "checkpoints of GPU-resident optimizer state are not implemented yet");
   return {u.own_begin, u.own_numel, u.master.t, u.m.t, u.v.t};
 }
 
@@ -386,12 +451,17 @@ void ShardedModel::gather_tensor(const std::string& name, const Tensor& out) {
                     name, e.info.numel(), out.describe());
       // The whole unit is staged (the gather works on whole flat buffers), in a tracked buffer:
       // for the root of a large model this is hundreds of MiB.
-      OwnedTensor full(DType::F32, {u.layout.padded_numel}, MemCategory::Communication, false);
-      if (sharding_.shard_optimizer())
-        mesh_.shard->all_gather(full.t, u.master.t);
-      else
-        std::memcpy(full.t.data, u.master.t.data, size_t(u.layout.padded_numel) * 4);
-      std::memcpy(out.data, full.t.f32() + e.offset, size_t(e.info.numel()) * 4);
+      OwnedTensor full(DType::F32, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
+      if (sharding_.shard_optimizer()) {
+        // The all-gather reads device memory: an offloaded (host) master shard goes up first.
+        OwnedTensor up;
+        if (u.master.t.device != device_) up = device::copy_to_device(u.master.t, MemCategory::Communication, device_);
+        mesh_.shard->all_gather(full.t, up.t.defined() ? up.t : u.master.t);
+      } else {
+        device::copy_bytes(full.t.data, device_, u.master.t.data, u.master.t.device, size_t(u.layout.padded_numel) * 4);
+      }
+      device::copy_bytes(out.data, out.device, static_cast<const float*>(full.t.data) + e.offset, device_,
+                         size_t(e.info.numel()) * 4);
       return;
     }
   }

@@ -6,6 +6,13 @@
 // Ownership: the engine owns every parameter, gradient and optimizer buffer (tracked under their
 // categories); it rebinds the LlamaCompute's weight and gradient views to gathered buffers as it
 // goes, so the compute object must not be used with other weights while the engine drives it.
+//
+// Devices: the engine's buffers live where the mesh's communicators want their tensors
+// (Communicator::device(): CPU for local/MPI, CUDA for NCCL), and the LlamaCompute must be on the
+// same device. A GPU run passes the NCCL mesh for tensors and the CPU mesh over the same ranks for
+// the scalar sums (token counts, losses, squared norms), which then never wait on a GPU stream.
+// With sharding.offload_params the f32 master shard, the reduced gradient shard and AdamW's moments
+// are pinned host memory instead and the optimizer step runs on the CPU (docs/sharding.md).
 #pragma once
 
 #include <memory>
@@ -34,7 +41,9 @@ struct StepStats {
 
 class ShardedModel {
  public:
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
+  // scalar_mesh: the same ranks on CPU communicators, for the double all_reduce_sum calls; null
+  // uses `mesh` (CPU runs).
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, Mesh* scalar_mesh = nullptr);
   ~ShardedModel();
 
   // Each rank initializes / reads only the elements of its own shard (or everything for NO_SHARD).
@@ -58,6 +67,8 @@ class ShardedModel {
   int64_t padded_numel() const;
   int64_t padded_numel(int unit) const;
   const ShardingConfig& sharding() const { return sharding_; }
+  // Where gathered parameters and gradients live (what the LlamaCompute must be built for).
+  Device device() const { return device_; }
 
   // ---- checkpoints (checkpoint/checkpoint.h) ------------------------------------------------
   // A unit's flat layout (tensor names, shapes and offsets; the padding depends on the shard group).
@@ -88,12 +99,20 @@ class ShardedModel {
   void reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro);
   void bind(Unit& u, model::LlamaCompute& c, bool grads);
   void refresh_full_params(Unit& u);
+  // An f32/param_dtype buffer for optimizer-side state: pinned host memory under offload, else on device_.
+  OwnedTensor state_tensor(DType dtype, int64_t n, MemCategory category) const;
+  // Writes this rank's master elements through a host f32 view (init and load produce host data).
+  template <class Fill>
+  void fill_master(Unit& u, Fill fill);
   ops::CrossEntropyResult run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
                                           bool last_micro);
 
   ModelConfig cfg_;
   ShardingConfig sharding_;
   Mesh& mesh_;
+  Mesh& scalars_;           // the mesh whose communicators sum doubles (mesh_ on CPU runs)
+  Device device_;           // mesh_.shard->device()
+  bool offload_ = false;    // sharding_.offload_params
   std::vector<std::unique_ptr<Unit>> units_;
 };
 
