@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 
 #include "checkpoint/checkpoint.h"
 #include "core/rng.h"
@@ -14,6 +15,8 @@
 #include "data/packing.h"
 #include "data/sampler.h"
 #include "comm/communicator.h"
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "shard/engine.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
@@ -360,11 +363,29 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
       throw Error(e.message(), {.file = c.source, .key = "max_memory_per_rank"});
     }
   }
+  if (sharding.offload_params && !sharding.shard_gradients())
+    throw Error(fmt::format("CPU offload needs a strategy that shards gradients, and sharding_strategy: auto chose {}",
+                            shard::strategy_name(sharding.strategy)),
+                {.file = c.source, .key = "offload_params"});
   const memory::Estimate mem_estimate = memory::estimate(est_in);
 
   // The sharding engine drives every run; one process is world size 1 through the same path.
+  // `mesh` is over the CPU world. A GPU run also builds the same mesh over NCCL (the world
+  // communicator bootstraps it, and make_mesh's splits give the same groups): device tensors go over
+  // NCCL, while the engine's scalar sums and the trainer's own (eval, checkpoint timing) stay on the
+  // CPU communicators. The NCCL communicator must exist before any CUDA allocation (it picks the GPU).
   shard::Mesh mesh = shard::make_mesh(world, sharding, ranks_per_node(world));
-  shard::ShardedModel engine(mcfg, sharding, mesh);
+  std::unique_ptr<comm::Communicator> gpu_world;
+  std::optional<shard::Mesh> gpu_mesh;
+  if (c.device == Device::CUDA) {
+    try {
+      gpu_world = comm::make_nccl_communicator(world, comm::local_rank_from_environment());
+    } catch (const Error& e) {
+      throw Error(e.message(), {.file = c.source, .key = "device"});
+    }
+    gpu_mesh = shard::make_mesh(*gpu_world, sharding, ranks_per_node(world));
+  }
+  shard::ShardedModel engine(mcfg, sharding, gpu_mesh ? *gpu_mesh : mesh, gpu_mesh ? &mesh : nullptr);
   // Resuming: the checkpoint is opened and validated (metadata, every file's presence and size) on
   // every rank before anything else, so a bad one is reported before any training.
   std::vector<std::string> resume_notes;
@@ -380,7 +401,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     const io::ModelWeights weights(c.model);
     engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
   }
-  model::LlamaCompute model(mcfg, c.compute_dtype);
+  model::LlamaCompute model(mcfg, c.compute_dtype, engine.device());
   model.set_checkpointing(c.activation_checkpointing);
   model.reserve(B, T);
   // Full f32 weights on every rank, for generation (built-in task accuracy) and the final save:
@@ -411,6 +432,11 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                              shard::strategy_name(sharding.strategy), world.size(), world.size() > 1 ? "s" : "",
                              mesh.shard->size(), engine.num_units(), engine.num_units() > 1 ? "s" : "",
                              dtype_name(sharding.reduce_dtype)));
+  if (c.device == Device::CUDA)
+    progress.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
+                               sharding.offload_params ? "; master weights, gradient shard and AdamW state offloaded "
+                                                         "to pinned host memory, AdamW on the CPU"
+                                                       : ""));
   if (!auto_why.empty()) progress.print(auto_why);
   progress.print(fmt::format("memory: estimated peak {} per rank over training steps (activations {}, tracked "
                              "buffers only; `shardlm estimate-memory` has the breakdown)",
@@ -539,7 +565,13 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     nlohmann::json rec = {{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
                           {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
     memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
+    if (c.device == Device::CUDA) {
+      const device::CudaMemoryStats g = device::cuda_memory_stats();
+      rec["gpu_allocated_peak_bytes"] = g.allocated_peak;
+      rec["gpu_reserved_peak_bytes"] = g.reserved_peak;
+    }
     write_metrics(rec);
+    result.losses.push_back(loss);
     if (step == start_step) result.first_loss = loss;
     result.last_loss = loss;
     result.steps = step;
@@ -576,6 +608,23 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
                              result.steps, format_duration(result.seconds), result.tokens_per_s, result.first_loss,
                              result.last_loss, result.initial_eval_loss, result.eval_loss));
   for (const std::string& line : mem_table) progress.print(line);
+  if (c.device == Device::CUDA) {
+    // The GPU's own figures: the tracker's requested bytes per category and the caching allocator's
+    // rounded and reserved bytes (what nvidia-smi would show, less the CUDA context).
+    const MemStats g = MemoryTracker::for_device(Device::CUDA).stats();
+    const device::CudaMemoryStats a = device::cuda_memory_stats();
+    progress.print(fmt::format("gpu memory (this rank): peak tracked {} (parameters {}, gradients {}, optimizer {}, "
+                               "activations {}, communication {}, workspace {}); allocator peak allocated {}, "
+                               "peak reserved {}",
+                               format_bytes(g.peak_total), format_bytes(g.peak[size_t(MemCategory::Parameters)]),
+                               format_bytes(g.peak[size_t(MemCategory::Gradients)]),
+                               format_bytes(g.peak[size_t(MemCategory::Optimizer)]),
+                               format_bytes(g.peak[size_t(MemCategory::Activations)]),
+                               format_bytes(g.peak[size_t(MemCategory::Communication)]),
+                               format_bytes(g.peak[size_t(MemCategory::Workspace)]), format_bytes(a.allocated_peak),
+                               format_bytes(a.reserved_peak)));
+    result.gpu_peak_reserved_bytes = a.reserved_peak;
+  }
   progress.print(c.saves_checkpoints()
                      ? std::string("  (the estimate covers training steps; the measured peaks also cover loading, "
                                    "evaluation and the final save, streamed from the last checkpoint by rank 0)")

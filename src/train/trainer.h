@@ -23,6 +23,8 @@ struct TrainResult {
   double initial_eval_loss = 0, eval_loss = 0;  // held-out loss before and after training
   double initial_accuracy = -1, accuracy = -1;  // built-in tasks only; -1 otherwise
   double seconds = 0, tokens_per_s = 0;
+  std::vector<double> losses;              // training loss of every step, in order
+  int64_t gpu_peak_reserved_bytes = 0;     // device: cuda: the caching allocator's peak reservation
 };
 
 // Trains on the ranks of `world` (sharded as cfg.sharding says); rank 0 prints, writes metrics and
