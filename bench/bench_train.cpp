@@ -1,5 +1,6 @@
 // bench_train: tokens/s of full training steps (forward, loss, backward, clipping, AdamW) of a
-// Llama in one process, on random tokens. bench/compare_torch.sh runs it beside PyTorch.
+// Llama in one process, on random tokens, through the sharding engine on a local communicator:
+// the path `shardlm train` runs at world size 1. bench/compare_torch.sh runs it beside PyTorch.
 //
 //   bench_train --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 688 --vocab 32000 --seq 256
 //               --batch 8 --steps 10 --warmup 2 [--dtype f32|bf16]
@@ -14,8 +15,8 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "model/config.h"
-#include "train/param_store.h"
-#include "train/trainer.h"
+#include "comm/communicator.h"
+#include "shard/engine.h"
 
 using namespace shardlm;
 
@@ -26,11 +27,13 @@ int main(int argc, char** argv) {
   const int64_t seq = args.seq, batch = args.batch, steps = args.steps, warmup = args.warmup;
   const DType dtype = args.dtype;
 
-  train::ParamStore params(cfg, dtype);
-  params.init_random(0);
+  const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+  shard::ShardingConfig sc;
+  sc.param_dtype = dtype;
+  shard::Mesh mesh = shard::make_mesh(*local, sc, 1);
+  shard::ShardedModel engine(cfg, sc, mesh);
+  engine.init_random(0);
   model::LlamaCompute model(cfg, dtype);
-  model.set_weights(params.compute_weights());
-  model.set_grads(params.grads());
 
   auto random_batch = [&](int64_t s) {
     data::Example e;
@@ -49,9 +52,9 @@ int main(int argc, char** argv) {
   opt.lr = 3e-4;
   double seconds = 0, last_loss = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
-    const std::vector<data::BatchBuffers> micro = {random_batch(s)};
+    const data::BatchBuffers micro = random_batch(s);
     const auto t0 = std::chrono::steady_clock::now();
-    last_loss = train::train_step(params, model, micro, opt, s + 1, 1.0).loss;
+    last_loss = engine.train_step(model, {micro.batch()}, opt, s + 1, 1.0).loss;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) seconds += dt;
   }
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
   fmt::print("{{\"impl\": \"shardlm\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, \"params\": {}, "
              "\"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", \"last_loss\": {:.4f}, "
              "\"peak_tracked_bytes\": {}}}\n",
-             tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), params.numel(), batch, seq, steps,
+             tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), batch, seq, steps,
              dtype_name(dtype), last_loss, MemoryTracker::for_device(Device::CPU).stats().peak_total);
   return 0;
 }

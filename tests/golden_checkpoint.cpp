@@ -59,9 +59,10 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   ckpt::convert_checkpoint(reader, {.out = out, .dtype = DType::F32});
 
   // shardlm's logits from the engine's weights.
-  train::ParamStore full(cfg, DType::F32, train::ParamStore::Mode::WeightsOnly);
+  train::ParamStore full(cfg, DType::F32);
+  const auto weights = shardlm::testing::gather_weights(engine);
   for (const std::string& name : engine.names()) {
-    const std::vector<float> v = engine.gather_tensor(name);
+    const std::vector<float>& v = weights.at(name);
     std::copy(v.begin(), v.end(), full.master(name).f32());
   }
   model::LlamaCompute eval(cfg, DType::F32);

@@ -16,7 +16,7 @@
 #include "model/llama.h"
 #include "testing.h"
 #include "train/hf_export.h"
-#include "train/param_store.h"
+#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 using namespace shardlm;
@@ -59,20 +59,19 @@ data::BatchBuffers load_batch(const GoldenCase& c, int s) {
   return b;
 }
 
+// The model as `shardlm train` runs it in one process: the sharding engine on a local communicator.
 struct Loaded {
   ModelConfig cfg;
-  std::unique_ptr<train::ParamStore> params;
+  std::unique_ptr<LocalEngine> run;
   std::unique_ptr<model::LlamaCompute> model;
 };
 
 Loaded load(const GoldenCase& c) {
   Loaded l;
   l.cfg = train::load_hf_config(c.model_dir);
-  l.params = std::make_unique<train::ParamStore>(l.cfg, DType::F32);
-  l.params->load(io::ModelWeights(c.model_dir), c.model_dir);
+  l.run = std::make_unique<LocalEngine>(l.cfg);
+  l.run->engine.load(io::ModelWeights(c.model_dir), c.model_dir);
   l.model = std::make_unique<model::LlamaCompute>(l.cfg, DType::F32);
-  l.model->set_weights(l.params->compute_weights());
-  l.model->set_grads(l.params->grads());
   return l;
 }
 
@@ -94,7 +93,8 @@ TEST(Golden, Logits) {
     Loaded l = load(c);
     const data::BatchBuffers b = load_batch(c, 0);
     std::vector<float> logits(static_cast<size_t>(b.B * b.T * l.cfg.vocab_size));
-    l.model->logits(b.batch(), Tensor::view(logits.data(), DType::F32, {b.B * b.T, l.cfg.vocab_size}));
+    l.run->engine.forward_logits(*l.model, b.batch(),
+                                 Tensor::view(logits.data(), DType::F32, {b.B * b.T, l.cfg.vocab_size}));
     EXPECT_TRUE(all_close(logits, load_npy(c.ref_dir + "/logits.npy").f32(), 1e-4, 1e-4, c.name + " logits"));
   }
 }
@@ -105,16 +105,15 @@ TEST(Golden, LossAndEveryGradient) {
   for (const GoldenCase& c : golden_cases()) {
     Loaded l = load(c);
     const data::BatchBuffers b = load_batch(c, 0);
-    l.params->zero_grads();
-    const int64_t count = b.count_targets();
-    const ops::CrossEntropyResult r = l.model->forward_backward(b.batch(), 1.0f / float(count));
-    EXPECT_NEAR(r.loss_sum / double(count), double(c.golden["loss0"]), 1e-5) << c.name;
+    // One step at lr 0: the gradients the optimizer saw, the weights unchanged.
+    const shard::StepStats r = l.run->step(*l.model, {b}, ops::AdamWConfig{.lr = 0.0}, 1, 0.0);
+    EXPECT_NEAR(r.loss, double(c.golden["loss0"]), 1e-5) << c.name;
     int checked = 0;
-    for (const std::string& name : l.params->names()) {
+    for (const std::string& name : l.run->engine.names()) {
       const std::string ref = c.ref_dir + "/grads/" + name + ".npy";
       ASSERT_TRUE(fs::exists(ref)) << c.name << ": PyTorch has no gradient for " << name;
-      const Tensor g = l.params->grad(name);
-      EXPECT_TRUE(all_close(g.f32(), load_npy(ref).f32().data(), g.numel(), 2e-6, 1e-3, c.name + " d" + name));
+      const std::vector<float> g = l.run->grad(name);
+      EXPECT_TRUE(all_close(g.data(), load_npy(ref).f32().data(), int64_t(g.size()), 2e-6, 1e-3, c.name + " d" + name));
       ++checked;
     }
     size_t ref_count = 0;
@@ -135,25 +134,26 @@ TEST(Golden, FiveAdamWStepsThenSaveForReload) {
     const int64_t steps = g["steps"];
     ASSERT_EQ(steps, 5) << c.name;
     for (int64_t s = 0; s < steps; ++s) {
-      const train::StepResult r =
-          train::train_step(*l.params, *l.model, {load_batch(c, int(s))}, adamw_of(g), s + 1, g["max_grad_norm"]);
+      const shard::StepStats r = l.run->step(*l.model, {load_batch(c, int(s))}, adamw_of(g), s + 1, g["max_grad_norm"]);
       EXPECT_NEAR(r.loss, double(g["step_losses"][size_t(s)]), 1e-5 * std::abs(double(g["step_losses"][size_t(s)])))
           << c.name << " step " << s + 1;
       EXPECT_NEAR(r.grad_norm, double(g["grad_norms"][size_t(s)]), 1e-4 * double(g["grad_norms"][size_t(s)]))
           << c.name << " grad norm, step " << s + 1;
     }
-    for (const std::string& name : l.params->names()) {
-      const Tensor p = l.params->master(name);
-      EXPECT_TRUE(all_close(p.f32(), load_npy(c.ref_dir + "/final/" + name + ".npy").f32().data(), p.numel(), 5e-4,
-                            1e-3, c.name + " final " + name));
+    const auto weights = gather_weights(l.run->engine);
+    for (const std::string& name : l.run->engine.names()) {
+      const std::vector<float>& p = weights.at(name);
+      EXPECT_TRUE(all_close(p.data(), load_npy(c.ref_dir + "/final/" + name + ".npy").f32().data(), int64_t(p.size()),
+                            5e-4, 1e-3, c.name + " final " + name));
     }
-    // Save the trained model as a Hugging Face directory, with its logits on batch 0, for the
-    // PyTorch reload check that ctest runs next.
+    // Save the trained model as a Hugging Face directory (the trainer's final save), with its
+    // logits on batch 0, for the PyTorch reload check that ctest runs next.
     const fs::path out = fs::path(c.model_dir).parent_path() / "trained";
-    train::save_hf_model(out.string(), l.cfg, *l.params, DType::F32, ~uint64_t(0), "");
+    ckpt::export_model(l.run->engine, l.cfg, {.out = out.string()}, "", *l.run->local);
     const data::BatchBuffers b = load_batch(c, 0);
     std::vector<float> logits(static_cast<size_t>(b.B * b.T * l.cfg.vocab_size));
-    l.model->logits(b.batch(), Tensor::view(logits.data(), DType::F32, {b.B * b.T, l.cfg.vocab_size}));
+    l.run->engine.forward_logits(*l.model, b.batch(),
+                                 Tensor::view(logits.data(), DType::F32, {b.B * b.T, l.cfg.vocab_size}));
     save_npy((out / "logits.npy").string(), logits.data(), {b.B, b.T, l.cfg.vocab_size});
   }
 }

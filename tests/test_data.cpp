@@ -20,6 +20,7 @@
 #include "train/hf_export.h"
 #include "train/param_store.h"
 #include "train/train_config.h"
+#include "data/run_data.h"
 #include "train/trainer.h"
 
 using namespace shardlm;
@@ -317,7 +318,8 @@ TEST(DataConfig, KeysTypesAndSplit) {
   EXPECT_EQ(c.data.on_bad_row, "skip");
   EXPECT_FALSE(c.data.packing.has_value());
   data::ByteTokenizer tok;
-  const train::RunData a = train::load_run_data(c, tok), b = train::load_run_data(c, tok);
+  const data::RunData a = data::load_run_data(c.data, c.seq_len, c.seed, tok),
+                      b = data::load_run_data(c.data, c.seq_len, c.seed, tok);
   EXPECT_EQ(a.type, "alpaca");
   EXPECT_TRUE(a.packing);  // the default for instruction data
   EXPECT_EQ(a.train->size() + a.eval->size(), 200);

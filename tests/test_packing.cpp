@@ -11,7 +11,7 @@
 #include "model/llama.h"
 #include "ops/ops.h"
 #include "testing.h"
-#include "train/param_store.h"
+#include "shard/engine.h"
 
 using namespace shardlm;
 
@@ -32,13 +32,16 @@ std::vector<data::Example> examples(const std::vector<int64_t>& lengths) {
   return out;
 }
 
+// The evaluation path of training: the engine, in one process.
 struct TinyModel {
   ModelConfig cfg;
-  train::ParamStore params;
+  std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+  shard::Mesh mesh;
+  shard::ShardedModel engine;
   model::LlamaCompute model;
-  TinyModel() : cfg(make_cfg()), params(cfg, DType::F32), model(cfg, DType::F32) {
-    params.init_random(21);
-    model.set_weights(params.compute_weights());
+  TinyModel()
+      : cfg(make_cfg()), mesh(shard::make_mesh(*local, {}, 1)), engine(cfg, {}, mesh), model(cfg, DType::F32) {
+    engine.init_random(21);
   }
   static ModelConfig make_cfg() {
     ModelConfig c = preset("tiny");
@@ -46,8 +49,7 @@ struct TinyModel {
     return c;
   }
   ops::CrossEntropyResult loss(const data::BatchBuffers& b) {
-    model.reserve(b.B, b.T);
-    return model.forward_loss(b.batch());
+    return engine.forward_loss(model, b.batch());
   }
 };
 

@@ -247,11 +247,9 @@ TEST(Training, GradientAccumulationEqualsOneBigBatch) {
   // normalized over all non-ignored tokens of the global batch, not per micro-batch.
   ModelConfig cfg = small_config();
   auto run = [&](bool split) {
-    train::ParamStore p(cfg, DType::F32);
-    p.init_random(3);
+    LocalEngine p(cfg);
+    p.engine.init_random(3);
     model::LlamaCompute m(cfg, DType::F32);
-    m.set_weights(p.compute_weights());
-    m.set_grads(p.grads());
     std::vector<data::Example> rows;
     for (int r = 0; r < 4; ++r) {
       data::Example e;
@@ -270,10 +268,8 @@ TEST(Training, GradientAccumulationEqualsOneBigBatch) {
     }
     ops::AdamWConfig opt;
     opt.lr = 1e-2;
-    const train::StepResult r = train::train_step(p, m, micro, opt, 1, 1.0);
-    std::vector<float> w(p.master("model.layers.1.self_attn.o_proj.weight").f32(),
-                         p.master("model.layers.1.self_attn.o_proj.weight").f32() + 64 * 64);
-    return std::make_pair(r, w);
+    const shard::StepStats r = p.step(m, micro, opt, 1);
+    return std::make_pair(r, p.weight("model.layers.1.self_attn.o_proj.weight"));
   };
   const auto [one, w1] = run(false);
   const auto [two, w2] = run(true);
@@ -330,21 +326,18 @@ TEST(Training, Bf16ComputeTracksF32) {
   }
   const data::BatchBuffers batch = data::make_batch(rows, 16, 0);
   auto run = [&](DType dtype) {
-    train::ParamStore p(cfg, dtype);
-    p.init_random(21);
+    shard::ShardingConfig sc;
+    sc.param_dtype = dtype;
+    LocalEngine p(cfg, sc);
+    p.engine.init_random(21);
     model::LlamaCompute m(cfg, dtype);
-    m.set_weights(p.compute_weights());
-    m.set_grads(p.grads());
     ops::AdamWConfig opt;
     opt.lr = 1e-3;
     std::vector<double> losses;
     std::vector<float> grad;
     for (int s = 1; s <= 2; ++s) {
-      losses.push_back(train::train_step(p, m, {batch}, opt, s, 1.0).loss);
-      if (s == 1) {
-        const Tensor g = p.grad("model.layers.0.mlp.down_proj.weight");
-        grad.assign(g.f32(), g.f32() + g.numel());
-      }
+      losses.push_back(p.step(m, {batch}, opt, s).loss);
+      if (s == 1) grad = p.grad("model.layers.0.mlp.down_proj.weight");
     }
     return std::make_pair(losses, grad);
   };
@@ -373,19 +366,16 @@ TEST(Training, ActivationCheckpointingGivesTheSameGradientsWithLessMemory) {
   }
   const data::BatchBuffers batch = data::make_batch(rows, 24, 0);
   auto run = [&](int every, int64_t* arena_bytes) {
-    train::ParamStore p(cfg, DType::F32);
-    p.init_random(8);
+    LocalEngine p(cfg);
+    p.engine.init_random(8);
     model::LlamaCompute m(cfg, DType::F32);
     m.set_checkpointing(every);
-    m.set_weights(p.compute_weights());
-    m.set_grads(p.grads());
     const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Activations)];
     m.reserve(batch.B, batch.T);
     *arena_bytes = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Activations)] - before;
-    p.zero_grads();
-    const double loss = m.forward_backward(batch.batch(), 1.0f / float(batch.count_targets())).loss_sum;
+    const double loss = p.step(m, {batch}, ops::AdamWConfig{}, 1).loss;
     std::vector<std::vector<float>> grads;
-    for (const std::string& n : p.names()) grads.emplace_back(p.grad(n).f32(), p.grad(n).f32() + p.grad(n).numel());
+    for (const std::string& n : p.engine.names()) grads.push_back(p.grad(n));
     return std::make_pair(loss, grads);
   };
   int64_t plain_bytes = 0, all_bytes = 0, half_bytes = 0;

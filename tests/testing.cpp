@@ -14,6 +14,40 @@ namespace fs = std::filesystem;
 
 namespace shardlm::testing {
 
+LocalEngine::LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc)
+    : local(comm::make_local_communicator()), mesh(shard::make_mesh(*local, sc, 1)), engine(cfg, sc, mesh) {}
+
+shard::StepStats LocalEngine::step(model::StagedModel& m, const std::vector<data::BatchBuffers>& micro,
+                                   const ops::AdamWConfig& opt, int64_t s, double max_grad_norm) {
+  std::vector<model::Batch> batches;
+  for (const data::BatchBuffers& b : micro) batches.push_back(b.batch());
+  return engine.train_step(m, batches, opt, s, max_grad_norm);
+}
+
+std::vector<float> LocalEngine::weight(const std::string& name) { return gather_weights(engine).at(name); }
+
+std::vector<float> LocalEngine::grad(const std::string& name) {
+  for (int k = 0; k < engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : engine.layout(k).entries)
+      if (e.info.name == name) {
+        const float* g = engine.owned_grad(k).f32() + e.offset;  // one process owns everything
+        return std::vector<float>(g, g + e.info.numel());
+      }
+  throw Error("no such parameter", {.tensor = name});
+}
+
+std::map<std::string, std::vector<float>> gather_weights(shard::ShardedModel& engine) {
+  std::map<std::string, std::vector<float>> out;
+  for (int k = 0; k < engine.num_units(); ++k) {
+    const shard::FlatLayout& l = engine.layout(k);
+    std::vector<float> unit(size_t(l.padded_numel));
+    engine.gather_unit(k, Tensor::view(unit.data(), DType::F32, {l.padded_numel}));
+    for (const shard::FlatEntry& e : l.entries)
+      out[e.info.name].assign(unit.begin() + e.offset, unit.begin() + e.offset + e.info.numel());
+  }
+  return out;
+}
+
 std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std) {
   std::vector<float> v(static_cast<size_t>(n));
   fill_normal(v.data(), n, seed, name, 0, 0.0f, std);

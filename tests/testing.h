@@ -10,11 +10,32 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "comm/communicator.h"
+#include "data/dataset.h"
+#include "shard/engine.h"
+#include <map>
 
 namespace shardlm::testing {
 
 // n samples of N(0, std), deterministic in (seed, name).
 std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std = 1.0f);
+
+// Training in one process: the engine on a local communicator, as `shardlm train` runs at world
+// size 1.
+struct LocalEngine {
+  std::unique_ptr<comm::Communicator> local;
+  shard::Mesh mesh;
+  shard::ShardedModel engine;
+  explicit LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc = {});
+  shard::StepStats step(model::StagedModel& m, const std::vector<data::BatchBuffers>& micro,
+                        const ops::AdamWConfig& opt, int64_t step, double max_grad_norm = 1.0);
+  std::vector<float> weight(const std::string& name);  // f32 master values
+  std::vector<float> grad(const std::string& name);    // the last step's gradient (CPU, one process)
+};
+
+// Every tensor's f32 master values, gathered from the engine's shards one unit at a time
+// (collective: every rank calls it).
+std::map<std::string, std::vector<float>> gather_weights(shard::ShardedModel& engine);
 
 // Passes when |got - want| <= atol + rtol * |want| for every element and nothing is NaN/Inf
 // where `want` is finite. The failure message names `label`, the worst element and its values.

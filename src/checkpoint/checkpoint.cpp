@@ -460,4 +460,51 @@ void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
   write_hf_side_files(opt.out, reader.model(), opt.dtype, reader.dir());
 }
 
+void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const ConvertOptions& opt,
+                  const std::string& tokenizer_source, comm::Communicator& world) {
+  // The unit being written, gathered once (the writer asks for tensors in plan order, unit by unit).
+  OwnedTensor unit;
+  int current = -1;
+  auto gather = [&](int k) {
+    unit = OwnedTensor();  // free the previous unit first
+    unit = OwnedTensor(DType::F32, {engine.layout(k).padded_numel}, MemCategory::Communication, false);
+    engine.gather_unit(k, unit.t);
+    current = k;
+  };
+  if (world.rank() != 0) {
+    for (int k = 0; k < engine.num_units(); ++k) gather(k);
+    world.barrier();
+    return;
+  }
+  std::vector<io::PlannedTensor> plan;
+  std::map<std::string, std::pair<int, const shard::FlatEntry*>> where;
+  for (int k = 0; k < engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : engine.layout(k).entries) {
+      plan.emplace_back(e.info.name, opt.dtype, e.info.shape);
+      where[e.info.name] = {k, &e};
+    }
+  constexpr int64_t kChunk = int64_t(4) << 20;  // elements converted at a time
+  OwnedTensor low;
+  if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {kChunk}, MemCategory::Workspace, false);
+  io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
+    const auto [k, e] = where.at(name);
+    if (k != current) gather(k);
+    const Tensor t = unit.t.slice(e->offset, e->offset + e->info.numel());
+    if (opt.dtype == DType::F32) {
+      sink(t.data, t.nbytes());
+      return;
+    }
+    for (int64_t pos = 0; pos < t.numel(); pos += kChunk) {
+      const int64_t m = std::min(kChunk, t.numel() - pos);
+      ops::cast(low.t.slice(0, m), t.slice(pos, pos + m));
+      sink(low.t.data, size_t(m) * dtype_size(opt.dtype));
+    }
+  });
+  // A unit the writer never asked for would leave the other ranks waiting in its gather.
+  SHARDLM_CHECK(current == engine.num_units() - 1, "export_model: wrote {} of {} units", current + 1, engine.num_units());
+  unit = OwnedTensor();
+  write_hf_side_files(opt.out, cfg, opt.dtype, tokenizer_source);
+  world.barrier();
+}
+
 }  // namespace shardlm::ckpt

@@ -148,4 +148,11 @@ struct ConvertOptions {
 };
 void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt);
 
+// Writes a Hugging Face model directory from the engine's master weights (the final save of a run
+// without checkpoints). Collective: the ranks gather one unit at a time (ShardedModel::gather_unit)
+// and rank 0 streams it into the safetensors files, so no rank holds more than one unit in f32
+// beyond its own shard. Tokenizer files are copied from `tokenizer_source`.
+void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const ConvertOptions& opt,
+                  const std::string& tokenizer_source, comm::Communicator& world);
+
 }  // namespace shardlm::ckpt

@@ -35,7 +35,7 @@ void register_generate(CLI::App& app) {
   cmd->callback([o] {
     const ModelConfig cfg = train::load_hf_config(o->model);
     const auto tok = data::load_tokenizer(o->model);
-    train::ParamStore params(cfg, DType::F32, train::ParamStore::Mode::WeightsOnly);
+    train::ParamStore params(cfg, DType::F32);
     params.load(io::ModelWeights(o->model), o->model);
     const std::vector<int32_t> prompt = tok->encode_with(o->prompt, !o->no_bos, false);
     const int64_t max_len = std::min<int64_t>(cfg.max_position_embeddings, int64_t(prompt.size()) + o->s.max_new_tokens);

@@ -46,7 +46,7 @@ void register_init(CLI::App& app) {
       cfg = model_config_from_json(j);
     }
     const DType dtype = parse_dtype(o->dtype);
-    train::ParamStore params(cfg, DType::F32, train::ParamStore::Mode::WeightsOnly);
+    train::ParamStore params(cfg, DType::F32);
     params.init_random(o->seed);
     train::save_hf_model(o->out, cfg, params, dtype, ~uint64_t(0), "");
     fmt::print("wrote {} ({} layers, hidden {}, vocab {}, {:.2f}M parameters, {}, seed {})\n", o->out,

@@ -56,6 +56,9 @@ class LocalCommunicator final : public Communicator {
   void broadcast(const Tensor&, int root) override {
     SHARDLM_CHECK(root == 0, "broadcast: root {} out of range for 1 rank", root);
   }
+  void broadcast_bytes(void*, size_t, int root) override {
+    SHARDLM_CHECK(root == 0, "broadcast: root {} out of range for 1 rank", root);
+  }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
   [[noreturn]] void abort(const std::string& message) override {
@@ -65,9 +68,46 @@ class LocalCommunicator final : public Communicator {
   }
 };
 
+// One rank's view of a group of `size` ranks in which nothing moves: collectives only count their
+// bytes. Tensors may have no memory (a dry run of the engine).
+class ShapeCommunicator final : public Communicator {
+ public:
+  ShapeCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return fmt::format("shape({} of {})", rank_, size_); }
+  std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor&) override {
+    count_ring(stats_.all_gather_bytes, out.nbytes());
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> reduce_scatter_async(const Tensor&, const Tensor& in, ReduceOp) override {
+    count_ring(stats_.reduce_scatter_bytes, in.nbytes());
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp) override {
+    count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
+    return std::make_unique<DoneRequest>();
+  }
+  double all_reduce_sum(double value) override { return value; }
+  void broadcast(const Tensor& buf, int root) override { count_broadcast(buf.nbytes(), root); }
+  void broadcast_bytes(void*, size_t n, int root) override { count_broadcast(n, root); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override {
+    throw Error("a shape-only communicator cannot be split");
+  }
+  [[noreturn]] void abort(const std::string& message) override { throw Error(message); }
+
+ private:
+  int rank_, size_;
+};
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+std::unique_ptr<Communicator> make_shape_communicator(int rank, int size) {
+  SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {}", rank, size);
+  return std::make_unique<ShapeCommunicator>(rank, size);
+}
 
 bool launched_by_mpi() {
   auto set = [](const char* v) { return std::getenv(v) != nullptr; };

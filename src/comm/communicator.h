@@ -58,6 +58,9 @@ class Communicator {
   // buf = the reduction of every rank's buf, in place.
   virtual std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp op) = 0;
   virtual void broadcast(const Tensor& buf, int root) = 0;
+  // n bytes of host memory from root to every rank (ids, small records). Host communicators only:
+  // the NCCL communicator refuses (its bootstrap carries such bytes).
+  virtual void broadcast_bytes(void* data, size_t n, int root) = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
@@ -93,6 +96,9 @@ class Communicator {
 };
 
 std::unique_ptr<Communicator> make_local_communicator();
+// A group of `size` ranks seen from `rank` in which nothing is sent: every collective completes at
+// once and only counts its bytes. For dry runs of the engine (the memory estimator).
+std::unique_ptr<Communicator> make_shape_communicator(int rank, int size);
 
 // True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
 bool launched_by_mpi();

@@ -127,6 +127,12 @@ class MpiCommunicator final : public Communicator {
     count_broadcast(buf.nbytes(), root);
   }
 
+  void broadcast_bytes(void* data, size_t n, int root) override {
+    SHARDLM_CHECK(root >= 0 && root < size_, "broadcast: root {} out of range for {} ranks", root, size_);
+    check(MPI_Bcast(data, int(n), MPI_BYTE, root, comm_), "MPI_Bcast");
+    count_broadcast(n, root);
+  }
+
   void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

@@ -244,6 +244,10 @@ class NcclCommunicator final : public Communicator {
     completion(op)->wait();
   }
 
+  void broadcast_bytes(void*, size_t, int) override {
+    fail(world_rank_, "broadcast", "host bytes go over the bootstrap communicator, not NCCL");
+  }
+
   // Synchronizes the host: returns when every rank has reached the barrier and this rank's work
   // enqueued before it (compute stream and comm stream) has finished.
   void barrier() override {
@@ -478,9 +482,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
   if (!failure.empty()) throw error(failure);
   if (failed > 0) throw error(fmt::format("{} other rank(s) could not set up a CUDA device", failed));
 
-  // 3. Rank 0's id to every rank: its bytes as a CPU tensor (broadcast moves bytes unchanged).
-  static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "ncclUniqueId is sent as f32 words");
-  bootstrap.broadcast(Tensor::view(&id, DType::F32, {int64_t(sizeof(id) / sizeof(float))}), 0);
+  // 3. Rank 0's id to every rank, as bytes over the host bootstrap.
+  bootstrap.broadcast_bytes(&id, sizeof(id), 0);
 
   // 4. The communicator: NCCL rank = bootstrap rank.
   ncclComm_t comm = nullptr;

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "model/llama.h"
 #include "shard/flat_layout.h"
-#include "shard/wrap.h"
+#include "shard/engine.h"
 
 namespace shardlm::memory {
 
@@ -43,47 +43,6 @@ MemCategory term_category(Term t) {
 
 namespace {
 
-// The MemoryTracker's bookkeeping, per term as well as per category.
-struct Tracker {
-  std::array<int64_t, kNumTerms> live{}, peak{}, at_peak{};
-  std::array<int64_t, kNumMemCategories> clive{}, cpeak{};
-  int64_t total = 0, peak_total = 0;
-
-  void alloc(Term t, int64_t bytes) {
-    if (bytes <= 0) return;  // Buffer(0) charges nothing
-    const size_t i = size_t(t), c = size_t(term_category(t));
-    live[i] += bytes;
-    peak[i] = std::max(peak[i], live[i]);
-    clive[c] += bytes;
-    cpeak[c] = std::max(cpeak[c], clive[c]);
-    total += bytes;
-    if (total > peak_total) {
-      peak_total = total;
-      at_peak = live;
-    }
-  }
-  void free(Term t, int64_t bytes) {
-    if (bytes <= 0) return;
-    live[size_t(t)] -= bytes;
-    clive[size_t(term_category(t))] -= bytes;
-    total -= bytes;
-  }
-  // A buffer that lives only inside one op.
-  void spike(Term t, int64_t bytes) {
-    alloc(t, bytes);
-    free(t, bytes);
-  }
-};
-
-// One engine unit, as ShardedModel::Unit, reduced to sizes and state.
-struct SimUnit {
-  int64_t padded = 0, shard = 0, own = 0;
-  bool has_root = false, solo = false;
-  std::vector<int64_t> layers;
-  bool gathered = false, pending = false;
-  bool grad_defined = false;  // full_grad exists (or is a view, for solo)
-};
-
 int64_t dsize(DType d) { return int64_t(dtype_size(d)); }
 
 // Temporaries of one op: the CPU matmul widens each bf16 operand (and a bf16 output) to an f32
@@ -115,9 +74,6 @@ BlockTemps block_temps(const ModelConfig& c, int64_t N, bool act16, bool w16) {
   return t;
 }
 
-// Ring accounting, as CommStats: (n-1)/n of the buffer per all-gather or reduce-scatter.
-double ring(double bytes, int n) { return n > 1 ? bytes * (n - 1) / n : 0.0; }
-
 // The engine's own rows per cross-entropy chunk (ops.h: linear_cross_entropy's default).
 constexpr int64_t kCeChunkRows = 256;
 
@@ -126,6 +82,99 @@ constexpr int64_t kCeChunkRows = 256;
 constexpr double kNf4BytesPerParam = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
 
 bool checkpointed(int every, int64_t layer) { return every > 0 && layer % every == 0; }
+
+Term role_term(shard::BufferRole r) {
+  switch (r) {
+    case shard::BufferRole::Master: return Term::ParamsAtRest;
+    case shard::BufferRole::Moments: return Term::Optimizer;
+    case shard::BufferRole::GradShard: return Term::GradShard;
+    case shard::BufferRole::FullParams: return Term::FullParams;
+    case shard::BufferRole::FullGrad: return Term::FullGrads;
+    case shard::BufferRole::Staging: return Term::Communication;
+  }
+  return Term::OtherWorkspace;
+}
+
+// The MemoryTracker's bookkeeping, per term as well as per category: the ledger of a dry run of
+// the engine, and the counter of the model's activations and temporaries.
+struct Tracker final : shard::BufferLedger {
+  std::array<int64_t, kNumTerms> live{}, peak{}, at_peak{};
+  std::array<int64_t, kNumMemCategories> clive{}, cpeak{};
+  int64_t total = 0, peak_total = 0;
+  int64_t host = 0, host_at_peak = 0;  // offloaded (pinned host) bytes
+
+  void alloc(Term t, int64_t bytes, bool on_host = false) {
+    if (bytes <= 0) return;  // Buffer(0) charges nothing
+    const size_t i = size_t(t), c = size_t(term_category(t));
+    live[i] += bytes;
+    peak[i] = std::max(peak[i], live[i]);
+    clive[c] += bytes;
+    cpeak[c] = std::max(cpeak[c], clive[c]);
+    total += bytes;
+    if (on_host) host += bytes;
+    if (total > peak_total) {
+      peak_total = total;
+      at_peak = live;
+      host_at_peak = host;
+    }
+  }
+  void free(Term t, int64_t bytes, bool on_host = false) {
+    if (bytes <= 0) return;
+    live[size_t(t)] -= bytes;
+    clive[size_t(term_category(t))] -= bytes;
+    total -= bytes;
+    if (on_host) host -= bytes;
+  }
+  // A buffer that lives only inside one op.
+  void spike(Term t, int64_t bytes) {
+    alloc(t, bytes);
+    free(t, bytes);
+  }
+  void on_alloc(shard::BufferRole role, bool on_host, int64_t bytes) override { alloc(role_term(role), bytes, on_host); }
+  void on_free(shard::BufferRole role, bool on_host, int64_t bytes) override { free(role_term(role), bytes, on_host); }
+};
+
+// LlamaCompute's allocations, counted: the arena it keeps for the run (LlamaCompute::reserve) and
+// each stage's temporaries (the CPU matmul's bf16 widening, the cross-entropy chunk).
+struct CountingModel final : model::StagedModel {
+  Tracker* tr = nullptr;
+  const EstimateInput* in = nullptr;
+  int64_t fwd = 0, bwd = 0, ce = 0;  // temporaries of a block's forward and backward, of the loss
+  bool reserved = false;
+
+  void reserve(int64_t B, int64_t T) override;
+  void embed_forward(const model::Batch&) override {}
+  void block_forward(int) override { tr->spike(Term::OtherWorkspace, fwd); }
+  ops::CrossEntropyResult head_loss(const model::Batch&, float, bool) override {
+    tr->spike(Term::LossWorkspace, ce);
+    return {};
+  }
+  void head_logits(const Tensor&) override {}
+  void block_backward(int layer) override {
+    tr->spike(Term::OtherWorkspace, checkpointed(in->checkpoint_every, layer) ? std::max(fwd, bwd) : bwd);
+  }
+  void embed_backward(const model::Batch&) override {}
+};
+
+void CountingModel::reserve(int64_t B, int64_t T) {
+  if (reserved) return;
+  reserved = true;
+  const ModelConfig& cfg = in->model;
+  const int64_t N = B * T, a = dsize(in->sharding.param_dtype);  // the trainer computes in the parameter dtype
+  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, H = cfg.num_attention_heads;
+  const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim();
+  const int64_t layer_bytes = N * (a * (4 * D + 2 * qd + 2 * kvd + 3 * F) + 4 * (2 + H));  // the 14 buffers
+  bool any_ckpt = false;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const bool ck = checkpointed(in->checkpoint_every, l);
+    any_ckpt = any_ckpt || ck;
+    tr->alloc(Term::Activations, ck ? N * a * D : layer_bytes);  // a checkpointed layer keeps its input
+  }
+  if (any_ckpt) tr->alloc(Term::Activations, layer_bytes - N * a * D);  // the shared recompute set
+  tr->alloc(Term::Activations, 2 * N * D * a + N * 4 + 3 * N * 4);       // h_final, xnf, rstdf, ids, positions, segments
+  tr->alloc(Term::OtherWorkspace, 4 * N * (3 * D + 2 * qd + 2 * kvd + 3 * F));  // dh dtmp dxn datt dq dk dv d_act dgate dup
+}
+
 
 }  // namespace
 
@@ -153,185 +202,58 @@ Estimate estimate(const EstimateInput& in) {
   Estimate est;
   est.shard_group = S;
   est.parameters = parameter_count(cfg);
-
-  // ---- the units, as the engine's constructor lays them out ----
-  const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
-  std::vector<SimUnit> units;
-  for (const std::vector<int>& g : shard::wrap_units(parts, sc)) {
-    SimUnit u;
-    model::UnitLayout merged{parts[size_t(g[0])].name, {}};
-    for (int part : g) {
-      if (part == 0) u.has_root = true;
-      else u.layers.push_back(part - 1);
-      for (const model::ParamInfo& p : parts[size_t(part)].params) merged.params.push_back(p);
-    }
-    u.padded = shard::make_flat_layout(merged, S).padded_numel;
-    u.shard = u.padded / S;
-    u.own = sharded ? u.shard : u.padded;
-    u.solo = sharded && S == 1 && !sc.hybrid();
-    units.push_back(std::move(u));
-    est.padded_params += units.back().padded;
-  }
-  const int n = int(units.size());
-  est.num_units = n;
-
   Tracker tr;
-  for (SimUnit& u : units) {
-    tr.alloc(Term::ParamsAtRest, u.own * 4);
-    tr.alloc(Term::Optimizer, u.own * 4);
-    tr.alloc(Term::Optimizer, u.own * 4);
-    if (u.solo) {
-      tr.alloc(Term::GradShard, u.shard * 4);
-      u.grad_defined = true;  // a view of the shard
-      if (sc.param_dtype != DType::F32) {
-        tr.alloc(Term::FullParams, u.padded * pd);
-      }
-      u.gathered = true;
-    } else if (sharded) {
-      tr.alloc(Term::GradShard, u.shard * 4);
-    }
-  }
-  // An all-gather sends the f32 master itself, or a param_dtype copy of it that lives until the
-  // gather completes (ShardedModel::gather_source).
-  const int64_t send_bytes_per_elem = sc.param_dtype == DType::F32 ? 0 : pd;
-  // ZERO1's refresh_full_params: a blocking all-gather into the persistent full parameters.
-  auto zero1_refresh = [&](SimUnit& u) {
-    if (sc.strategy == shard::Strategy::Zero1 && !u.solo) tr.spike(Term::Communication, u.shard * send_bytes_per_elem);
-  };
-  // Loading / init: refresh_full_params keeps full parameters for NO_SHARD (unless they are the
-  // f32 master itself) and ZERO1.
-  for (SimUnit& u : units) {
-    if (u.solo || shard_grads) continue;
-    if (!(sc.strategy == shard::Strategy::NoShard && sc.param_dtype == DType::F32)) {
-      tr.alloc(Term::FullParams, u.padded * pd);
-    }
-    zero1_refresh(u);
-    u.gathered = true;
-  }
-
-  // ---- LlamaCompute::reserve: the arena, kept for the run ----
   const int64_t N = in.micro_batch_size * in.seq_len;
-  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, H = cfg.num_attention_heads, V = cfg.vocab_size;
+  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), a = dsize(act);
-  const int64_t layer_bytes = N * (a * (4 * D + 2 * qd + 2 * kvd + 3 * F) + 4 * (2 + H));  // the 14 buffers
-  bool any_ckpt = false;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const bool ck = checkpointed(in.checkpoint_every, l);
-    any_ckpt = any_ckpt || ck;
-    tr.alloc(Term::Activations, ck ? N * a * D : layer_bytes);  // a checkpointed layer keeps its input
-  }
-  if (any_ckpt) tr.alloc(Term::Activations, layer_bytes - N * a * D);  // the shared recompute set
-  tr.alloc(Term::Activations, 2 * N * D * a + N * 4 + 3 * N * 4);       // h_final, xnf, rstdf, ids, positions, segments
-  tr.alloc(Term::OtherWorkspace, 4 * N * (3 * D + 2 * qd + 2 * kvd + 3 * F));  // dh dtmp dxn datt dq dk dv d_act dgate dup
-
   const bool act16 = act == DType::BF16, w16 = sc.param_dtype == DType::BF16;
   const BlockTemps temps = block_temps(cfg, N, act16, w16);
   const int64_t C = std::min(kCeChunkRows, N);
-  const int64_t ce_bytes = C * V * 4 + (w16 ? V * D * 4 : 0) + (act16 ? C * D * 4 : 0);
+  CountingModel counting;
+  counting.tr = &tr;
+  counting.in = &in;
+  counting.fwd = temps.fwd;
+  counting.bwd = temps.bwd;
+  counting.ce = C * V * 4 + (w16 ? V * D * 4 : 0) + (act16 ? C * D * 4 : 0);
 
-  // ---- the step, as ShardedModel::run_micro_batch and its helpers ----
-  auto gather_start = [&](SimUnit& u) {
-    if (u.gathered || u.pending) return;
-    tr.alloc(Term::FullParams, u.padded * pd);
-    tr.alloc(Term::Communication, u.shard * send_bytes_per_elem);
-    u.pending = true;
-  };
-  auto ensure_gathered = [&](SimUnit& u) {
-    if (u.gathered) return;
-    gather_start(u);
-    tr.free(Term::Communication, u.shard * send_bytes_per_elem);
-    u.pending = false;
-    u.gathered = true;
-  };
-  auto release = [&](SimUnit& u) {
-    if (!shard_grads || u.solo || !u.gathered) return;
-    tr.free(Term::FullParams, u.padded * pd);
-    u.gathered = false;
-  };
-  auto ensure_grad = [&](SimUnit& u) {
-    if (u.grad_defined) return;
-    tr.alloc(Term::FullGrads, u.padded * 4);
-    u.grad_defined = true;
-  };
-  auto reduce_grad = [&](SimUnit& u, bool last) {
-    if (u.solo) return;
-    if (!last && (!shard_grads || !sc.reduce_every_microbatch)) return;
-    if (sc.strategy == shard::Strategy::NoShard) {
-      if (sc.reduce_dtype != DType::F32) tr.spike(Term::Communication, u.padded * rd);
-      return;
-    }
-    tr.alloc(Term::Communication, u.shard * 4);  // part
-    if (sc.reduce_dtype != DType::F32) {
-      tr.alloc(Term::Communication, u.padded * rd);  // low
-      tr.alloc(Term::Communication, u.shard * rd);   // low_part
-      tr.free(Term::Communication, u.shard * rd);
-      tr.free(Term::Communication, u.padded * rd);
-    }
-    if (shard_grads) {
-      tr.free(Term::FullGrads, u.padded * 4);
-      u.grad_defined = false;
-    }
-    tr.free(Term::Communication, u.shard * 4);
-  };
-  auto micro_batch = [&](bool last) {
-    const bool reshard = sc.reshard_after_forward();
-    for (int i = 0; i < n; ++i) {
-      SimUnit& u = units[size_t(i)];
-      ensure_gathered(u);
-      if (sc.forward_prefetch && i + 1 < n) gather_start(units[size_t(i) + 1]);
-      for (size_t k = 0; k < u.layers.size(); ++k) tr.spike(Term::OtherWorkspace, temps.fwd);
-      if (reshard && !u.has_root) release(u);
-    }
-    ensure_grad(units[0]);
-    tr.spike(Term::LossWorkspace, ce_bytes);
-    for (int i = n - 1; i >= 0; --i) {
-      SimUnit& u = units[size_t(i)];
-      ensure_gathered(u);
-      if (sc.backward_prefetch == shard::BackwardPrefetch::Pre && i > 0) gather_start(units[size_t(i) - 1]);
-      ensure_grad(u);
-      for (int64_t l : u.layers)
-        tr.spike(Term::OtherWorkspace, checkpointed(in.checkpoint_every, l) ? std::max(temps.fwd, temps.bwd) : temps.bwd);
-      if (sc.backward_prefetch == shard::BackwardPrefetch::Post && i > 0) gather_start(units[size_t(i) - 1]);
-      reduce_grad(u, last);
-      if (shard_grads) release(u);
-    }
-  };
+  // ---- the engine itself, run dry on the same plan: rank 0's buffers, allocated and freed in
+  // the order a real run allocates and frees them ----
+  shard::ShardingConfig dry = sc;
+  dry.offload_params = in.offload;
+  shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn);
+  shard::ShardedModel engine(cfg, dry, mesh, tr);
+  engine.init_random(0);
+  est.num_units = engine.num_units();
+  est.padded_params = engine.plan().padded_numel();
+  std::vector<model::Batch> micro(size_t(in.grad_accum), model::Batch{.B = in.micro_batch_size, .T = in.seq_len});
   // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
-  // step starts with more live memory than the first did; later steps repeat the second.
-  for (int step = 0; step < 2; ++step) {
-    for (int64_t m = 0; m < in.grad_accum; ++m) micro_batch(m + 1 == in.grad_accum);
-    for (SimUnit& u : units) zero1_refresh(u);  // after AdamW
-  }
+  // step starts with more live memory than the first did; later steps repeat the second, whose
+  // communication is counted.
+  engine.train_step(counting, micro, ops::AdamWConfig{}, 1, 1.0);
+  mesh.shard->reset_stats();
+  mesh.replicate->reset_stats();
+  engine.train_step(counting, micro, ops::AdamWConfig{}, 2, 1.0);
 
   est.at_peak = tr.at_peak;
   est.peak = tr.peak;
   est.category_peak = tr.cpeak;
   est.peak_total = tr.peak_total;
 
-  // ---- communication per step (per rank, ring accounting; docs/sharding.md) ----
+  // ---- communication per step, as the dry run's communicators counted it (ring accounting) ----
   {
-    const double psi = double(est.padded_params);
-    double gathered = 0;  // elements all-gathered per micro-batch by the sharded-gradient strategies
-    for (const SimUnit& u : units) gathered += double(u.padded) * (sc.reshard_after_forward() && !u.has_root ? 2 : 1);
-    const double M = double(in.grad_accum);
-    const double reductions = sc.reduce_every_microbatch ? M : 1;  // reduce-scatters per step
     const bool multi_node = W > rpn;
-    const bool shard_spans = S > rpn;  // consecutive ranks: a group larger than a node crosses nodes
-    double intra = 0, inter = 0;
-    auto add = [&](double bytes, bool crosses) { (crosses ? inter : intra) += bytes; };
-    switch (sc.strategy) {
-      case shard::Strategy::NoShard: add(2 * ring(psi * rd, W), multi_node); break;
-      case shard::Strategy::Zero1: add(ring(psi * rd, W) + ring(psi * pd, W), multi_node); break;
-      default:
-        if (S > 1) add(M * ring(gathered * pd, S) + reductions * ring(psi * rd, S), shard_spans);
-        if (sc.hybrid() && W / S > 1) add(reductions * 2 * ring(psi / S * 4, W / S), multi_node);
-    }
-    est.comm_bytes_per_step = intra + inter;
-    est.inter_node_bytes_per_step = inter;
+    // Consecutive ranks: a hybrid shard group larger than a node crosses nodes; the other
+    // strategies' group is the whole world.
+    const bool shard_crosses = sc.hybrid() ? S > rpn : multi_node;
+    const double shard_bytes = double(mesh.shard->stats().total());
+    const double replica_bytes = double(mesh.replicate->stats().total());
+    est.comm_bytes_per_step = shard_bytes + replica_bytes;
+    est.inter_node_bytes_per_step = (shard_crosses ? shard_bytes : 0) + (multi_node ? replica_bytes : 0);
   }
   int64_t largest_unit = 0;
-  for (const SimUnit& u : units) largest_unit = std::max(largest_unit, u.padded);
-  est.save_gather_bytes = est.parameters * 4 + largest_unit * 4;
+  for (const shard::PlannedUnit& u : engine.plan().units) largest_unit = std::max(largest_unit, u.layout.padded_numel);
+  // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
+  est.save_gather_bytes = largest_unit * 4;
 
   // ---- estimate-only variants ----
   if (in.lora_rank > 0) {
@@ -372,13 +294,13 @@ Estimate estimate(const EstimateInput& in) {
         base_bytes / double(est.parameters)));
   }
   est.device_bytes = est.peak_total;
-  if (in.offload) {
-    est.approximate = true;
-    for (Term t : {Term::ParamsAtRest, Term::GradShard, Term::Optimizer}) est.host_bytes += est.at_peak[size_t(t)];
+  if (in.offload && in.lora_rank == 0) {
+    // What the dry run allocated in pinned host memory at the peak.
+    est.host_bytes = tr.host_at_peak;
     est.device_bytes = est.peak_total - est.host_bytes;
     est.notes.push_back(
-        "offload is an estimate only (the engine refuses fsdp_offload_params on CPU ranks): the f32 master shard, "
-        "the reduced gradient shard and AdamW state move to host memory and the optimizer steps there");
+        "offload (device: cuda): the f32 master shard, the reduced gradient shard and AdamW state live in pinned "
+        "host memory and the optimizer steps there; host bytes are in the total, device bytes exclude them");
   }
   if (!sharded && W > 1 && sc.strategy == shard::Strategy::NoShard)
     est.notes.push_back("NO_SHARD: every rank holds the whole model, its gradients and AdamW state");
@@ -386,12 +308,12 @@ Estimate estimate(const EstimateInput& in) {
 }
 
 std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg) {
-  const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
   // accelerate's "largest layer" is its largest residual group: for these models a decoder layer,
   // or the embedding (or the untied lm_head) when the vocabulary is large.
   int64_t largest = 0;
-  for (size_t i = 1; i < parts.size(); ++i) largest = std::max(largest, parts[i].numel());
-  for (const model::ParamInfo& p : parts[0].params) largest = std::max(largest, p.numel());
+  for (const model::ModelPart& part : model::llama_parts(cfg))
+    for (const model::ParamInfo& p : part.params)
+      largest = std::max(largest, part.kind == model::PartKind::Layer ? part.numel() : p.numel());
   const int64_t total = parameter_count(cfg);
   struct Kind {
     const char* name;

@@ -1,17 +1,18 @@
 // Memory estimate of a training run, per rank, from a model config alone (no weights).
 //
-// This is not a textbook formula: it replays what the sharding engine (shard/engine.cpp) and
-// LlamaCompute (model/llama.cpp) allocate, buffer by buffer and in the order they do it, through a
-// model of the MemoryTracker (live and peak bytes per category, and the peak of their sum). The
-// sizes come from the same functions the engine uses (llama_units, wrap_units, make_flat_layout's
-// padding), the activation arena's buffer list, the cross-entropy chunk (256 rows of V logits)
-// and the bf16 widening copies the CPU matmul makes. For the tracked categories the result is
-// the byte count the tracker reports (tests/mpi/memory_test.cpp checks it at 1, 2 and 4 ranks);
-// what the tracker cannot see (allocator slack, BLAS/MPI/OpenMP internals, per-thread attention
+// This is not a textbook formula: it runs the sharding engine itself (shard/engine.h) dry, on the
+// same unit plan a real run uses, over shape-only communicators: every buffer the engine would
+// allocate and free is counted in order through a model of the MemoryTracker (live and peak bytes
+// per category, and the peak of their sum), and the model's side (LlamaCompute's activation arena,
+// the cross-entropy chunk of 256 rows of V logits, the bf16 widening copies the CPU matmul makes)
+// is counted by a stand-in for the model's stages. For the tracked categories the result is the
+// byte count the tracker reports (tests/mpi/memory_test.cpp checks it at 1, 2 and 4 ranks); what
+// the tracker cannot see (allocator slack, BLAS/MPI/OpenMP internals, per-thread attention
 // scratch, the data pipeline) is outside it, and docs/memory.md says how large that usually is.
+// Communication per step is what the dry run's communicators counted.
 //
-// LoRA/QLoRA and CPU offload are estimates of designs the engine does not implement yet; they are
-// labelled as such wherever they are printed.
+// LoRA/QLoRA is an estimate of a design the engine does not implement yet, labelled as such
+// wherever it is printed. Offload (device: cuda) is the engine's own: its host bytes are counted.
 #pragma once
 
 #include <array>
@@ -50,7 +51,7 @@ struct EstimateInput {
   int64_t seq_len = 2048;
   int64_t grad_accum = 1;  // micro-batches per step (matters with no_sync)
   int checkpoint_every = 0;  // activation checkpointing: every k-th layer (1 = all, 0 = none)
-  bool offload = false;      // estimate only: master, gradient shard and AdamW state in host memory
+  bool offload = false;      // master, gradient shard and AdamW state in pinned host memory (device: cuda)
   int64_t lora_rank = 0;     // estimate only: frozen base + LoRA adapters of this rank
   bool qlora = false;        // estimate only: the frozen base's linear weights in 4-bit NF4
 };
@@ -69,8 +70,8 @@ struct Estimate {
   int64_t parameters = 0;         // the model's parameter count
   double comm_bytes_per_step = 0;        // per rank, ring accounting (as CommStats)
   double inter_node_bytes_per_step = 0;  // of that, what crosses nodes
-  int64_t save_gather_bytes = 0;  // the final save gathers the whole f32 model on every rank
-  bool approximate = false;       // LoRA/QLoRA or offload: not what the engine runs today
+  int64_t save_gather_bytes = 0;  // the final save gathers one unit at a time in f32: the largest unit
+  bool approximate = false;       // LoRA/QLoRA: not what the engine runs today
   std::vector<std::string> notes;
 };
 

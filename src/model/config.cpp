@@ -567,13 +567,4 @@ ModelConfig preset(const std::string& name) {
   throw Error(fmt::format("unknown model preset '{}'; available: {}", name, fmt::join(preset_names(), ", ")));
 }
 
-int64_t parameter_count(const ModelConfig& c) {
-  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
-  const int64_t attention = d * q + 2 * d * kv + q * d + (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0);
-  const int64_t mlp = 3 * d * f;
-  const int64_t norms = 2 * d;
-  const int64_t embedding = c.vocab_size * d;
-  return embedding + c.num_hidden_layers * (attention + mlp + norms) + d + (c.tie_word_embeddings ? 0 : embedding);
-}
-
 }  // namespace shardlm

@@ -80,8 +80,8 @@ nlohmann::json to_hf_json(const ModelConfig& config);
 std::vector<std::string> preset_names();
 ModelConfig preset(const std::string& name);  // unknown name: Error listing the presets
 
-// Number of parameters: embedding, per layer q/k/v/o (+ biases), gate/up/down and two norms,
-// the final norm, and lm_head unless tied. Matches sum(p.numel() for p in model.parameters()).
+// Number of parameters: the sum over model::llama_parts (defined in model/llama.cpp, from the one
+// table of Llama tensors). Matches sum(p.numel() for p in model.parameters()).
 int64_t parameter_count(const ModelConfig& config);
 
 }  // namespace shardlm

@@ -14,73 +14,99 @@ int64_t ParamInfo::numel() const {
   return n;
 }
 
-int64_t UnitLayout::numel() const {
+int64_t ModelPart::numel() const {
   int64_t n = 0;
   for (const ParamInfo& p : params) n += p.numel();
   return n;
 }
 
-std::vector<UnitLayout> llama_units(const ModelConfig& c) {
-  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-  const int64_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
-  std::vector<UnitLayout> units;
-  UnitLayout root{"root", {}};
-  root.params.push_back({"model.embed_tokens.weight", {V, D}, Init::Normal, true});
-  root.params.push_back({"model.norm.weight", {D}, Init::Ones, false});
-  if (!c.tie_word_embeddings) root.params.push_back({"lm_head.weight", {V, D}, Init::Normal, true});
-  units.push_back(root);
+int64_t dim_size(const ModelConfig& c, Dim d) {
+  switch (d) {
+    case Dim::None: return 0;
+    case Dim::Hidden: return c.hidden_size;
+    case Dim::Intermediate: return c.intermediate_size;
+    case Dim::QDim: return c.q_dim();
+    case Dim::KvDim: return c.kv_dim();
+    case Dim::Vocab: return c.vocab_size;
+  }
+  return 0;
+}
+
+namespace {
+
+bool present(const ModelConfig& c, Presence p) {
+  switch (p) {
+    case Presence::Always: return true;
+    case Presence::QkvBias: return c.qkv_bias;
+    case Presence::OBias: return c.o_bias;
+    case Presence::Untied: return !c.tie_word_embeddings;
+  }
+  return false;
+}
+
+ParamInfo param_info(const ModelConfig& c, const TensorSpec& s, const std::string& prefix) {
+  ParamInfo p{prefix + s.name, {dim_size(c, s.rows)}, s.init, s.weight_decay};
+  if (s.cols != Dim::None) p.shape.push_back(dim_size(c, s.cols));
+  return p;
+}
+
+std::string layer_prefix(int64_t l) { return fmt::format("model.layers.{}.", l); }
+
+}  // namespace
+
+std::vector<ModelPart> llama_parts(const ModelConfig& c) {
+  std::vector<ModelPart> parts;
+  parts.push_back({PartKind::Embedding, -1, "model.embed_tokens", {param_info(c, kEmbeddingTensor.spec, "")}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    UnitLayout u{fmt::format("model.layers.{}", l), {}};
-    u.params.push_back({p + "input_layernorm.weight", {D}, Init::Ones, false});
-    u.params.push_back({p + "self_attn.q_proj.weight", {qd, D}, Init::Normal, true});
-    if (c.qkv_bias) u.params.push_back({p + "self_attn.q_proj.bias", {qd}, Init::Zeros, false});
-    u.params.push_back({p + "self_attn.k_proj.weight", {kvd, D}, Init::Normal, true});
-    if (c.qkv_bias) u.params.push_back({p + "self_attn.k_proj.bias", {kvd}, Init::Zeros, false});
-    u.params.push_back({p + "self_attn.v_proj.weight", {kvd, D}, Init::Normal, true});
-    if (c.qkv_bias) u.params.push_back({p + "self_attn.v_proj.bias", {kvd}, Init::Zeros, false});
-    u.params.push_back({p + "self_attn.o_proj.weight", {D, qd}, Init::Normal, true});
-    if (c.o_bias) u.params.push_back({p + "self_attn.o_proj.bias", {D}, Init::Zeros, false});
-    u.params.push_back({p + "post_attention_layernorm.weight", {D}, Init::Ones, false});
-    u.params.push_back({p + "mlp.gate_proj.weight", {F, D}, Init::Normal, true});
-    u.params.push_back({p + "mlp.up_proj.weight", {F, D}, Init::Normal, true});
-    u.params.push_back({p + "mlp.down_proj.weight", {D, F}, Init::Normal, true});
-    units.push_back(std::move(u));
+    ModelPart p{PartKind::Layer, l, fmt::format("model.layers.{}", l), {}};
+    for (const LayerTensorSpec& t : kLayerTensors)
+      if (present(c, t.spec.presence)) p.params.push_back(param_info(c, t.spec, layer_prefix(l)));
+    parts.push_back(std::move(p));
   }
-  return units;
+  ModelPart head{PartKind::Head, -1, "lm_head", {}};
+  for (const TopTensorSpec& t : kHeadTensors)
+    if (present(c, t.spec.presence)) head.params.push_back(param_info(c, t.spec, ""));
+  parts.push_back(std::move(head));
+  return parts;
 }
 
-LayerWeights bind_layer(const ModelConfig& c, int64_t l, const std::function<Tensor(const std::string&)>& lookup) {
-  const std::string p = fmt::format("model.layers.{}.", l);
-  LayerWeights L;
-  L.attn_norm = lookup(p + "input_layernorm.weight");
-  L.wq = lookup(p + "self_attn.q_proj.weight");
-  L.wk = lookup(p + "self_attn.k_proj.weight");
-  L.wv = lookup(p + "self_attn.v_proj.weight");
-  L.wo = lookup(p + "self_attn.o_proj.weight");
-  if (c.qkv_bias) {
-    L.bq = lookup(p + "self_attn.q_proj.bias");
-    L.bk = lookup(p + "self_attn.k_proj.bias");
-    L.bv = lookup(p + "self_attn.v_proj.bias");
+void bind_part(const ModelConfig& c, const ModelPart& part, LlamaWeights& w, const TensorLookup& lookup) {
+  auto get = [&](const TensorSpec& s, const std::string& prefix) {
+    return lookup && present(c, s.presence) ? lookup(prefix + s.name) : Tensor{};
+  };
+  switch (part.kind) {
+    case PartKind::Embedding:
+      w.embed = get(kEmbeddingTensor.spec, "");
+      if (c.tie_word_embeddings) w.lm_head = w.embed;
+      return;
+    case PartKind::Layer: {
+      if (w.layers.size() != size_t(c.num_hidden_layers)) w.layers.resize(size_t(c.num_hidden_layers));
+      LayerWeights& L = w.layers[size_t(part.layer)];
+      for (const LayerTensorSpec& t : kLayerTensors) L.*t.slot = get(t.spec, layer_prefix(part.layer));
+      return;
+    }
+    case PartKind::Head:
+      for (const TopTensorSpec& t : kHeadTensors)
+        if (present(c, t.spec.presence)) w.*t.slot = get(t.spec, "");
+      return;
   }
-  if (c.o_bias) L.bo = lookup(p + "self_attn.o_proj.bias");
-  L.mlp_norm = lookup(p + "post_attention_layernorm.weight");
-  L.w_gate = lookup(p + "mlp.gate_proj.weight");
-  L.w_up = lookup(p + "mlp.up_proj.weight");
-  L.w_down = lookup(p + "mlp.down_proj.weight");
-  return L;
 }
 
-void bind_root(const ModelConfig& c, LlamaWeights& w, const std::function<Tensor(const std::string&)>& lookup) {
-  w.embed = lookup("model.embed_tokens.weight");
-  w.final_norm = lookup("model.norm.weight");
-  w.lm_head = c.tie_word_embeddings ? w.embed : lookup("lm_head.weight");
-}
+}  // namespace shardlm::model
 
-LlamaWeights bind_weights(const ModelConfig& c, const std::function<Tensor(const std::string&)>& lookup) {
+namespace shardlm {
+int64_t parameter_count(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const model::ModelPart& p : model::llama_parts(c)) n += p.numel();
+  return n;
+}
+}  // namespace shardlm
+
+namespace shardlm::model {
+
+LlamaWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup) {
   LlamaWeights w;
-  bind_root(c, w, lookup);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) w.layers.push_back(bind_layer(c, l, lookup));
+  for (const ModelPart& p : llama_parts(c)) bind_part(c, p, w, lookup);
   return w;
 }
 
@@ -373,26 +399,15 @@ void LlamaCompute::embed_backward(const Batch& batch) {
   ops::embedding_backward(g_.embed, arena_->v_dh, arena_->v_ids);
 }
 
-ops::CrossEntropyResult LlamaCompute::forward_backward(const Batch& batch, float grad_scale) {
-  embed_forward(batch);
-  for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
-  const ops::CrossEntropyResult r = head_loss(batch, grad_scale, true);
-  for (int l = int(cfg_.num_hidden_layers) - 1; l >= 0; --l) block_backward(l);
-  embed_backward(batch);
-  return r;
-}
-
-ops::CrossEntropyResult LlamaCompute::forward_loss(const Batch& batch) {
-  embed_forward(batch);
-  for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
-  return head_loss(batch, 1.0f, false);
+void LlamaCompute::head_logits(const Tensor& out) {
+  ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
+  ops::matmul(out, arena_->v_xnf, w_.lm_head, false, true);
 }
 
 void LlamaCompute::logits(const Batch& batch, const Tensor& out) {
   embed_forward(batch);
   for (int l = 0; l < int(cfg_.num_hidden_layers); ++l) block_forward(l);
-  ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
-  ops::matmul(out, arena_->v_xnf, w_.lm_head, false, true);
+  head_logits(out);
 }
 
 }  // namespace shardlm::model

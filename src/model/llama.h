@@ -1,16 +1,17 @@
 // The Llama-family decoder (Llama 2/3, Mistral, Qwen2) with explicit forward and backward.
 //
-// Parameters are grouped into units, the granularity at which the sharding engine gathers and
-// frees them (DESIGN.md). Unit 0 is the root: the token embedding, the final norm and the
-// lm_head (FSDP's root instance holds exactly these under transformer wrapping); unit 1 + l is
-// decoder layer l. Every parameter carries its Hugging Face name.
+// Parameters are grouped into parts, the smallest groups the sharding engine may gather and free
+// (DESIGN.md): part 0 is the token embedding, part 1 + l decoder layer l, and the last part the
+// head (final norm and lm_head), as torchtitan wraps them. A wrap policy groups parts into units
+// (shard/plan.h). Every parameter carries its Hugging Face name; kLayerTensors and kTopTensors
+// below are the one table of those names, shapes and roles.
 //
 // LlamaCompute owns no parameters: it is handed views (LlamaWeights) of whatever memory holds
 // the full parameters in the compute dtype, and views of f32 gradient accumulators, and it owns
-// only activations. A training step runs the units in order:
+// only activations. A training step runs the stages in order:
 //   embed_forward, block_forward(0..L-1), head_loss (forward + backward of norm, head and loss),
 //   block_backward(L-1..0), embed_backward
-// and the engine may gather, free or reduce a unit's parameters between those calls.
+// and the engine (shard/engine.h) gathers, frees and reduces a unit's parameters between them.
 #pragma once
 
 #include <functional>
@@ -34,15 +35,6 @@ struct ParamInfo {
   int64_t numel() const;
 };
 
-struct UnitLayout {
-  std::string name;  // "root" or "model.layers.N"
-  std::vector<ParamInfo> params;
-  int64_t numel() const;
-};
-
-// Unit 0 = root, unit 1 + l = layer l. Tied embeddings: no lm_head.weight parameter.
-std::vector<UnitLayout> llama_units(const ModelConfig& cfg);
-
 // Views by role. Biases are undefined tensors when the architecture has none.
 struct LayerWeights {
   Tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm, w_gate, w_up, w_down;
@@ -51,11 +43,75 @@ struct LlamaWeights {
   Tensor embed, final_norm, lm_head;  // lm_head is embed when the embeddings are tied
   std::vector<LayerWeights> layers;
 };
-// Looks every parameter up by its Hugging Face name (lookup throws for unknown names).
-LlamaWeights bind_weights(const ModelConfig& cfg, const std::function<Tensor(const std::string&)>& lookup);
-// The same for one decoder layer, or for the root unit's tensors (embedding, final norm, head).
-LayerWeights bind_layer(const ModelConfig& cfg, int64_t layer, const std::function<Tensor(const std::string&)>& lookup);
-void bind_root(const ModelConfig& cfg, LlamaWeights& w, const std::function<Tensor(const std::string&)>& lookup);
+
+// ---- the parameter table ----------------------------------------------------------------------
+// A dimension of the config, for shapes in the table.
+enum class Dim : uint8_t { None, Hidden, Intermediate, QDim, KvDim, Vocab };
+int64_t dim_size(const ModelConfig& cfg, Dim d);  // None -> 0
+// Which architectures have the tensor.
+enum class Presence : uint8_t { Always, QkvBias, OBias, Untied };
+
+struct TensorSpec {
+  const char* name;  // layer tensors: after "model.layers.N."; others: the full name
+  Dim rows, cols;    // shape [rows] or [rows, cols]
+  Init init;
+  bool weight_decay;
+  Presence presence;
+};
+struct LayerTensorSpec {
+  TensorSpec spec;
+  Tensor LayerWeights::*slot;
+};
+// In flat-buffer order.
+inline constexpr LayerTensorSpec kLayerTensors[] = {
+    {{"input_layernorm.weight", Dim::Hidden, Dim::None, Init::Ones, false, Presence::Always}, &LayerWeights::attn_norm},
+    {{"self_attn.q_proj.weight", Dim::QDim, Dim::Hidden, Init::Normal, true, Presence::Always}, &LayerWeights::wq},
+    {{"self_attn.q_proj.bias", Dim::QDim, Dim::None, Init::Zeros, false, Presence::QkvBias}, &LayerWeights::bq},
+    {{"self_attn.k_proj.weight", Dim::KvDim, Dim::Hidden, Init::Normal, true, Presence::Always}, &LayerWeights::wk},
+    {{"self_attn.k_proj.bias", Dim::KvDim, Dim::None, Init::Zeros, false, Presence::QkvBias}, &LayerWeights::bk},
+    {{"self_attn.v_proj.weight", Dim::KvDim, Dim::Hidden, Init::Normal, true, Presence::Always}, &LayerWeights::wv},
+    {{"self_attn.v_proj.bias", Dim::KvDim, Dim::None, Init::Zeros, false, Presence::QkvBias}, &LayerWeights::bv},
+    {{"self_attn.o_proj.weight", Dim::Hidden, Dim::QDim, Init::Normal, true, Presence::Always}, &LayerWeights::wo},
+    {{"self_attn.o_proj.bias", Dim::Hidden, Dim::None, Init::Zeros, false, Presence::OBias}, &LayerWeights::bo},
+    {{"post_attention_layernorm.weight", Dim::Hidden, Dim::None, Init::Ones, false, Presence::Always},
+     &LayerWeights::mlp_norm},
+    {{"mlp.gate_proj.weight", Dim::Intermediate, Dim::Hidden, Init::Normal, true, Presence::Always},
+     &LayerWeights::w_gate},
+    {{"mlp.up_proj.weight", Dim::Intermediate, Dim::Hidden, Init::Normal, true, Presence::Always}, &LayerWeights::w_up},
+    {{"mlp.down_proj.weight", Dim::Hidden, Dim::Intermediate, Init::Normal, true, Presence::Always},
+     &LayerWeights::w_down},
+};
+struct TopTensorSpec {
+  TensorSpec spec;
+  Tensor LlamaWeights::*slot;
+};
+inline constexpr TopTensorSpec kEmbeddingTensor = {
+    {"model.embed_tokens.weight", Dim::Vocab, Dim::Hidden, Init::Normal, true, Presence::Always}, &LlamaWeights::embed};
+inline constexpr TopTensorSpec kHeadTensors[] = {
+    {{"model.norm.weight", Dim::Hidden, Dim::None, Init::Ones, false, Presence::Always}, &LlamaWeights::final_norm},
+    {{"lm_head.weight", Dim::Vocab, Dim::Hidden, Init::Normal, true, Presence::Untied}, &LlamaWeights::lm_head},
+};
+
+// ---- parts ------------------------------------------------------------------------------------
+enum class PartKind : uint8_t { Embedding, Layer, Head };
+struct ModelPart {
+  PartKind kind = PartKind::Layer;
+  int64_t layer = -1;  // PartKind::Layer only
+  std::string name;    // "model.embed_tokens", "model.layers.N", "lm_head"
+  std::vector<ParamInfo> params;
+  int64_t numel() const;
+};
+// Part 0 = the embedding, part 1 + l = layer l, the last part = the head (final norm, and lm_head
+// unless the embeddings are tied: then the head computes with the embedding part's tensor).
+std::vector<ModelPart> llama_parts(const ModelConfig& cfg);
+
+// Points a part's slots of `w` at tensors found by Hugging Face name (lookup throws for unknown
+// names), or, with an empty lookup, unbinds them (undefined tensors), so that using a freed part
+// fails loudly. Binding the embedding of a tied model also sets lm_head.
+using TensorLookup = std::function<Tensor(const std::string&)>;
+void bind_part(const ModelConfig& cfg, const ModelPart& part, LlamaWeights& w, const TensorLookup& lookup);
+// Every part at once (a whole model in one process: generation, init, tests).
+LlamaWeights bind_weights(const ModelConfig& cfg, const TensorLookup& lookup);
 
 // One micro-batch: B sequences of T tokens. positions and segment_ids may be null (then
 // positions are 0..T-1 and there is one segment per sequence); packed sequences set both.
@@ -79,7 +135,34 @@ struct BlockActivations {
   Tensor gate, up, act;     // [N, F]: projections and silu(gate) * up
 };
 
-class LlamaCompute {
+// What the sharding engine drives: a model's compute, stage by stage, on weights and gradient
+// views the engine binds part by part (LlamaCompute; the memory estimator's counting stand-in).
+class StagedModel {
+ public:
+  virtual ~StagedModel() = default;
+  // Views the engine rebinds unit by unit as it gathers parameters and gradient buffers.
+  LlamaWeights& weights() { return w_; }
+  LlamaWeights& grads() { return g_; }
+  void set_weights(const LlamaWeights& w) { w_ = w; }
+  void set_grads(const LlamaWeights& g) { g_ = g; }
+
+  // Sizes the activation memory for B x T tokens; it only ever grows.
+  virtual void reserve(int64_t B, int64_t T) = 0;
+  virtual void embed_forward(const Batch& batch) = 0;
+  virtual void block_forward(int layer) = 0;
+  // Final norm, lm_head and cross-entropy. With backward, accumulates grad_scale-scaled
+  // gradients of the final norm and lm_head and leaves d(last block output) for block_backward.
+  virtual ops::CrossEntropyResult head_loss(const Batch& batch, float grad_scale, bool backward) = 0;
+  // Final norm and lm_head of every position after the forward: out [B*T, V] f32.
+  virtual void head_logits(const Tensor& out) = 0;
+  virtual void block_backward(int layer) = 0;
+  virtual void embed_backward(const Batch& batch) = 0;
+
+ protected:
+  LlamaWeights w_, g_;
+};
+
+class LlamaCompute final : public StagedModel {
  public:
   // act_dtype: f32 or bf16 activations (matches the compute dtype of the weights).
   // device: where the arena lives and every op runs; the weights and gradient views bound to it
@@ -87,15 +170,10 @@ class LlamaCompute {
   // uploaded into the arena (Batch holds host pointers), and nothing here reads device memory
   // from the host except the loss sums the ops return.
   LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device = Device::CPU);
-  ~LlamaCompute();
+  ~LlamaCompute() override;
 
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }
-  void set_weights(const LlamaWeights& w) { w_ = w; }
-  void set_grads(const LlamaWeights& g) { g_ = g; }
-  // Views the engine rebinds unit by unit as it gathers parameters and gradient buffers.
-  LlamaWeights& weights() { return w_; }
-  LlamaWeights& grads() { return g_; }
 
   // Activation checkpointing: every k-th decoder layer (layer % k == 0; k = 1: all, 0: none) keeps
   // only its input in the forward and recomputes the rest in its backward.
@@ -104,22 +182,18 @@ class LlamaCompute {
 
   // Sizes the activation arena for B x T tokens; it only ever grows, and any batch shape with at
   // most that many tokens reuses it.
-  void reserve(int64_t B, int64_t T);
+  void reserve(int64_t B, int64_t T) override;
 
-  // ---- the unit-by-unit step -----------------------------------------------------------------
-  void embed_forward(const Batch& batch);
-  void block_forward(int layer);
-  // Final norm, lm_head and cross-entropy. With backward, accumulates grad_scale-scaled
-  // gradients of the final norm and lm_head and leaves d(last block output) for block_backward.
-  ops::CrossEntropyResult head_loss(const Batch& batch, float grad_scale, bool backward);
-  void block_backward(int layer);
-  void embed_backward(const Batch& batch);
+  // ---- the stages (StagedModel) --------------------------------------------------------------
+  void embed_forward(const Batch& batch) override;
+  void block_forward(int layer) override;
+  ops::CrossEntropyResult head_loss(const Batch& batch, float grad_scale, bool backward) override;
+  void head_logits(const Tensor& out) override;
+  void block_backward(int layer) override;
+  void embed_backward(const Batch& batch) override;
 
-  // All of the above in order: forward, loss, backward. Returns the loss sum and token count.
-  ops::CrossEntropyResult forward_backward(const Batch& batch, float grad_scale);
-  // Forward and loss only (evaluation).
-  ops::CrossEntropyResult forward_loss(const Batch& batch);
-  // Forward to the logits of every position: out [B*T, V] f32 on this object's device (tests, scoring tools).
+  // Forward to the logits of every position with every part bound (a whole model in one process:
+  // tests and scoring tools): out [B*T, V] f32 on this object's device.
   void logits(const Batch& batch, const Tensor& out);
 
   // Activations of layer l (for tests).
@@ -134,7 +208,6 @@ class LlamaCompute {
   ModelConfig cfg_;
   DType act_dtype_;
   Device device_;
-  LlamaWeights w_, g_;
   std::vector<float> inv_freq_;
   OwnedTensor inv_freq_device_;  // CUDA: inv_freq_ uploaded once
   Tensor inv_freq_t_;            // the view the ops read: of inv_freq_ (CPU) or inv_freq_device_

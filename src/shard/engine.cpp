@@ -4,135 +4,208 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/device.h"
 #include "io/model_files.h"
-#include "shard/wrap.h"
 
 namespace shardlm::shard {
 
-// One engine unit: consecutive model units (the root and/or decoder layers) in one flat buffer.
-struct ShardedModel::Unit {
-  std::vector<int> model_units;  // 0 = root, 1 + l = layer l
-  FlatLayout layout;             // padded to a multiple of the shard group size
-  int64_t shard_numel = 0;       // padded / shard group size
-  int64_t own_begin = 0;         // first flat element this rank stores (0 when unsharded)
-  int64_t own_numel = 0;         // elements this rank stores: shard_numel, or padded when unsharded
-  bool has_root = false;
-  std::vector<int64_t> layers;   // decoder layers, in order
-  // Optimizer side (pinned host memory under offload, else the engine's device):
-  OwnedTensor master, m, v;      // f32 [own_numel]: what this rank optimizes
-  OwnedTensor grad_shard;        // f32 [shard_numel]: reduced gradients (sharded strategies and ZeRO-1)
-  // Compute side (always the engine's device):
-  OwnedTensor full_params;       // param_dtype [padded] while gathered (persistent for NO_SHARD / ZERO1)
-  OwnedTensor full_grad;         // f32 [padded] while the backward accumulates into it
-  OwnedTensor send;              // param_dtype [shard_numel] while a bf16 (or offloaded) all-gather is in flight
-  std::unique_ptr<comm::Request> pending;
-  bool gathered = false;
-  // A shard group of one rank (one process, not hybrid): the shard is the whole buffer, so the
-  // parameters are the master weights (or one bf16 copy of them) and gradients accumulate straight
-  // into the shard: no gathers, no reductions, no per-step buffers. FULL_SHARD on one process then
-  // does the work of NO_SHARD. Never under offload: there the shard is in host memory and the
-  // backward needs its gradients on the GPU, so the one-rank gathers and reductions do the copies.
-  bool solo = false;
+// ---- flat buffers ------------------------------------------------------------------------------
+
+FlatBuffer::FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device,
+                       BufferLedger* ledger)
+    : role_(role), host_(pinned_host), live_(true), bytes_(numel * int64_t(dtype_size(dtype))), ledger_(ledger) {
+  const Device where = pinned_host ? Device::CPU : device;
+  if (ledger_) {  // a dry run: a shape without memory
+    view_ = Tensor::view(nullptr, dtype, {numel}, where);
+    ledger_->on_alloc(role_, host_, bytes_);
+    return;
+  }
+  if (pinned_host) {
+    mem_.buffer = Buffer::pinned_host(size_t(bytes_), role_category(role), zero);
+    mem_.t = Tensor::of(mem_.buffer, dtype, {numel});
+  } else {
+    mem_ = OwnedTensor(dtype, {numel}, role_category(role), zero, device);
+  }
+  view_ = mem_.t;
+}
+
+FlatBuffer::FlatBuffer(FlatBuffer&& o) noexcept { *this = std::move(o); }
+
+FlatBuffer& FlatBuffer::operator=(FlatBuffer&& o) noexcept {
+  if (this == &o) return *this;
+  reset();
+  mem_ = std::move(o.mem_);
+  view_ = o.view_;
+  role_ = o.role_;
+  host_ = o.host_;
+  live_ = o.live_;
+  bytes_ = o.bytes_;
+  ledger_ = o.ledger_;
+  o.live_ = false;
+  o.view_ = Tensor{};
+  return *this;
+}
+
+void FlatBuffer::reset() {
+  if (!live_) return;
+  if (ledger_) ledger_->on_free(role_, host_, bytes_);
+  mem_ = OwnedTensor();
+  view_ = Tensor{};
+  live_ = false;
+}
+
+namespace {
+
+// ---- arithmetic and collectives over flat buffers ------------------------------------------------
+// Free functions, so the strategy logic below reads as what moves where. In a dry run (`dry`) they
+// touch no memory; the shape-only communicators count bytes and complete at once.
+
+struct Arith {
+  bool dry = false;
+  void cast(const Tensor& dst, const Tensor& src) const {
+    if (!dry) ops::cast(dst, src);
+  }
+  void zero(const Tensor& t) const {
+    if (!dry) ops::zero(t);
+  }
+  void add(const Tensor& dst, const Tensor& src) const {
+    if (!dry) ops::add_inplace(dst, src);
+  }
+  void copy(const Tensor& dst, const Tensor& src) const {  // across devices, same dtype
+    if (!dry) device::copy(dst, src);
+  }
+  double sum_squares(const Tensor& t) const { return dry ? 0.0 : ops::sum_squares(t); }
 };
 
+using Staging = std::function<FlatBuffer(DType, int64_t)>;
 
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, Mesh* scalar_mesh)
+// Every rank's gradient sum, in place in `full` (f32), communicated in `wire` dtype.
+void all_reduce_sum(comm::Communicator& group, const Tensor& full, DType wire, const Staging& staging, const Arith& a) {
+  if (wire == DType::F32) {
+    group.all_reduce(full, comm::ReduceOp::Sum);
+    return;
+  }
+  FlatBuffer low = staging(wire, full.numel());
+  a.cast(low.view(), full);
+  group.all_reduce(low.view(), comm::ReduceOp::Sum);
+  a.cast(full, low.view());
+}
+
+// This rank's slice of every rank's `full` summed, into `part` (both f32), communicated in `wire`.
+void reduce_scatter_sum(comm::Communicator& group, const Tensor& part, const Tensor& full, DType wire,
+                        const Staging& staging, const Arith& a) {
+  if (wire == DType::F32) {
+    group.reduce_scatter(part, full, comm::ReduceOp::Sum);
+    return;
+  }
+  FlatBuffer low = staging(wire, full.numel());
+  FlatBuffer low_part = staging(wire, part.numel());
+  a.cast(low.view(), full);
+  group.reduce_scatter(low_part.view(), low.view(), comm::ReduceOp::Sum);
+  a.cast(part, low_part.view());
+}
+
+}  // namespace
+
+// ---- units ---------------------------------------------------------------------------------------
+
+// A unit's parameters between visits (FSDP2's sharded / unsharded states).
+enum class ParamState : uint8_t { Sharded, Gathering, Gathered };
+
+struct ShardedModel::Unit {
+  const PlannedUnit* plan = nullptr;
+  ParamState state = ParamState::Sharded;
+  // Optimizer side (pinned host memory under offload, else the engine's device):
+  FlatBuffer master, exp_avg, exp_avg_sq;  // f32 [own_numel]: what this rank optimizes
+  FlatBuffer grad_shard;                   // f32 [shard_numel]: reduced gradients (sharded optimizer)
+  // Compute side (the engine's device):
+  FlatBuffer full_params;  // param dtype [padded]: gathered, or the persistent copy
+  FlatBuffer full_grad;    // f32 [padded]: the backward's accumulator
+  FlatBuffer send;         // param dtype [shard]: the cast or uploaded shard of a gather in flight
+  std::unique_ptr<comm::Request> pending;  // the gather in flight (Gathering)
+  // What the model binds: views of full_params or, where no copy is needed, of the master
+  // (f32 NO_SHARD, f32 solo); of full_grad or, for a solo unit, of the gradient shard.
+  Tensor params, grads;
+};
+
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
+    : ShardedModel(cfg, sharding, mesh, nullptr) {}
+
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger)
+    : ShardedModel(cfg, sharding, mesh, &ledger) {}
+
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger)
     : cfg_(cfg),
-      sharding_(sharding),
+      plan_(make_plan(cfg, sharding, mesh.tensor_shard().rank(), mesh.tensor_shard().size())),
       mesh_(mesh),
-      scalars_(scalar_mesh ? *scalar_mesh : mesh),
-      device_(mesh.shard->device()),
-      offload_(sharding.offload_params) {
-  SHARDLM_CHECK(!offload_ || (device_ == Device::CUDA && sharding.shard_gradients()),
+      shard_comm_(mesh.tensor_shard()),
+      replicate_comm_(sharding.hybrid() ? &mesh.tensor_replicate() : nullptr),
+      device_(mesh.device()),
+      offload_(sharding.offload_params),
+      ledger_(ledger) {
+  // A dry run may plan offload for a GPU it does not have.
+  SHARDLM_CHECK(!offload_ || ((ledger_ || device_ == Device::CUDA) && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
                 strategy_name(sharding.strategy), device_name(device_));
-  SHARDLM_CHECK(scalars_.shard->device() == Device::CPU, "the scalar mesh must be CPU communicators");
-  const std::vector<model::UnitLayout> parts = model::llama_units(cfg);
-  const std::vector<std::vector<int>> groups = wrap_units(parts, sharding);
-  const int S = mesh.shard->size(), r = mesh.shard->rank();
-  for (const std::vector<int>& g : groups) {
+  const bool sharded = sharding.shard_optimizer();
+  int64_t largest_shard = 0;
+  for (const PlannedUnit& p : plan_.units) {
     auto u = std::make_unique<Unit>();
-    u->model_units = g;
-    model::UnitLayout merged{parts[size_t(g[0])].name, {}};
-    for (int part : g) {
-      if (part == 0) u->has_root = true;
-      else u->layers.push_back(part - 1);
-      for (const model::ParamInfo& p : parts[size_t(part)].params) merged.params.push_back(p);
+    u->plan = &p;
+    u->master = state_buffer(BufferRole::Master, p.own_numel);
+    u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel);
+    u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel);
+    if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
+    if (p.solo) {
+      u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
+      if (plan_.precision.param != DType::F32)
+        u->full_params = buffer(BufferRole::FullParams, plan_.precision.param, p.layout.padded_numel, true);
     }
-    u->layout = make_flat_layout(merged, S);
-    u->shard_numel = u->layout.padded_numel / S;
-    const bool sharded = sharding.shard_optimizer();
-    u->own_begin = sharded ? r * u->shard_numel : 0;
-    u->own_numel = sharded ? u->shard_numel : u->layout.padded_numel;
-    u->master = state_tensor(DType::F32, u->own_numel, MemCategory::Parameters);
-    u->m = state_tensor(DType::F32, u->own_numel, MemCategory::Optimizer);
-    u->v = state_tensor(DType::F32, u->own_numel, MemCategory::Optimizer);
-    u->solo = sharded && S == 1 && !sharding.hybrid() && !offload_;
-    if (u->solo) {
-      u->grad_shard = state_tensor(DType::F32, u->shard_numel, MemCategory::Gradients);
-      u->full_grad.t = u->grad_shard.t;  // a view: the backward accumulates into the shard itself
-      if (sharding.param_dtype == DType::F32) u->full_params.t = u->master.t;
-      else
-        u->full_params =
-            OwnedTensor(sharding.param_dtype, {u->layout.padded_numel}, MemCategory::Parameters, true, device_);
-      u->gathered = true;
-    } else if (sharded) {
-      u->grad_shard = state_tensor(DType::F32, u->shard_numel, MemCategory::Gradients);
-    }
+    largest_shard = std::max(largest_shard, p.shard_numel);
     units_.push_back(std::move(u));
   }
+  if (offload_) host_staging_ = buffer(BufferRole::Staging, DType::F32, largest_shard, false, true);
 }
 
 ShardedModel::~ShardedModel() = default;
 
-OwnedTensor ShardedModel::state_tensor(DType dtype, int64_t n, MemCategory category) const {
-  if (!offload_) return OwnedTensor(dtype, {n}, category, true, device_);
-  OwnedTensor t;
-  t.buffer = Buffer::pinned_host(size_t(n) * dtype_size(dtype), category);
-  t.t = Tensor::of(t.buffer, dtype, {n});
-  return t;
+FlatBuffer ShardedModel::buffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool host) const {
+  return FlatBuffer(role, dtype, numel, zero, host, device_, ledger_);
 }
+
+std::vector<std::string> ShardedModel::names() const {
+  std::vector<std::string> out;
+  for (const PlannedUnit& p : plan_.units)
+    for (const FlatEntry& e : p.layout.entries) out.push_back(e.info.name);
+  return out;
+}
+
+// ---- initialization and loading: only this rank's elements -------------------------------------
 
 // Initialization and loading write host memory; a GPU-resident master is filled through a host
 // staging copy (charged to Communication, like the other staging buffers).
 template <class Fill>
 void ShardedModel::fill_master(Unit& u, Fill fill) {
-  if (u.master.t.device == Device::CPU) {
-    fill(u.master.t.f32());
+  if (ledger_) return;
+  const Tensor& m = u.master.view();
+  if (m.device == Device::CPU) {
+    fill(m.f32());
     return;
   }
-  OwnedTensor host(DType::F32, {u.own_numel}, MemCategory::Communication, false);
+  OwnedTensor host(DType::F32, {m.numel()}, MemCategory::Communication, false);
   fill(host.t.f32());
-  device::copy(u.master.t, host.t);
+  device::copy(m, host.t);
 }
-
-std::vector<std::string> ShardedModel::names() const {
-  std::vector<std::string> out;
-  for (const auto& u : units_)
-    for (const FlatEntry& e : u->layout.entries) out.push_back(e.info.name);
-  return out;
-}
-
-int64_t ShardedModel::padded_numel() const {
-  int64_t n = 0;
-  for (const auto& u : units_) n += u->layout.padded_numel;
-  return n;
-}
-
-int64_t ShardedModel::padded_numel(int unit) const { return units_[size_t(unit)]->layout.padded_numel; }
-
-// ---- initialization and loading: only this rank's elements -----------------------------------
 
 void ShardedModel::init_random(uint64_t seed) {
   for (auto& up : units_) {
     Unit& u = *up;
+    const PlannedUnit& p = *u.plan;
     fill_master(u, [&](float* out) {
-      init_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, seed, float(cfg_.initializer_range), out);
+      init_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, seed, float(cfg_.initializer_range), out);
     });
-    refresh_full_params(u);
+    refresh_params(u);
   }
 }
 
@@ -140,284 +213,328 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
   std::vector<const FlatLayout*> layouts;
   for (auto& up : units_) {
     Unit& u = *up;
+    const PlannedUnit& p = *u.plan;
     fill_master(u, [&](float* out) {
-      load_flat_range(u.layout, u.own_begin, u.own_begin + u.own_numel, weights, source, out);
+      load_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, weights, source, out);
     });
-    layouts.push_back(&u.layout);
-    refresh_full_params(u);
+    layouts.push_back(&p.layout);
+    refresh_params(u);
   }
   check_no_extra_tensors(layouts, weights, source);
 }
 
-// ---- parameters: gather, bind, release ---------------------------------------------------------
+// ---- parameters: gather, bind, release -----------------------------------------------------------
 
-// Strategies that keep full parameters between steps (NO_SHARD, ZERO1) refresh them here after
-// the master weights change; the others gather on demand.
-void ShardedModel::refresh_full_params(Unit& u) {
-  if (u.solo) {
-    if (sharding_.param_dtype != DType::F32) ops::cast(u.full_params.t, u.master.t);
-    return;
-  }
-  const bool persistent = !sharding_.shard_gradients();
-  if (!persistent) return;
-  const int64_t padded = u.layout.padded_numel;
-  if (!u.full_params.buffer.data() && !(sharding_.strategy == Strategy::NoShard && sharding_.param_dtype == DType::F32))
-    u.full_params = OwnedTensor(sharding_.param_dtype, {padded}, MemCategory::Parameters, true, device_);
-  if (sharding_.strategy == Strategy::NoShard) {
-    if (sharding_.param_dtype == DType::F32)
-      u.full_params.t = u.master.t;  // the master weights are the full parameters
-    else
-      ops::cast(u.full_params.t, u.master.t);
+// Persistent units (NO_SHARD, ZERO1, solo) refresh their full parameters here whenever the master
+// weights change; the others gather on demand.
+void ShardedModel::refresh_params(Unit& u) {
+  const PlannedUnit& p = *u.plan;
+  if (!p.persistent) return;
+  const Arith a{ledger_ != nullptr};
+  const DType pd = plan_.precision.param;
+  if (p.solo || plan_.sharding.strategy == Strategy::NoShard) {
+    if (pd == DType::F32) {
+      u.params = u.master.view();  // the master weights are the full parameters
+    } else {
+      if (!u.full_params.live()) u.full_params = buffer(BufferRole::FullParams, pd, p.layout.padded_numel, true);
+      a.cast(u.full_params.view(), u.master.view());
+      u.params = u.full_params.view();
+    }
   } else {  // ZERO1: every rank owns a shard; gather them
-    mesh_.shard->all_gather(u.full_params.t, gather_source(u));
-    u.send = OwnedTensor();
+    if (!u.full_params.live()) u.full_params = buffer(BufferRole::FullParams, pd, p.layout.padded_numel, true);
+    shard_comm_.all_gather(u.full_params.view(), gather_source(u));
+    u.send.reset();
+    u.params = u.full_params.view();
   }
-  u.gathered = true;
+  u.state = ParamState::Gathered;
+}
+
+// This rank's slice for an all-gather: the f32 master itself, or a param-dtype copy that lives
+// only until the gather completes (a persistent copy per unit would cost param-dtype bytes of the
+// whole shard). Under offload the master is in host memory: the compute-dtype shard is made on the
+// CPU (in the reused pinned staging buffer when it needs a cast) and copied up, synchronously.
+const Tensor& ShardedModel::gather_source(Unit& u) {
+  const Arith a{ledger_ != nullptr};
+  const DType pd = plan_.precision.param;
+  const int64_t n = u.plan->shard_numel;
+  if (offload_) {
+    u.send = buffer(BufferRole::Staging, pd, n, false);
+    if (pd == DType::F32) {
+      a.copy(u.send.view(), u.master.view());
+    } else {
+      const Tensor host = ledger_ ? Tensor{} : Tensor::view(host_staging_.view().data, pd, {n});
+      a.cast(host, u.master.view());
+      a.copy(u.send.view(), host);
+    }
+    return u.send.view();
+  }
+  if (pd == DType::F32) return u.master.view();
+  u.send = buffer(BufferRole::Staging, pd, n, false);
+  a.cast(u.send.view(), u.master.view());
+  return u.send.view();
 }
 
 void ShardedModel::gather_start(Unit& u) {
-  if (u.gathered || u.pending) return;
-  u.full_params = OwnedTensor(sharding_.param_dtype, {u.layout.padded_numel}, MemCategory::Parameters, false, device_);
-  u.pending = mesh_.shard->all_gather_async(u.full_params.t, gather_source(u));
+  if (u.state != ParamState::Sharded) return;
+  u.full_params = buffer(BufferRole::FullParams, plan_.precision.param, u.plan->layout.padded_numel, false);
+  u.pending = shard_comm_.all_gather_async(u.full_params.view(), gather_source(u));
+  u.state = ParamState::Gathering;
 }
 
-// This rank's slice for an all-gather: the f32 master itself, or a param_dtype copy that lives only
-// until the gather completes (a persistent copy per unit would cost param_dtype bytes of the whole
-// shard, as much as 1/8 of a bf16 run's model states).
-//
-// Under offload the master is in host memory: the compute-dtype shard is made on the CPU (a pinned
-// staging copy when it needs a cast) and copied to the GPU, where the all-gather reads it. The copy
-// is synchronous, so the staging buffer may go at once.
-const Tensor& ShardedModel::gather_source(Unit& u) {
-  if (offload_) {
-    u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false, device_);
-    if (sharding_.param_dtype == DType::F32) {
-      device::copy(u.send.t, u.master.t);
-    } else {
-      OwnedTensor host = state_tensor(sharding_.param_dtype, u.shard_numel, MemCategory::Communication);
-      ops::cast(host.t, u.master.t);
-      device::copy(u.send.t, host.t);
-    }
-    return u.send.t;
-  }
-  if (sharding_.param_dtype == DType::F32) return u.master.t;
-  u.send = OwnedTensor(sharding_.param_dtype, {u.shard_numel}, MemCategory::Communication, false, device_);
-  ops::cast(u.send.t, u.master.t);
-  return u.send.t;
-}
-
-void ShardedModel::ensure_gathered(Unit& u, model::LlamaCompute& c) {
-  if (!u.gathered) {
-    gather_start(u);
+void ShardedModel::wait_gathered(Unit& u, model::StagedModel& m) {
+  if (u.state == ParamState::Sharded) gather_start(u);
+  if (u.state == ParamState::Gathering) {
     u.pending->wait();
     u.pending.reset();
-    u.send = OwnedTensor();
-    u.gathered = true;
+    u.send.reset();
+    u.params = u.full_params.view();
+    u.state = ParamState::Gathered;
   }
-  bind(u, c, false);
+  bind(u, m.weights(), u.params);
 }
 
-void ShardedModel::release(Unit& u, model::LlamaCompute& c) {
-  if (!sharding_.shard_gradients() || u.solo || !u.gathered) return;  // NO_SHARD / ZERO1 / solo keep them
-  u.full_params = OwnedTensor();
-  u.gathered = false;
-  // Unbind, so that any use of a freed unit fails loudly instead of reading freed memory.
-  auto none = [](const std::string&) { return Tensor{}; };
-  for (int64_t l : u.layers) c.weights().layers[size_t(l)] = model::bind_layer(cfg_, l, none);
-  if (u.has_root) model::bind_root(cfg_, c.weights(), none);
+void ShardedModel::release(Unit& u, model::StagedModel& m) {
+  if (u.plan->persistent || u.state != ParamState::Gathered) return;
+  u.full_params.reset();
+  u.params = Tensor{};
+  u.state = ParamState::Sharded;
+  unbind(u, m.weights());  // any use of a freed unit fails loudly instead of reading freed memory
 }
 
-void ShardedModel::bind(Unit& u, model::LlamaCompute& c, bool grads) {
-  const OwnedTensor& flat = grads ? u.full_grad : u.full_params;
+void ShardedModel::bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat) const {
+  const FlatLayout& layout = u.plan->layout;
   auto lookup = [&](const std::string& name) -> Tensor {
-    for (const FlatEntry& e : u.layout.entries) {
+    for (const FlatEntry& e : layout.entries) {
       if (e.info.name != name) continue;
-      char* base = static_cast<char*>(flat.t.data) + size_t(e.offset) * dtype_size(flat.t.dtype);
-      // The view must carry the buffer's device: ops dispatch on it.
-      return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()), flat.t.device);
+      char* base = flat.data ? static_cast<char*>(flat.data) + size_t(e.offset) * dtype_size(flat.dtype) : nullptr;
+      // The view carries the buffer's device: ops dispatch on it.
+      return Tensor::view(base, flat.dtype, e.info.shape.data(), int(e.info.shape.size()), flat.device);
     }
     throw Error("not in this unit", {.tensor = name});
   };
-  model::LlamaWeights& w = grads ? c.grads() : c.weights();
-  if (w.layers.size() != size_t(cfg_.num_hidden_layers)) w.layers.resize(size_t(cfg_.num_hidden_layers));
-  for (int64_t l : u.layers) w.layers[size_t(l)] = model::bind_layer(cfg_, l, lookup);
-  if (u.has_root) model::bind_root(cfg_, w, lookup);
+  for (int part : u.plan->parts) model::bind_part(cfg_, plan_.parts[size_t(part)], w, lookup);
 }
 
-// ---- gradients -----------------------------------------------------------------------------
-
-void ShardedModel::ensure_grad(Unit& u, model::LlamaCompute& c) {
-  if (!u.full_grad.t.defined())
-    u.full_grad = OwnedTensor(DType::F32, {u.layout.padded_numel}, MemCategory::Gradients, true, device_);  // zeroed
-  bind(u, c, true);
+void ShardedModel::unbind(const Unit& u, model::LlamaWeights& w) const {
+  for (int part : u.plan->parts) model::bind_part(cfg_, plan_.parts[size_t(part)], w, {});
 }
 
-// After a unit's backward: hand its gradients to their owners. Unsharded gradients (NO_SHARD,
-// ZERO1) accumulate in the full buffer over all micro-batches and are reduced once, at the last;
-// sharded ones are reduce-scattered every micro-batch (or at the last, with no_sync) and the
-// full buffer is freed.
-void ShardedModel::reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro) {
-  if (u.solo) return;  // the gradients are already in the shard
-  const bool sharded = sharding_.shard_gradients();
-  if (!last_micro && (!sharded || !sharding_.reduce_every_microbatch)) return;
-  comm::Communicator& group = *mesh_.shard;
-  const DType rd = sharding_.reduce_dtype;
-  if (sharding_.strategy == Strategy::NoShard) {
-    // Sum, not average: each rank's gradients are already scaled by 1 / (global batch tokens).
-    if (rd == DType::F32) {
-      group.all_reduce(u.full_grad.t, comm::ReduceOp::Sum);
-    } else {
-      OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
-      ops::cast(low.t, u.full_grad.t);
-      group.all_reduce(low.t, comm::ReduceOp::Sum);
-      ops::cast(u.full_grad.t, low.t);
-    }
+// ---- gradients -------------------------------------------------------------------------------------
+
+void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
+  if (!u.plan->solo && !u.full_grad.live()) {
+    u.full_grad = buffer(BufferRole::FullGrad, DType::F32, u.plan->layout.padded_numel, true);  // zeroed
+    u.grads = u.full_grad.view();
+  }
+  bind(u, m.grads(), u.grads);
+}
+
+// Hands a unit's accumulated gradients to their owners. NO_SHARD all-reduces the full buffer in
+// place (it stays, accumulating over micro-batches and steps); the others reduce-scatter it into
+// this rank's shard (and all-reduce that across replicas on a hybrid mesh); sharded-gradient
+// strategies then free it. Sums, not averages: every rank's gradients are already scaled by
+// 1 / (global batch tokens).
+void ShardedModel::reduce_grad(Unit& u, model::StagedModel& m) {
+  const PlannedUnit& p = *u.plan;
+  if (p.solo) return;  // the gradients are already in the shard
+  const Arith a{ledger_ != nullptr};
+  const DType wire = plan_.precision.reduce;
+  const Staging staging = [&](DType d, int64_t n) { return buffer(BufferRole::Staging, d, n, false); };
+  if (plan_.sharding.strategy == Strategy::NoShard) {
+    all_reduce_sum(shard_comm_, u.full_grad.view(), wire, staging, a);
     return;
   }
-  OwnedTensor part(DType::F32, {u.shard_numel}, MemCategory::Communication, false, device_);
-  if (rd == DType::F32) {
-    group.reduce_scatter(part.t, u.full_grad.t, comm::ReduceOp::Sum);
-  } else {
-    OwnedTensor low(rd, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
-    OwnedTensor low_part(rd, {u.shard_numel}, MemCategory::Communication, false, device_);
-    ops::cast(low.t, u.full_grad.t);
-    group.reduce_scatter(low_part.t, low.t, comm::ReduceOp::Sum);
-    ops::cast(part.t, low_part.t);
-  }
-  if (sharding_.hybrid()) mesh_.replicate->all_reduce(part.t, comm::ReduceOp::Sum);
+  FlatBuffer part = buffer(BufferRole::Staging, DType::F32, p.shard_numel, false);
+  reduce_scatter_sum(shard_comm_, part.view(), u.full_grad.view(), wire, staging, a);
+  if (replicate_comm_) replicate_comm_->all_reduce(part.view(), comm::ReduceOp::Sum);
   if (offload_) {
-    // The reduced part comes back to the host shard, where the optimizer step will read it. The
-    // copy waits for the compute stream, which the collective's wait() ordered after the reduction.
-    OwnedTensor host = state_tensor(DType::F32, u.shard_numel, MemCategory::Communication);
-    device::copy(host.t, part.t);
-    ops::add_inplace(u.grad_shard.t, host.t);
+    // The reduced part comes down into the reused pinned staging buffer and is added to the host
+    // shard, where the optimizer step reads it.
+    const Tensor host = ledger_ ? Tensor{} : host_staging_.view().slice(0, p.shard_numel);
+    a.copy(host, part.view());
+    a.add(u.grad_shard.view(), host);
   } else {
-    ops::add_inplace(u.grad_shard.t, part.t);
+    a.add(u.grad_shard.view(), part.view());
   }
-  if (sharded) {
-    u.full_grad = OwnedTensor();
-    auto none = [](const std::string&) { return Tensor{}; };
-    for (int64_t l : u.layers) c.grads().layers[size_t(l)] = model::bind_layer(cfg_, l, none);
-    if (u.has_root) model::bind_root(cfg_, c.grads(), none);
+  if (plan_.sharding.shard_gradients()) {
+    u.full_grad.reset();
+    u.grads = Tensor{};
+    unbind(u, m.grads());
   }
 }
 
-// ---- the step ------------------------------------------------------------------------------
+// ---- the step ------------------------------------------------------------------------------------
 
-ops::CrossEntropyResult ShardedModel::run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
-                                                      bool last) {
-  const bool reshard = sharding_.reshard_after_forward();
-  const int n = int(units_.size());
-  // Forward, unit by unit; the root (embedding, head) stays gathered until its backward ends.
-  for (int i = 0; i < n; ++i) {
-    Unit& u = *units_[size_t(i)];
-    ensure_gathered(u, c);
-    if (sharding_.forward_prefetch && i + 1 < n) gather_start(*units_[size_t(i) + 1]);
-    if (u.has_root) c.embed_forward(b);
-    for (int64_t l : u.layers) c.block_forward(int(l));
-    if (reshard && !u.has_root) release(u, c);
+template <class Compute>
+void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedModel& m, bool last_micro,
+                              Compute compute) {
+  const ShardingConfig& sc = plan_.sharding;
+  for (const Visit& v : visits) {
+    Unit& u = *units_[size_t(v.unit)];
+    wait_gathered(u, m);
+    // Forward prefetch, and BACKWARD_PRE, issue the next unit's gather before this visit's
+    // compute; BACKWARD_POST after it (FSDP's meanings).
+    const bool post = v.backward && sc.backward_prefetch == BackwardPrefetch::Post;
+    if (v.prefetch >= 0 && !post) gather_start(*units_[size_t(v.prefetch)]);
+    if (v.backward) acquire_grad(u, m);
+    for (const Stage& s : v.stages) compute(s);
+    if (v.prefetch >= 0 && post) gather_start(*units_[size_t(v.prefetch)]);
+    if (v.backward) {
+      // Sharded gradients are reduced after every visit (or, with no_sync, only in the last
+      // micro-batch); replicated ones once, after the unit's last visit of the last micro-batch.
+      const bool due = sc.shard_gradients() ? (last_micro || sc.reduce_every_microbatch) : (last_micro && v.last_backward);
+      if (due) reduce_grad(u, m);
+    }
+    if (v.free_after) release(u, m);
   }
-  Unit& root = *units_[0];
-  ensure_grad(root, c);
-  const ops::CrossEntropyResult loss = c.head_loss(b, grad_scale, true);
-  // Backward in reverse; BACKWARD_PRE issues the next unit's gather before this unit's compute,
-  // BACKWARD_POST after it (FSDP's meanings).
-  for (int i = n - 1; i >= 0; --i) {
-    Unit& u = *units_[size_t(i)];
-    ensure_gathered(u, c);
-    if (sharding_.backward_prefetch == BackwardPrefetch::Pre && i > 0) gather_start(*units_[size_t(i) - 1]);
-    ensure_grad(u, c);
-    for (auto it = u.layers.rbegin(); it != u.layers.rend(); ++it) c.block_backward(int(*it));
-    if (u.has_root) c.embed_backward(b);
-    if (sharding_.backward_prefetch == BackwardPrefetch::Post && i > 0) gather_start(*units_[size_t(i) - 1]);
-    reduce_grad(u, c, last);
-    if (sharding_.shard_gradients()) release(u, c);
-  }
-  return loss;
 }
 
-StepStats ShardedModel::train_step(model::LlamaCompute& c, const std::vector<model::Batch>& micro,
+double ShardedModel::host_sum(double v, bool over_replicas) {
+  v = mesh_.shard->all_reduce_sum(v);
+  if (over_replicas && plan_.sharding.hybrid()) v = mesh_.replicate->all_reduce_sum(v);
+  return v;
+}
+
+StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<model::Batch>& micro,
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
+  const Arith a{ledger_ != nullptr};
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;
   for (const model::Batch& b : micro)
-    for (int64_t i = 0; i < b.B * b.T; ++i) local_tokens += b.targets[i] != ops::kIgnoreIndex;
-  double world_tokens = scalars_.shard->all_reduce_sum(double(local_tokens));
-  if (sharding_.hybrid()) world_tokens = scalars_.replicate->all_reduce_sum(world_tokens);
+    if (b.targets)
+      for (int64_t i = 0; i < b.B * b.T; ++i) local_tokens += b.targets[i] != ops::kIgnoreIndex;
+  const double world_tokens = host_sum(double(local_tokens), true);
   const float grad_scale = world_tokens > 0 ? float(1.0 / world_tokens) : 0.0f;
 
   for (auto& u : units_) {
-    if (u->grad_shard.buffer.data()) ops::zero(u->grad_shard.t);
-    if (u->full_grad.buffer.data()) ops::zero(u->full_grad.t);
+    if (u->grad_shard.live()) a.zero(u->grad_shard.view());
+    if (u->full_grad.live()) a.zero(u->full_grad.view());  // NO_SHARD / ZERO1 keep theirs between steps
   }
   double loss_sum = 0.0;
-  for (size_t m = 0; m < micro.size(); ++m) {
-    c.reserve(micro[m].B, micro[m].T);
-    loss_sum += run_micro_batch(c, micro[m], grad_scale, m + 1 == micro.size()).loss_sum;
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const model::Batch& b = micro[i];
+    m.reserve(b.B, b.T);
+    run_visits(plan_.train, m, i + 1 == micro.size(), [&](const Stage& s) {
+      switch (s.kind) {
+        case StageKind::EmbedForward: m.embed_forward(b); break;
+        case StageKind::BlockForward: m.block_forward(s.layer); break;
+        case StageKind::Head: loss_sum += m.head_loss(b, grad_scale, true).loss_sum; break;
+        case StageKind::BlockBackward: m.block_backward(s.layer); break;
+        case StageKind::EmbedBackward: m.embed_backward(b); break;
+      }
+    });
   }
   StepStats st;
   st.tokens = int64_t(world_tokens);
-  loss_sum = scalars_.shard->all_reduce_sum(loss_sum);
-  if (sharding_.hybrid()) loss_sum = scalars_.replicate->all_reduce_sum(loss_sum);
+  loss_sum = host_sum(loss_sum, true);
   st.loss = world_tokens > 0 ? loss_sum / world_tokens : 0.0;
 
-  // Global gradient norm. Sharded gradients: each shard group holds every element once (replicas
+  // Global gradient norm. Sharded optimizer: each shard group holds every element once (replicas
   // hold copies), so sum over the shard group. NO_SHARD: every rank holds all of it.
+  const bool sharded = plan_.sharding.shard_optimizer();
   double sumsq = 0.0;
-  for (auto& u : units_) sumsq += ops::sum_squares(sharding_.shard_optimizer() ? u->grad_shard.t : u->full_grad.t);
-  if (sharding_.shard_optimizer()) sumsq = scalars_.shard->all_reduce_sum(sumsq);
+  for (auto& u : units_) sumsq += a.sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
+  if (sharded) sumsq = host_sum(sumsq, false);
   st.grad_norm = std::sqrt(sumsq);
-  const float clip = ops::clip_coefficient(st.grad_norm, float(max_grad_norm));
+  optimizer_step(opt, step, ops::clip_coefficient(st.grad_norm, float(max_grad_norm)));
+  return st;
+}
 
-  // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay). Under
-  // offload master, gradient shard and moments are host tensors, so this runs on the CPU.
+// AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay). Under
+// offload master, gradient shard and moments are host tensors, so this runs on the CPU.
+void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip) {
   ops::AdamWConfig no_decay = opt;
   no_decay.weight_decay = 0.0;
   for (auto& up : units_) {
     Unit& u = *up;
-    const Tensor& g = sharding_.shard_optimizer() ? u.grad_shard.t : u.full_grad.t;
-    for_each_overlap(u.layout, u.own_begin, u.own_begin + u.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
-      const int64_t a = lo - u.own_begin, z = hi - u.own_begin;
-      ops::adamw_step(u.master.t.slice(a, z), g.slice(a, z), u.m.t.slice(a, z), u.v.t.slice(a, z),
-                      e.info.weight_decay ? opt : no_decay, step, clip);
-    });
-    refresh_full_params(u);
+    const PlannedUnit& p = *u.plan;
+    if (!ledger_) {
+      const Tensor& g = plan_.sharding.shard_optimizer() ? u.grad_shard.view() : u.full_grad.view();
+      for_each_overlap(p.layout, p.own_begin, p.own_begin + p.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+        const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
+        ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), u.exp_avg.view().slice(a, z),
+                        u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip);
+      });
+    }
+    refresh_params(u);
   }
-  return st;
 }
 
-ops::CrossEntropyResult ShardedModel::forward_loss(model::LlamaCompute& c, const model::Batch& b) {
-  c.reserve(b.B, b.T);
-  for (auto& up : units_) {
-    Unit& u = *up;
-    ensure_gathered(u, c);
-    if (u.has_root) c.embed_forward(b);
-    for (int64_t l : u.layers) c.block_forward(int(l));
-    if (!u.has_root) release(u, c);
-  }
-  const ops::CrossEntropyResult r = c.head_loss(b, 1.0f, false);
-  release(*units_[0], c);
+ops::CrossEntropyResult ShardedModel::forward_loss(model::StagedModel& m, const model::Batch& b) {
+  m.reserve(b.B, b.T);
+  ops::CrossEntropyResult r;
+  run_visits(plan_.eval, m, false, [&](const Stage& s) {
+    switch (s.kind) {
+      case StageKind::EmbedForward: m.embed_forward(b); break;
+      case StageKind::BlockForward: m.block_forward(s.layer); break;
+      case StageKind::Head: r = m.head_loss(b, 1.0f, false); break;
+      default: break;  // no backward stages in evaluation
+    }
+  });
   return r;
 }
 
-// ---- checkpoints -------------------------------------------------------------------------------
-
-const FlatLayout& ShardedModel::layout(int unit) const { return units_.at(size_t(unit))->layout; }
-
-ShardedModel::StateRange ShardedModel::owned_state(int unit) {
-  Unit& u = *units_.at(size_t(unit));
-  // Checkpoints read and write these views as host memory.
-  SHARDLM_CHECK(u.master.t.device == Device::CPU, "checkpoints of GPU-resident optimizer state are not implemented yet");
-  return {u.own_begin, u.own_numel, u.master.t, u.m.t, u.v.t};
+void ShardedModel::forward_logits(model::StagedModel& m, const model::Batch& b, const Tensor& out) {
+  m.reserve(b.B, b.T);
+  run_visits(plan_.eval, m, false, [&](const Stage& s) {
+    switch (s.kind) {
+      case StageKind::EmbedForward: m.embed_forward(b); break;
+      case StageKind::BlockForward: m.block_forward(s.layer); break;
+      case StageKind::Head: m.head_logits(out); break;
+      default: break;
+    }
+  });
 }
 
-ShardedModel::StateRange ShardedModel::checkpoint_state(int unit) {
-  StateRange s = owned_state(unit);
+// ---- whole units and checkpoints -------------------------------------------------------------------
+
+void ShardedModel::gather_unit(int k, const Tensor& out) {
+  Unit& u = *units_.at(size_t(k));
+  const PlannedUnit& p = *u.plan;
+  SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == p.layout.padded_numel && out.device == Device::CPU,
+                "gather_unit {}: expected host f32[{}], got {}", p.name, p.layout.padded_numel, out.describe());
+  const Arith a{ledger_ != nullptr};
+  if (!plan_.sharding.shard_optimizer()) {  // every rank holds all of it
+    if (!ledger_)
+      device::copy_bytes(out.data, Device::CPU, u.master.view().data, u.master.view().device, out.nbytes());
+    return;
+  }
+  if (device_ == Device::CPU) {
+    shard_comm_.all_gather(out, u.master.view());
+    return;
+  }
+  // GPU communicators read device memory: the shard goes up (from offloaded host memory) or is
+  // read in place, the gathered unit comes down.
+  FlatBuffer full = buffer(BufferRole::Staging, DType::F32, p.layout.padded_numel, false);
+  FlatBuffer up;
+  if (u.master.view().device != device_) {
+    up = buffer(BufferRole::Staging, DType::F32, p.shard_numel, false);
+    a.copy(up.view(), u.master.view());
+  }
+  shard_comm_.all_gather(full.view(), up.live() ? up.view() : u.master.view());
+  a.copy(out, full.view());
+}
+
+ShardedModel::StateRange ShardedModel::owned_state(int k) {
+  Unit& u = *units_.at(size_t(k));
+  // Checkpoints read and write these views as host memory.
+  SHARDLM_CHECK(u.master.view().device == Device::CPU,
+                "checkpoints of GPU-resident optimizer state are not implemented yet");
+  return {u.plan->own_begin, u.plan->own_numel, u.master.view(), u.exp_avg.view(), u.exp_avg_sq.view()};
+}
+
+Tensor ShardedModel::owned_grad(int k) const {
+  const Unit& u = *units_.at(size_t(k));
+  return plan_.sharding.shard_optimizer() ? u.grad_shard.view() : u.full_grad.view();
+}
+
+ShardedModel::StateRange ShardedModel::checkpoint_state(int k) {
+  StateRange s = owned_state(k);
   int copies = 1, index = 0;
-  if (sharding_.strategy == Strategy::NoShard) {
+  if (plan_.sharding.strategy == Strategy::NoShard) {
     copies = mesh_.shard->size();  // the data-parallel group: every rank holds everything
     index = mesh_.shard->rank();
-  } else if (sharding_.hybrid()) {
+  } else if (plan_.sharding.hybrid()) {
     copies = mesh_.replicate->size();
     index = mesh_.replicate->rank();
   }
@@ -428,44 +545,7 @@ ShardedModel::StateRange ShardedModel::checkpoint_state(int unit) {
 }
 
 void ShardedModel::master_weights_changed() {
-  for (auto& u : units_) refresh_full_params(*u);
-}
-
-std::vector<float> ShardedModel::gather_tensor(const std::string& name) {
-  for (const auto& up : units_)
-    for (const FlatEntry& e : up->layout.entries)
-      if (e.info.name == name) {
-        std::vector<float> out(size_t(e.info.numel()));
-        gather_tensor(name, Tensor::view(out.data(), DType::F32, {e.info.numel()}));
-        return out;
-      }
-  throw Error("no such parameter in this model", {.tensor = name});
-}
-
-void ShardedModel::gather_tensor(const std::string& name, const Tensor& out) {
-  for (auto& up : units_) {
-    Unit& u = *up;
-    for (const FlatEntry& e : u.layout.entries) {
-      if (e.info.name != name) continue;
-      SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == e.info.numel(), "gather_tensor {}: expected f32[{}], got {}",
-                    name, e.info.numel(), out.describe());
-      // The whole unit is staged (the gather works on whole flat buffers), in a tracked buffer:
-      // for the root of a large model this is hundreds of MiB.
-      OwnedTensor full(DType::F32, {u.layout.padded_numel}, MemCategory::Communication, false, device_);
-      if (sharding_.shard_optimizer()) {
-        // The all-gather reads device memory: an offloaded (host) master shard goes up first.
-        OwnedTensor up;
-        if (u.master.t.device != device_) up = device::copy_to_device(u.master.t, MemCategory::Communication, device_);
-        mesh_.shard->all_gather(full.t, up.t.defined() ? up.t : u.master.t);
-      } else {
-        device::copy_bytes(full.t.data, device_, u.master.t.data, u.master.t.device, size_t(u.layout.padded_numel) * 4);
-      }
-      device::copy_bytes(out.data, out.device, static_cast<const float*>(full.t.data) + e.offset, device_,
-                         size_t(e.info.numel()) * 4);
-      return;
-    }
-  }
-  throw Error("no such parameter in this model", {.tensor = name});
+  for (auto& u : units_) refresh_params(*u);
 }
 
 }  // namespace shardlm::shard

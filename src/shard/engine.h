@@ -1,18 +1,22 @@
-// The sharding engine: one code path for every strategy (sharding.h), driving a LlamaCompute
-// unit by unit — gathering each unit's parameters before its forward and backward, freeing them
-// as the strategy says, reducing its gradients to their owners, and stepping AdamW on this rank's
-// shard only.
+// The sharding engine: one code path for every strategy (sharding.h) and every world size, one
+// process included, driving a model's stages unit by unit as the unit plan (plan.h) says:
+// gathering each unit's parameters before its visit, freeing them as the strategy says, reducing
+// its gradients to their owners, and stepping AdamW on this rank's shard only.
 //
 // Ownership: the engine owns every parameter, gradient and optimizer buffer (tracked under their
-// categories); it rebinds the LlamaCompute's weight and gradient views to gathered buffers as it
-// goes, so the compute object must not be used with other weights while the engine drives it.
+// categories). It rebinds the StagedModel's weight and gradient views to gathered buffers as it
+// goes, so the model object must not be used with other weights while the engine drives it.
+// Views into the engine's buffers (owned_state) live as long as the engine.
 //
-// Devices: the engine's buffers live where the mesh's communicators want their tensors
-// (Communicator::device(): CPU for local/MPI, CUDA for NCCL), and the LlamaCompute must be on the
-// same device. A GPU run passes the NCCL mesh for tensors and the CPU mesh over the same ranks for
-// the scalar sums (token counts, losses, squared norms), which then never wait on a GPU stream.
-// With sharding.offload_params the f32 master shard, the reduced gradient shard and AdamW's moments
-// are pinned host memory instead and the optimizer step runs on the CPU (docs/sharding.md).
+// Devices: the engine's buffers live where the mesh's tensor communicators want them (CPU for
+// local/MPI, CUDA for NCCL); the model must be on the same device. Scalar sums (token counts,
+// losses, squared norms) go over the mesh's host groups, which never wait on a GPU stream. With
+// offload the f32 master shard, the reduced gradient shard and AdamW's moments are pinned host
+// memory and the optimizer step runs on the CPU (docs/sharding.md).
+//
+// A dry run (the memory estimator, memory/estimator.h) is the same engine over shape-only
+// communicators with a BufferLedger: buffers have sizes but no memory, arithmetic and
+// communication are skipped, and the ledger sees every allocation and release in order.
 #pragma once
 
 #include <memory>
@@ -24,6 +28,7 @@
 #include "model/llama.h"
 #include "ops/ops.h"
 #include "shard/flat_layout.h"
+#include "shard/plan.h"
 #include "shard/sharding.h"
 
 namespace shardlm::io {
@@ -39,40 +44,74 @@ struct StepStats {
   double grad_norm = 0; // global L2 norm before clipping
 };
 
+// Sees every allocation and release of the engine's buffers, in order.
+class BufferLedger {
+ public:
+  virtual ~BufferLedger() = default;
+  virtual void on_alloc(BufferRole role, bool host, int64_t bytes) = 0;
+  virtual void on_free(BufferRole role, bool host, int64_t bytes) = 0;
+};
+
+// One of the engine's flat buffers: it owns its memory (none in a dry run), knows what it is for,
+// and reports itself to the ledger, if any. Move-only; view() is valid while it lives.
+class FlatBuffer {
+ public:
+  FlatBuffer() = default;
+  FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device,
+             BufferLedger* ledger);
+  ~FlatBuffer() { reset(); }
+  FlatBuffer(FlatBuffer&& o) noexcept;
+  FlatBuffer& operator=(FlatBuffer&& o) noexcept;
+  FlatBuffer(const FlatBuffer&) = delete;
+  FlatBuffer& operator=(const FlatBuffer&) = delete;
+
+  bool live() const { return live_; }
+  const Tensor& view() const { return view_; }
+  void reset();
+
+ private:
+  OwnedTensor mem_;
+  Tensor view_;
+  BufferRole role_ = BufferRole::Staging;
+  bool host_ = false, live_ = false;
+  int64_t bytes_ = 0;
+  BufferLedger* ledger_ = nullptr;
+};
+
 class ShardedModel {
  public:
-  // scalar_mesh: the same ranks on CPU communicators, for the double all_reduce_sum calls; null
-  // uses `mesh` (CPU runs).
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, Mesh* scalar_mesh = nullptr);
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
+  // A dry run over a shape-only mesh (make_shape_mesh): see the top of this file.
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger);
   ~ShardedModel();
 
-  // Each rank initializes / reads only the elements of its own shard (or everything for NO_SHARD).
+  // Each rank initializes / reads only the elements it optimizes.
   void init_random(uint64_t seed);
   void load(const io::ModelWeights& weights, const std::string& source);
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
   // over the non-ignored targets of the whole global batch (all micro-batches of all ranks).
-  StepStats train_step(model::LlamaCompute& compute, const std::vector<model::Batch>& micro,
-                       const ops::AdamWConfig& opt, int64_t step, double max_grad_norm);
+  StepStats train_step(model::StagedModel& model, const std::vector<model::Batch>& micro, const ops::AdamWConfig& opt,
+                       int64_t step, double max_grad_norm);
   // Forward and loss of this rank's batch (evaluation); returns the local sum and count.
-  ops::CrossEntropyResult forward_loss(model::LlamaCompute& compute, const model::Batch& batch);
+  ops::CrossEntropyResult forward_loss(model::StagedModel& model, const model::Batch& batch);
+  // Forward to the logits of every position of this rank's batch: out [B*T, V] f32 (greedy decoding).
+  void forward_logits(model::StagedModel& model, const model::Batch& batch, const Tensor& out);
 
-  // The f32 master values of one tensor, gathered from its shards (collective: every rank calls).
-  std::vector<float> gather_tensor(const std::string& name);
-  // The same into `out` (f32, the tensor's element count), staged in a tracked buffer.
-  void gather_tensor(const std::string& name, const Tensor& out);
+  // The f32 master values of unit k's whole flat buffer, gathered from its shards into `out`
+  // (f32 [padded], host). Collective: every rank calls it, one unit at a time, so no rank ever
+  // holds more than one unit beyond its shard (evaluation, the final save).
+  void gather_unit(int unit, const Tensor& out);
+
+  const UnitPlan& plan() const { return plan_; }
+  int num_units() const { return int(plan_.units.size()); }
+  const FlatLayout& layout(int unit) const { return plan_.units.at(size_t(unit)).layout; }
   std::vector<std::string> names() const;
-  int num_units() const { return int(units_.size()); }
-  // Elements of all units' flat buffers (padding included), or of one unit.
-  int64_t padded_numel() const;
-  int64_t padded_numel(int unit) const;
-  const ShardingConfig& sharding() const { return sharding_; }
-  // Where gathered parameters and gradients live (what the LlamaCompute must be built for).
+  const ShardingConfig& sharding() const { return plan_.sharding; }
+  // Where gathered parameters and gradients live (what the model must be built for).
   Device device() const { return device_; }
 
   // ---- checkpoints (checkpoint/checkpoint.h) ------------------------------------------------
-  // A unit's flat layout (tensor names, shapes and offsets; the padding depends on the shard group).
-  const FlatLayout& layout(int unit) const;
   // This rank's optimizer state of a unit: flat elements [begin, begin + numel) of the unit's
   // buffer, as f32 views into the engine's own buffers (valid while the engine lives).
   struct StateRange {
@@ -81,39 +120,50 @@ class ShardedModel {
   };
   // Everything this rank optimizes (what a checkpoint load fills).
   StateRange owned_state(int unit);
+  // The reduced gradients of those elements from the last step (f32 [own_numel], before clipping;
+  // valid until the next step).
+  Tensor owned_grad(int unit) const;
   // The part of it this rank writes to a checkpoint. Ranks that hold identical copies (every rank
   // under NO_SHARD, the replicas of a hybrid mesh) split their copy between them, so each element
   // is written exactly once and every rank writes in parallel. May be empty.
   StateRange checkpoint_state(int unit);
   // Call after the master weights were changed outside train_step (a checkpoint was loaded): the
-  // compute-dtype copies kept between steps are refreshed (collective for ZERO1).
+  // persistent full parameters are refreshed (collective for ZERO1).
   void master_weights_changed();
 
  private:
   struct Unit;
-  void gather_start(Unit& u);
-  const Tensor& gather_source(Unit& u);
-  void ensure_gathered(Unit& u, model::LlamaCompute& c);
-  void release(Unit& u, model::LlamaCompute& c);
-  void ensure_grad(Unit& u, model::LlamaCompute& c);
-  void reduce_grad(Unit& u, model::LlamaCompute& c, bool last_micro);
-  void bind(Unit& u, model::LlamaCompute& c, bool grads);
-  void refresh_full_params(Unit& u);
-  // An f32/param_dtype buffer for optimizer-side state: pinned host memory under offload, else on device_.
-  OwnedTensor state_tensor(DType dtype, int64_t n, MemCategory category) const;
-  // Writes this rank's master elements through a host f32 view (init and load produce host data).
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger);
+  FlatBuffer buffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool host = false) const;
+  // Optimizer-side state: pinned host memory under offload, else on the engine's device.
+  FlatBuffer state_buffer(BufferRole role, int64_t numel) const { return buffer(role, DType::F32, numel, true, offload_); }
   template <class Fill>
   void fill_master(Unit& u, Fill fill);
-  ops::CrossEntropyResult run_micro_batch(model::LlamaCompute& c, const model::Batch& b, float grad_scale,
-                                          bool last_micro);
+  void refresh_params(Unit& u);
+  const Tensor& gather_source(Unit& u);
+  void gather_start(Unit& u);
+  void wait_gathered(Unit& u, model::StagedModel& m);
+  void release(Unit& u, model::StagedModel& m);
+  void acquire_grad(Unit& u, model::StagedModel& m);
+  void reduce_grad(Unit& u, model::StagedModel& m);
+  void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat) const;
+  void unbind(const Unit& u, model::LlamaWeights& w) const;
+  // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.
+  template <class Compute>
+  void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, bool last_micro, Compute compute);
+  void optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip);
+  double host_sum(double v, bool over_replicas);
 
   ModelConfig cfg_;
-  ShardingConfig sharding_;
+  UnitPlan plan_;
   Mesh& mesh_;
-  Mesh& scalars_;           // the mesh whose communicators sum doubles (mesh_ on CPU runs)
-  Device device_;           // mesh_.shard->device()
-  bool offload_ = false;    // sharding_.offload_params
+  comm::Communicator& shard_comm_;      // tensors: mesh's device shard group, or its host one
+  comm::Communicator* replicate_comm_;  // tensors across replicas (hybrid), else null
+  Device device_;
+  bool offload_ = false;
+  BufferLedger* ledger_ = nullptr;  // a dry run when set
   std::vector<std::unique_ptr<Unit>> units_;
+  FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
 };
 
 }  // namespace shardlm::shard

@@ -13,11 +13,11 @@
 
 namespace shardlm::shard {
 
-FlatLayout make_flat_layout(const model::UnitLayout& unit, int64_t divisor) {
+FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor) {
   SHARDLM_CHECK(divisor >= 1, "flat layout divisor must be >= 1, got {}", divisor);
   FlatLayout f;
-  f.unit_name = unit.name;
-  for (const model::ParamInfo& p : unit.params) {
+  f.unit_name = name;
+  for (const model::ParamInfo& p : params) {
     f.entries.push_back({p, f.numel});
     f.numel += p.numel();
   }

@@ -29,7 +29,7 @@ struct FlatLayout {
   int64_t padded_numel = 0;  // numel rounded up to a multiple of the divisor
 };
 
-FlatLayout make_flat_layout(const model::UnitLayout& unit, int64_t divisor);
+FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor);
 
 // Calls fn(entry, lo, hi) for each tensor with elements in [begin, end) of the flat buffer; [lo, hi)
 // is that part, in flat offsets.

@@ -1,5 +1,7 @@
 #include "shard/sharding.h"
 
+#include "comm/nccl_communicator.h"
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -49,22 +51,39 @@ bool ShardingConfig::shard_gradients() const {
          strategy == Strategy::HybridShardZero2;
 }
 
-Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node) {
+int shard_group_size(const ShardingConfig& cfg, int world_size, int ranks_per_node) {
+  if (!cfg.hybrid()) return world_size;
+  const int group = cfg.shard_group_size > 0 ? cfg.shard_group_size : ranks_per_node;
+  if (group < 1 || world_size % group != 0)
+    throw Error(fmt::format("{}: a shard group of {} ranks does not divide the world of {} ranks",
+                            strategy_name(cfg.strategy), group, world_size),
+                {.key = "shard_group_size"});
+  return group;
+}
+
+Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node, Device device) {
   Mesh m;
   m.world_rank = world.rank();
   m.world_size = world.size();
-  int group = world.size();
-  if (cfg.hybrid()) {
-    group = cfg.shard_group_size > 0 ? cfg.shard_group_size : ranks_per_node;
-    if (group < 1 || world.size() % group != 0)
-      throw Error(fmt::format("{}: a shard group of {} ranks does not divide the world of {} ranks",
-                              strategy_name(cfg.strategy), group, world.size()),
-                  {.key = "shard_group_size"});
-  }
+  const int group = shard_group_size(cfg, world.size(), ranks_per_node);
   // Shard groups are consecutive ranks (one node each under mpirun's default mapping); replica
   // groups take the same position in every shard group.
   m.shard = world.split(world.rank() / group, world.rank());
   m.replicate = world.split(world.rank() % group, world.rank());
+  if (device == Device::CUDA) {
+    m.device_world = comm::make_nccl_communicator(world, comm::local_rank_from_environment());
+    m.device_shard = m.device_world->split(world.rank() / group, world.rank());
+    m.device_replicate = m.device_world->split(world.rank() % group, world.rank());
+  }
+  return m;
+}
+
+Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node) {
+  Mesh m;
+  m.world_size = world_size;
+  const int group = shard_group_size(cfg, world_size, ranks_per_node);
+  m.shard = comm::make_shape_communicator(0, group);
+  m.replicate = comm::make_shape_communicator(0, world_size / group);
   return m;
 }
 

@@ -54,12 +54,28 @@ struct ShardingConfig {
 
 // Ranks as replicate groups x shard groups. Plain strategies: one shard group of all ranks (for
 // NO_SHARD the "shard group" is the data-parallel group over which gradients are all-reduced).
+// One object holds the host process groups and, on GPU runs, the device groups over the same ranks.
 struct Mesh {
+  // Host process groups (local or MPI): scalar sums, barriers, and the tensors of CPU runs.
   std::unique_ptr<comm::Communicator> shard;      // parameters are split over these ranks
   std::unique_ptr<comm::Communicator> replicate;  // hybrid: gradients are all-reduced over these
+  // GPU runs: the same groups over NCCL for device tensors (split from device_world, which this
+  // mesh owns); null on CPU runs, where the host groups carry the tensors too.
+  std::unique_ptr<comm::Communicator> device_world, device_shard, device_replicate;
   int world_rank = 0, world_size = 1;
+
+  Device device() const { return device_shard ? device_shard->device() : Device::CPU; }
+  comm::Communicator& tensor_shard() const { return device_shard ? *device_shard : *shard; }
+  comm::Communicator& tensor_replicate() const { return device_replicate ? *device_replicate : *replicate; }
 };
-// Refuses impossible layouts before any work, e.g. a shard group size that does not divide the world.
-Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node);
+// The shard group size of a strategy on this world (hybrid: shard_group_size, or the ranks of a
+// node). Refuses impossible layouts, e.g. a shard group size that does not divide the world.
+int shard_group_size(const ShardingConfig& cfg, int world_size, int ranks_per_node);
+// device CUDA also builds the NCCL groups (bootstrapped over `world`; the NCCL world picks the
+// GPU, so make the mesh before any CUDA allocation).
+Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node, Device device = Device::CPU);
+// Rank 0's view of a mesh with shape-only communicators (comm::make_shape_communicator): what a
+// dry run of the engine (the memory estimator) needs.
+Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node);
 
 }  // namespace shardlm::shard

@@ -6,20 +6,14 @@
 
 namespace shardlm::train {
 
-ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, Mode mode)
-    : cfg_(cfg), compute_dtype_(compute_dtype), mode_(mode) {
+ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype) : cfg_(cfg), compute_dtype_(compute_dtype) {
   SHARDLM_CHECK(compute_dtype == DType::F32 || compute_dtype == DType::BF16,
                 "compute dtype must be f32 or bf16, got {}", dtype_name(compute_dtype));
-  for (const model::UnitLayout& u : model::llama_units(cfg)) {
+  for (const model::ModelPart& part : model::llama_parts(cfg)) {
     Unit unit;
-    unit.layout = shard::make_flat_layout(u, 1);
+    unit.layout = shard::make_flat_layout(part.name, part.params, 1);
     const int64_t n = unit.layout.padded_numel;
     unit.master = OwnedTensor(DType::F32, {n}, MemCategory::Parameters);
-    if (mode == Mode::Trainable) {
-      unit.grad = OwnedTensor(DType::F32, {n}, MemCategory::Gradients);
-      unit.m = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
-      unit.v = OwnedTensor(DType::F32, {n}, MemCategory::Optimizer);
-    }
     if (compute_dtype == DType::BF16) unit.compute = OwnedTensor(DType::BF16, {n}, MemCategory::Parameters);
     units_.push_back(std::move(unit));
   }
@@ -46,18 +40,11 @@ void ParamStore::bind() {
     const Unit& u = units_[w.unit];
     return entry_view(compute_dtype_ == DType::F32 ? u.master : u.compute, *w.entry);
   });
-  if (mode_ == Mode::Trainable) grads_ = model::bind_weights(cfg_, [&](const std::string& name) { return grad(name); });
 }
 
 Tensor ParamStore::master(const std::string& name) const {
   const Where& w = where(name);
   return entry_view(units_[w.unit].master, *w.entry);
-}
-
-Tensor ParamStore::grad(const std::string& name) const {
-  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
-  const Where& w = where(name);
-  return entry_view(units_[w.unit].grad, *w.entry);
 }
 
 std::vector<std::string> ParamStore::names() const {
@@ -108,33 +95,6 @@ void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_by
     }
   }
   io::write_model_weights(dir, tensors, max_shard_bytes);
-}
-
-void ParamStore::zero_grads() {
-  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
-  for (Unit& u : units_) ops::zero(u.grad.t);
-}
-
-double ParamStore::grad_sum_squares() const {
-  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store has no gradients");
-  double s = 0.0;
-  for (const Unit& u : units_) s += ops::sum_squares(u.grad.t);
-  return s;
-}
-
-void ParamStore::adamw_step(const ops::AdamWConfig& cfg, int64_t step, float grad_scale) {
-  SHARDLM_CHECK(mode_ == Mode::Trainable, "a weights-only parameter store cannot take an optimizer step");
-  ops::AdamWConfig no_decay = cfg;
-  no_decay.weight_decay = 0.0;
-  for (Unit& u : units_) {
-    for (const shard::FlatEntry& e : u.layout.entries) {
-      const int64_t n = e.info.numel();
-      auto part = [&](OwnedTensor& t) { return t.t.slice(e.offset, e.offset + n); };
-      ops::adamw_step(part(u.master), part(u.grad), part(u.m), part(u.v), e.info.weight_decay ? cfg : no_decay, step,
-                      grad_scale);
-    }
-  }
-  sync_compute();
 }
 
 void ParamStore::sync_compute() {

@@ -1,11 +1,10 @@
-// ParamStore: a whole model's parameters in one process (world size 1, nothing sharded).
+// ParamStore: a whole model's weights in one process, for what does not train: `init`, `generate`,
+// scoring in tests. Training of any size, one process included, goes through the sharding engine
+// (shard/engine.h), which owns gradients and optimizer state.
 //
-// Per unit it owns f32 flat buffers — master weights and, when trainable, gradient accumulators
-// and AdamW m and v (a weights-only store, for generation, init and saving, holds 1x the model
-// instead of 4x) —
-// and, when the compute dtype is bf16, a bf16 copy of the weights refreshed after every
-// optimizer step. Tensors are views into these buffers by Hugging Face name; they stay valid for
-// the ParamStore's lifetime. The sharding engine generalizes this to shards of the same layout.
+// Per model part it owns an f32 flat buffer of weights and, when the compute dtype is bf16, a bf16
+// copy of them (refreshed by sync_compute). Tensors are views into these buffers by Hugging Face
+// name; they stay valid for the ParamStore's lifetime.
 #pragma once
 
 #include <map>
@@ -26,8 +25,7 @@ namespace shardlm::train {
 
 class ParamStore {
  public:
-  enum class Mode { Trainable, WeightsOnly };
-  ParamStore(const ModelConfig& cfg, DType compute_dtype, Mode mode = Mode::Trainable);
+  ParamStore(const ModelConfig& cfg, DType compute_dtype);
 
   // Random initialization as transformers does it (normal(0, initializer_range) for linear and
   // embedding weights, ones for norms, zeros for biases), element i of tensor "name" drawn from
@@ -40,23 +38,17 @@ class ParamStore {
   void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes) const;
 
   const model::LlamaWeights& compute_weights() const { return compute_; }
-  const model::LlamaWeights& grads() const { return grads_; }
   Tensor master(const std::string& name) const;
-  Tensor grad(const std::string& name) const;
   std::vector<std::string> names() const;
   int64_t numel() const;
 
-  void zero_grads();
-  double grad_sum_squares() const;
-  // One AdamW step on every parameter; norms and biases get no weight decay.
-  void adamw_step(const ops::AdamWConfig& cfg, int64_t step, float grad_scale);
   // Refreshes the compute copy from the master weights (a no-op for f32 compute).
   void sync_compute();
 
  private:
   struct Unit {
     shard::FlatLayout layout;
-    OwnedTensor master, grad, m, v, compute;
+    OwnedTensor master, compute;
   };
   struct Where {
     size_t unit;
@@ -68,10 +60,9 @@ class ParamStore {
 
   ModelConfig cfg_;
   DType compute_dtype_;
-  Mode mode_;
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;
-  model::LlamaWeights compute_, grads_;
+  model::LlamaWeights compute_;
 };
 
 }  // namespace shardlm::train

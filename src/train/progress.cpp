@@ -28,7 +28,7 @@ void Progress::clear_bar() {
   bar_shown_ = false;
 }
 
-void Progress::step(const StepStats& s) {
+void Progress::step(const ProgressLine& s) {
   if (quiet_) return;
   const double eta = s.step > 0 ? s.elapsed_s / double(s.step) * double(s.total_steps - s.step) : 0.0;
   const std::string stats =

@@ -10,7 +10,7 @@
 
 namespace shardlm::train {
 
-struct StepStats {
+struct ProgressLine {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
   std::string mem;  // memory::memory_brief: tracked bytes by category and RSS
@@ -21,7 +21,7 @@ class Progress {
   // mode: "bar" (redraw one line on stderr), "lines" (a line every log_every steps), "none",
   // or "auto" (bar when stderr is a terminal, else lines).
   Progress(const std::string& mode, int64_t log_every);
-  void step(const StepStats& s);
+  void step(const ProgressLine& s);
   // A line of its own (evaluation results, messages), printed above the bar.
   void print(const std::string& line);
   void finish();

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "data/instruct.h"
+#include "data/run_data.h"
 #include "io/yaml_config.h"
 #include "ops/ops.h"
 #include "shard/sharding.h"
@@ -16,26 +16,7 @@
 namespace shardlm::train {
 
 // The `data:` section (docs/training.md, docs/data.md).
-struct DataConfig {
-  // auto | text | tokens | alpaca | chat | builtin:addition. auto: builtin:addition by name,
-  // .bin/.tokens are token files, .json/.jsonl are alpaca or chat by their first record, the
-  // rest is text.
-  std::string type = "auto";
-  std::string train;            // the training file, or "builtin:addition"
-  int token_bytes = 2;          // tokens: 2 (uint16) or 4 (uint32) per id
-  std::string eval;             // a separate evaluation file (optional)
-  double eval_fraction = 0.05;  // else hold out this fraction (text/tokens: the tail; records: by hash)
-  // alpaca / chat
-  data::AlpacaColumns columns;  // field names of instruction, input, output
-  bool train_on_input = false;  // keep the prompt (and chat non-assistant turns) in the loss
-  std::string chat_format = "auto";  // auto | llama3 | llama2
-  std::optional<bool> packing;       // unset: true for alpaca/chat, false otherwise
-  std::string on_bad_row = "fail";   // fail | skip
-  // builtin:addition
-  int digits = 2;
-  int64_t train_examples = 20000;
-  int64_t eval_examples = 500;
-};
+using data::DataConfig;
 
 struct TrainConfig {
   shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)

@@ -2,224 +2,30 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <numeric>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
-#include "core/rng.h"
-#include "data/dataset.h"
-#include "data/instruct.h"
-#include "data/packing.h"
-#include "data/sampler.h"
 #include "comm/communicator.h"
-#include "comm/nccl_communicator.h"
 #include "core/device.h"
-#include "shard/engine.h"
-#include "infer/generator.h"
+#include "data/run_data.h"
+#include "data/sampler.h"
 #include "io/model_files.h"
 #include "memory/estimator.h"
 #include "memory/usage.h"
+#include "model/hf_dir.h"
 #include "model/llama.h"
+#include "shard/engine.h"
 #include "train/hf_export.h"
-#include "train/param_store.h"
 #include "train/progress.h"
 
 namespace shardlm::train {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-constexpr const char* kBuiltinAddition = "builtin:addition";
-
-// The data type of a file when `data.type` is auto.
-std::string resolve_type(const DataConfig& dc, const std::string& path) {
-  if (dc.type != "auto") return dc.type;
-  if (path == kBuiltinAddition) return kBuiltinAddition;
-  if (path.ends_with(".bin") || path.ends_with(".tokens")) return "tokens";
-  if (path.ends_with(".json") || path.ends_with(".jsonl")) return data::detect_json_kind(path, dc.columns);
-  return "text";
-}
-
-// Record k of a file is held out when this hash of k falls below the fraction: deterministic,
-// independent of the seed and of which other records were skipped, and spread over the file.
-bool held_out_record(int64_t k, double fraction) {
-  const auto r = philox4x32({uint32_t(k), uint32_t(uint64_t(k) >> 32), 0xe7a1, 0}, {0x5eed, 0x5711});
-  return double(r[0]) < fraction * 4294967296.0;
-}
-
-}  // namespace
-
-RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
-  RunData d;
-  const DataConfig& dc = c.data;
-  d.type = resolve_type(dc, dc.train);
-  d.seq_len = c.seq_len;
-  if (d.type == kBuiltinAddition) {
-    d.train = std::make_unique<data::AdditionTask>(tok, dc.digits, false, dc.train_examples, c.seed);
-    auto eval = std::make_unique<data::AdditionTask>(tok, dc.digits, true, dc.eval_examples, c.seed);
-    d.task = eval.get();
-    d.eval = std::move(eval);
-    // Rows are short: no need for longer rows than the longest problem.
-    d.seq_len = std::min(c.seq_len, data::AdditionTask::max_tokens(dc.digits));
-    d.packing = dc.packing.value_or(false);
-    d.report.push_back(fmt::format("{} ({}-digit operands, {} training problems, {} held-out)", dc.train, dc.digits,
-                                   dc.train_examples, dc.eval_examples));
-    return d;
-  }
-  if (d.type == "alpaca" || d.type == "chat") {
-    d.packing = dc.packing.value_or(true);
-    data::InstructOptions opt;
-    opt.columns = dc.columns;
-    opt.train_on_input = dc.train_on_input;
-    opt.chat_format = dc.chat_format;
-    opt.on_bad_row = dc.on_bad_row == "skip" ? data::BadRowPolicy::Skip : data::BadRowPolicy::Fail;
-    opt.max_seq_len = c.seq_len;
-    data::LoadReport rep;
-    std::vector<int64_t> ordinals;
-    std::vector<data::Example> all = data::load_instruct_file(dc.train, d.type, tok, opt, rep, &ordinals);
-    std::vector<data::Example> train, eval;
-    if (!dc.eval.empty()) {
-      const std::string eval_type = resolve_type(dc, dc.eval);
-      if (eval_type != d.type)
-        throw Error(fmt::format("the eval file is {} data but the training file is {}", eval_type, d.type),
-                    {.file = dc.eval});
-      data::LoadReport erep;
-      eval = data::load_instruct_file(dc.eval, d.type, tok, opt, erep);
-      train = std::move(all);
-      d.report.push_back(fmt::format("train {}: {}", dc.train, rep.summary()));
-      d.report.push_back(fmt::format("eval {}: {}", dc.eval, erep.summary()));
-    } else {
-      for (size_t i = 0; i < all.size(); ++i)
-        (dc.eval_fraction > 0 && held_out_record(ordinals[i], dc.eval_fraction) ? eval : train)
-            .push_back(std::move(all[i]));
-      // A tiny file may draw no held-out record: hold out its last example rather than none.
-      if (dc.eval_fraction > 0 && eval.empty() && train.size() >= 2) {
-        eval.push_back(std::move(train.back()));
-        train.pop_back();
-      }
-      d.report.push_back(fmt::format("{}: {}", dc.train, rep.summary()));
-      d.report.push_back(fmt::format("split: {} training examples, {} held out (eval_fraction {}, by a hash of "
-                                     "the record number)",
-                                     train.size(), eval.size(), dc.eval_fraction));
-    }
-    if (train.empty()) throw Error("no training examples are left after the eval split", {.file = dc.train});
-    d.train = std::make_unique<data::ExampleDataset>(std::move(train));
-    d.eval = std::make_unique<data::ExampleDataset>(std::move(eval));
-    return d;
-  }
-  d.packing = dc.packing.value_or(false);
-  auto load = [&](const std::string& path) {
-    const std::string type = resolve_type(dc, path);
-    if (type != "tokens" && type != "text")
-      throw Error(fmt::format("the {} file is {} data, but the training file is {}", path, type, d.type),
-                  {.file = path});
-    return type == "tokens" ? data::read_token_file(path, dc.token_bytes, tok.vocab_size())
-                            : data::tokenize_text_file(path, tok);
-  };
-  std::vector<int32_t> train_tokens = load(dc.train), eval_tokens;
-  if (!dc.eval.empty()) {
-    eval_tokens = load(dc.eval);
-  } else if (dc.eval_fraction > 0) {
-    // A token stream is split at the tail: windows from either side never share text.
-    const size_t split = size_t(double(train_tokens.size()) * (1.0 - dc.eval_fraction));
-    eval_tokens.assign(train_tokens.begin() + int64_t(split), train_tokens.end());
-    train_tokens.resize(split);
-  }
-  const int64_t n_train = int64_t(train_tokens.size()), n_eval = int64_t(eval_tokens.size());
-  d.train = std::make_unique<data::TokenStreamDataset>(std::move(train_tokens), d.seq_len);
-  d.eval = std::make_unique<data::TokenStreamDataset>(std::move(eval_tokens), d.seq_len);
-  if (d.train->size() == 0)
-    throw Error(fmt::format("{} training tokens make no sequence of seq_len {} + 1", n_train, d.seq_len),
-                {.file = dc.train});
-  d.report.push_back(fmt::format("{} ({}: {} training tokens, {} held-out tokens)", dc.train, d.type, n_train, n_eval));
-  return d;
-}
-
-ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
-                                       const data::Dataset& eval, bool packing, int64_t B, int64_t T,
-                                       int64_t max_batches, int32_t pad, int rank, int world_size) {
-  if (eval.size() == 0) return {};
-  std::vector<int64_t> order(static_cast<size_t>(eval.size()));
-  std::iota(order.begin(), order.end(), 0);
-  std::vector<std::vector<int64_t>> rows;
-  if (packing) {
-    rows = data::pack_greedy(order, [&](int64_t i) { return eval.length(i); }, T);
-  } else {
-    for (const int64_t i : order) rows.push_back({i});
-  }
-  double sum = 0.0;
-  int64_t count = 0;
-  // Global batch g holds rows [g B W, (g + 1) B W); rank r evaluates its B of them. Every rank
-  // runs the same number of forward passes (they may contain collectives): a rank whose slice of
-  // the last batch is empty runs one ignored row.
-  const int64_t G = B * world_size, n_rows = int64_t(rows.size());
-  for (int64_t g = 0; g < max_batches && g * G < n_rows; ++g) {
-    const int64_t begin = std::min(n_rows, g * G + rank * B);
-    const int64_t end = std::min(n_rows, begin + B);
-    if (begin == end) {
-      std::vector<data::Example> none = {{{pad}, {ops::kIgnoreIndex}}};
-      (void)forward(data::make_padded_batch(none, T, pad).batch());
-      continue;
-    }
-    const int64_t b0 = begin;
-    data::BatchBuffers buf;
-    if (packing) {
-      std::vector<std::vector<data::Example>> packed;
-      for (int64_t r = b0; r < end; ++r) {
-        packed.emplace_back();
-        for (const int64_t i : rows[size_t(r)]) packed.back().push_back(eval.get(i));
-      }
-      buf = data::make_packed_batch(packed, T, pad);
-    } else {
-      std::vector<data::Example> padded;
-      for (int64_t r = b0; r < end; ++r) padded.push_back(eval.get(rows[size_t(r)][0]));
-      buf = data::make_padded_batch(padded, T, pad);
-    }
-    const ops::CrossEntropyResult r = forward(buf.batch());
-    sum += r.loss_sum;
-    count += r.count;
-  }
-  return {sum, count};
-}
-
-namespace {
-
-// Exact-match accuracy of greedy answers to held-out problems.
-double task_accuracy(const ModelConfig& cfg, const model::LlamaWeights& w, const data::AdditionTask& task,
-                     const data::Tokenizer& tok, int64_t n, int64_t* correct_out) {
-  n = std::min(n, task.size());
-  infer::Generator gen(cfg, w, data::AdditionTask::max_tokens(9) + 4);
-  infer::SamplingOptions greedy;
-  greedy.temperature = 0.0f;
-  greedy.max_new_tokens = 12;
-  int64_t correct = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::vector<int32_t> out = gen.generate(tok.encode_with(task.prompt(i), true, false), greedy, {tok.eos_id()});
-    correct += tok.decode(out) == task.answer(i);
-  }
-  if (correct_out) *correct_out = correct;
-  return n ? double(correct) / double(n) : 0.0;
-}
-
-}  // namespace
-
-StepResult train_step(ParamStore& params, model::LlamaCompute& model, const std::vector<data::BatchBuffers>& micro,
-                      const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
-  StepResult r;
-  for (const data::BatchBuffers& mb : micro) r.tokens += mb.count_targets();
-  params.zero_grads();
-  double loss_sum = 0.0;
-  const float grad_scale = r.tokens ? 1.0f / float(r.tokens) : 0.0f;
-  for (const data::BatchBuffers& mb : micro) loss_sum += model.forward_backward(mb.batch(), grad_scale).loss_sum;
-  r.loss = r.tokens ? loss_sum / double(r.tokens) : 0.0;
-  r.grad_norm = std::sqrt(params.grad_sum_squares());
-  params.adamw_step(opt, step, ops::clip_coefficient(r.grad_norm, float(max_grad_norm)));
-  return r;
-}
+using Clock = std::chrono::steady_clock;
 
 TrainResult run_training(const TrainConfig& c) {
   const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
@@ -227,15 +33,15 @@ TrainResult run_training(const TrainConfig& c) {
 }
 
 namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
 // Ranks sharing this node, for hybrid meshes: what mpirun or Slurm says, else the whole world.
 int ranks_per_node(const comm::Communicator& world) {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
     if (const char* s = std::getenv(v); s && std::atoi(s) > 0) return std::atoi(s);
   return world.size();
 }
-}  // namespace
-
-namespace {
 
 // The checkpoint to resume from, opened and checked against this run, or null to start from the
 // model. Notes for the log (skipped incomplete checkpoints, "nothing to resume") go to `notes`.
@@ -325,316 +131,449 @@ nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig
           {"seed", c.seed}};
 }
 
-}  // namespace
+// ---- the parts of a run ------------------------------------------------------------------------
 
-TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
-  const bool lead = world.rank() == 0;  // the rank that prints, writes metrics and saves
-  using clock = std::chrono::steady_clock;
-  const auto t_start = clock::now();
-  const ModelConfig mcfg = load_hf_config(c.model);
-  const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(c.model);
-  if (tok->vocab_size() > mcfg.vocab_size)
-    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", tok->name(),
-                            tok->vocab_size(), mcfg.vocab_size),
+// The model, its tokenizer and the data, checked against each other.
+struct Inputs {
+  ModelConfig model;
+  std::unique_ptr<data::Tokenizer> tok;
+  data::RunData data;
+  int64_t B = 0, T = 0;  // micro-batch rows and row length
+};
+
+Inputs load_inputs(const TrainConfig& c) {
+  Inputs in;
+  in.model = load_hf_config(c.model);
+  in.tok = data::load_tokenizer(c.model);
+  if (in.tok->vocab_size() > in.model.vocab_size)
+    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
+                            in.tok->vocab_size(), in.model.vocab_size),
                 {.file = c.model + "/config.json", .key = "vocab_size"});
-  const RunData data = load_run_data(c, *tok);
-  const int64_t T = data.seq_len, B = c.micro_batch_size;
-  if (T > mcfg.max_position_embeddings)
-    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T,
-                            mcfg.max_position_embeddings),
+  in.data = data::load_run_data(c.data, c.seq_len, c.seed, *in.tok);
+  in.T = in.data.seq_len;
+  in.B = c.micro_batch_size;
+  if (in.T > in.model.max_position_embeddings)
+    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", in.T,
+                            in.model.max_position_embeddings),
                 {.file = c.source, .key = "seq_len"});
-  if (mcfg.sliding_window > 0 && T > mcfg.sliding_window)
-    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", T,
-                            mcfg.sliding_window),
+  if (in.model.sliding_window > 0 && in.T > in.model.sliding_window)
+    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", in.T,
+                            in.model.sliding_window),
                 {.file = c.source, .key = "seq_len"});
+  return in;
+}
 
-  // What the estimator expects this run to hold per rank (docs/memory.md); `sharding_strategy: auto`
-  // picks the strategy with it.
-  shard::ShardingConfig sharding = c.sharding;
-  memory::EstimateInput est_in{.model = mcfg, .sharding = sharding, .world_size = world.size(),
-                               .ranks_per_node = ranks_per_node(world), .micro_batch_size = B, .seq_len = T,
-                               .grad_accum = c.gradient_accumulation_steps,
-                               .checkpoint_every = c.activation_checkpointing};
+// The strategy (`sharding_strategy: auto` picks it by memory) and what the estimator expects this
+// run to hold per rank (docs/memory.md).
+struct MemoryPlan {
+  shard::ShardingConfig sharding;
+  memory::Estimate estimate;
   std::string auto_why;
-  if (sharding.auto_strategy) {
+};
+
+MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, const comm::Communicator& world) {
+  MemoryPlan p;
+  p.sharding = c.sharding;
+  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world.size(),
+                            .ranks_per_node = ranks_per_node(world), .micro_batch_size = in.B, .seq_len = in.T,
+                            .grad_accum = c.gradient_accumulation_steps,
+                            .checkpoint_every = c.activation_checkpointing,
+                            .offload = p.sharding.offload_params};
+  if (p.sharding.auto_strategy) {
     try {
-      sharding.strategy = est_in.sharding.strategy = memory::choose_strategy(est_in, c.max_memory_per_rank, &auto_why);
+      p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
     } catch (const Error& e) {
       throw Error(e.message(), {.file = c.source, .key = "max_memory_per_rank"});
     }
   }
-  if (sharding.offload_params && !sharding.shard_gradients())
+  if (p.sharding.offload_params && !p.sharding.shard_gradients())
     throw Error(fmt::format("CPU offload needs a strategy that shards gradients, and sharding_strategy: auto chose {}",
-                            shard::strategy_name(sharding.strategy)),
+                            shard::strategy_name(p.sharding.strategy)),
                 {.file = c.source, .key = "offload_params"});
-  const memory::Estimate mem_estimate = memory::estimate(est_in);
+  p.estimate = memory::estimate(est);
+  return p;
+}
 
-  // The sharding engine drives every run; one process is world size 1 through the same path.
-  // `mesh` is over the CPU world. A GPU run also builds the same mesh over NCCL (the world
-  // communicator bootstraps it, and make_mesh's splits give the same groups): device tensors go over
-  // NCCL, while the engine's scalar sums and the trainer's own (eval, checkpoint timing) stay on the
-  // CPU communicators. The NCCL communicator must exist before any CUDA allocation (it picks the GPU).
-  shard::Mesh mesh = shard::make_mesh(world, sharding, ranks_per_node(world));
-  std::unique_ptr<comm::Communicator> gpu_world;
-  std::optional<shard::Mesh> gpu_mesh;
-  if (c.device == Device::CUDA) {
-    try {
-      gpu_world = comm::make_nccl_communicator(world, comm::local_rank_from_environment());
-    } catch (const Error& e) {
-      throw Error(e.message(), {.file = c.source, .key = "device"});
-    }
-    gpu_mesh = shard::make_mesh(*gpu_world, sharding, ranks_per_node(world));
-  }
-  shard::ShardedModel engine(mcfg, sharding, gpu_mesh ? *gpu_mesh : mesh, gpu_mesh ? &mesh : nullptr);
-  // Resuming: the checkpoint is opened and validated (metadata, every file's presence and size) on
-  // every rank before anything else, so a bad one is reported before any training.
-  std::vector<std::string> resume_notes;
-  std::unique_ptr<ckpt::CheckpointReader> resume = open_resume_checkpoint(c, mcfg, resume_notes);
-  std::string load_note;
-  if (resume) {
-    const auto t0 = clock::now();
-    const uint64_t bytes = ckpt::load_checkpoint(*resume, engine);  // each rank reads only the ranges it owns
-    const double s = std::chrono::duration<double>(clock::now() - t0).count();
-    load_note = fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
-                            double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9));
-  } else {
-    const io::ModelWeights weights(c.model);
-    engine.load(weights, c.model);  // each rank reads only its shard's byte ranges
-  }
-  model::LlamaCompute model(mcfg, c.compute_dtype, engine.device());
-  model.set_checkpointing(c.activation_checkpointing);
-  model.reserve(B, T);
-  // Full f32 weights on every rank, for generation (built-in task accuracy) and the final save:
-  // gathered from the shards (a collective, so every rank runs it).
-  auto gather_full = [&]() {
-    auto full = std::make_unique<ParamStore>(mcfg, DType::F32, ParamStore::Mode::WeightsOnly);
-    for (const std::string& name : engine.names()) engine.gather_tensor(name, full->master(name));
-    return full;
-  };
-
-  std::unique_ptr<MetricsFile> metrics_file;
-  if (lead) {
+// Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet.
+class Reporter {
+ public:
+  Reporter(const TrainConfig& c, bool lead) : progress_(lead ? c.progress : "none", c.log_every) {
+    if (!lead) return;
     std::error_code ec;
     fs::create_directories(c.output_dir, ec);
     if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
-    metrics_file = std::make_unique<MetricsFile>((fs::path(c.output_dir) / c.metrics_file).string());
+    metrics_ = std::make_unique<MetricsFile>((fs::path(c.output_dir) / c.metrics_file).string());
   }
-  auto write_metrics = [&](const nlohmann::json& rec) {
-    if (metrics_file) metrics_file->write(rec);
-  };
-  Progress progress(lead ? c.progress : "none", c.log_every);
-  const int32_t pad = tok->eos_id();
+  void print(const std::string& line) { progress_.print(line); }
+  void write(const nlohmann::json& rec) {
+    if (metrics_) metrics_->write(rec);
+  }
+  Progress& progress() { return progress_; }
 
-  progress.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c.model,
-                             mcfg.num_hidden_layers, mcfg.hidden_size, double(parameter_count(mcfg)) / 1e6,
-                             dtype_name(c.compute_dtype)));
-  progress.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
-                             shard::strategy_name(sharding.strategy), world.size(), world.size() > 1 ? "s" : "",
-                             mesh.shard->size(), engine.num_units(), engine.num_units() > 1 ? "s" : "",
-                             dtype_name(sharding.reduce_dtype)));
-  if (c.device == Device::CUDA)
-    progress.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
-                               sharding.offload_params ? "; master weights, gradient shard and AdamW state offloaded "
-                                                         "to pinned host memory, AdamW on the CPU"
-                                                       : ""));
-  if (!auto_why.empty()) progress.print(auto_why);
-  progress.print(fmt::format("memory: estimated peak {} per rank over training steps (activations {}, tracked "
-                             "buffers only; `shardlm estimate-memory` has the breakdown)",
-                             format_bytes(mem_estimate.peak_total),
-                             format_bytes(mem_estimate.category_peak[size_t(MemCategory::Activations)])));
+ private:
+  Progress progress_;
+  std::unique_ptr<MetricsFile> metrics_;
+};
+
+// Exact-match accuracy of greedy answers to held-out problems, decoded through the engine (one
+// unit gathered at a time, no KV cache: the problems are a few tokens long). Collective: rank r
+// decodes its slice of the problems in batches of B rows, and every rank runs the same number of
+// forward passes.
+double task_accuracy(shard::ShardedModel& engine, model::LlamaCompute& m, const data::AdditionTask& task,
+                     const data::Tokenizer& tok, int64_t n, int64_t B, int64_t T, comm::Communicator& world,
+                     int64_t* correct_out) {
+  constexpr int kMaxNew = 12;
+  n = std::min(n, task.size());
+  const int W = world.size(), r = world.rank();
+  const int64_t per_rank = (n + W - 1) / W, lo = std::min(n, r * per_rank), hi = std::min(n, lo + per_rank);
+  const int64_t V = m.config().vocab_size;
+  const int32_t eos = tok.eos_id();
+  int64_t correct = 0;
+  for (int64_t chunk = 0; chunk < per_rank; chunk += B) {
+    std::vector<std::vector<int32_t>> seq, out;
+    std::vector<bool> done;
+    for (int64_t i = lo + chunk; i < std::min(hi, lo + chunk + B); ++i) {
+      seq.push_back(tok.encode_with(task.prompt(i), true, false));
+      out.emplace_back();
+      done.push_back(false);
+    }
+    if (seq.empty()) seq.push_back({eos}), out.emplace_back(), done.push_back(true);  // keeps the collectives in step
+    for (int step = 0; step < kMaxNew; ++step) {
+      // Every rank stops when no rank has a row left to decode.
+      if (world.all_reduce_sum(double(std::count(done.begin(), done.end(), false))) == 0) break;
+      size_t cols = 0;
+      for (const auto& s : seq) cols = std::max(cols, s.size());
+      data::BatchBuffers buf;
+      buf.B = int64_t(seq.size());
+      buf.T = int64_t(cols);
+      buf.ids.assign(size_t(buf.B) * cols, eos);
+      buf.targets.assign(size_t(buf.B) * cols, ops::kIgnoreIndex);
+      for (size_t b = 0; b < seq.size(); ++b) std::copy(seq[b].begin(), seq[b].end(), buf.ids.begin() + int64_t(b * cols));
+      std::vector<float> logits(size_t(buf.B) * cols * size_t(V));
+      engine.forward_logits(m, buf.batch(), Tensor::view(logits.data(), DType::F32, {buf.B * int64_t(cols), V}));
+      for (size_t b = 0; b < seq.size(); ++b) {
+        if (done[b]) continue;
+        const float* row = logits.data() + (b * cols + seq[b].size() - 1) * size_t(V);
+        const int32_t next = int32_t(std::max_element(row, row + V) - row);
+        // Rows stay within the training row length T (prompt and answer fit it), so decoding never
+        // grows the activation arena beyond training's.
+        if (next == eos || int64_t(seq[b].size()) == T) {
+          done[b] = true;
+          continue;
+        }
+        seq[b].push_back(next);
+        out[b].push_back(next);
+      }
+    }
+    for (size_t b = 0; b < out.size(); ++b)
+      if (lo + chunk + int64_t(b) < hi) correct += tok.decode(out[b]) == task.answer(lo + chunk + int64_t(b));
+  }
+  correct = int64_t(world.all_reduce_sum(double(correct)));
+  if (correct_out) *correct_out = correct;
+  return n ? double(correct) / double(n) : 0.0;
+}
+
+// One training run, in parts: setup (inputs, memory plan, mesh and engine, data order), then the
+// loop of train_step, with evaluation, checkpoints and reporting beside it, then the final save.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, comm::Communicator& world);
+  TrainResult run();
+
+ private:
+  void load_or_resume();
+  void print_setup();
+  void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb);
+  void evaluate(int64_t step);
+  bool save_due(int64_t step);
+  void save_checkpoint(int64_t step, const data::SamplerState& next);
+  void save_model();
+  void report_memory();
+
+  const TrainConfig& c_;
+  comm::Communicator& world_;
+  const bool lead_;
+  const Clock::time_point t_start_ = Clock::now();
+  Inputs in_;
+  MemoryPlan mem_;
+  shard::Mesh mesh_;
+  shard::ShardedModel engine_;
+  model::LlamaCompute model_;
+  Reporter out_;
+  data::DistributedSampler sampler_;
+  std::vector<std::string> resume_notes_;
+  std::unique_ptr<ckpt::CheckpointReader> resume_;
+  std::string load_note_;
+  int64_t start_step_ = 1, tokens_seen_ = 0;
+  Clock::time_point t_train_, last_save_;
+  TrainResult result_;
+};
+
+data::SamplerOptions sampler_options(const TrainConfig& c, const Inputs& in, const comm::Communicator& world) {
   data::SamplerOptions so;
   so.world_size = world.size();
   so.rank = world.rank();
-  so.seq_len = T;
-  so.packing = data.packing;
-  so.micro_batch_size = B;
+  so.seq_len = in.T;
+  so.packing = in.data.packing;
+  so.micro_batch_size = in.B;
   so.gradient_accumulation_steps = c.gradient_accumulation_steps;
   so.seed = c.seed;
-  so.pad_id = pad;
-  data::DistributedSampler sampler(*data.train, so);
-  progress.print(fmt::format("data ({}; tokenizer: {}):", data.type, tok->name()));
-  for (const std::string& line : data.report) progress.print("  " + line);
-  {
-    const int64_t rows = int64_t(sampler.epoch_rows(0).size()), truncated = sampler.truncated_in_epoch(0);
-    progress.print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows",
-                               rows, data.packing ? "packed rows" : "padded rows", T, data.train->size(),
-                               truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, T) : "",
-                               sampler.steps_in_epoch(0), sampler.rows_per_step()));
+  so.pad_id = in.tok->eos_id();
+  return so;
+}
+
+// The members are built in order: the inputs, the memory plan, the mesh (on GPU runs its NCCL
+// groups pick the GPU, before any CUDA allocation), the engine, the model's compute on the
+// engine's device, the reporter and the sampler.
+Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
+    : c_(c),
+      world_(world),
+      lead_(world.rank() == 0),
+      in_(load_inputs(c)),
+      mem_(plan_memory(c, in_, world)),
+      mesh_([&] {
+        try {
+          return shard::make_mesh(world, mem_.sharding, ranks_per_node(world), c.device);
+        } catch (const Error& e) {
+          if (c.device != Device::CUDA) throw;
+          throw Error(e.message(), {.file = c.source, .key = "device"});
+        }
+      }()),
+      engine_(in_.model, mem_.sharding, mesh_),
+      model_(in_.model, c.compute_dtype, engine_.device()),
+      out_(c, lead_),
+      sampler_(*in_.data.train, sampler_options(c, in_, world)) {
+  load_or_resume();
+  model_.set_checkpointing(c.activation_checkpointing);
+  model_.reserve(in_.B, in_.T);
+}
+
+// Resuming: the checkpoint is opened and validated (metadata, every file's presence and size) on
+// every rank before anything else, so a bad one is reported before any training. Either way each
+// rank reads only the ranges it owns.
+void Trainer::load_or_resume() {
+  resume_ = open_resume_checkpoint(c_, in_.model, resume_notes_);
+  if (!resume_) {
+    const io::ModelWeights weights(c_.model);
+    engine_.load(weights, c_.model);
+    return;
   }
-  for (const std::string& note : resume_notes) progress.print(note);
-  int64_t start_step = 1;
-  if (resume) {
-    start_step = resume_training_state(*resume, c, sampler) + 1;
-    progress.print(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)", resume->dir(),
-                               start_step - 1, sampler.state().epoch, sampler.state().step));
-    progress.print(load_note);
+  const auto t0 = Clock::now();
+  const uint64_t bytes = ckpt::load_checkpoint(*resume_, engine_);
+  const double s = seconds_since(t0);
+  load_note_ = fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
+                           double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9));
+  start_step_ = resume_training_state(*resume_, c_, sampler_) + 1;
+}
+
+void Trainer::print_setup() {
+  const ModelConfig& m = in_.model;
+  const shard::ShardingConfig& sc = mem_.sharding;
+  const int W = world_.size(), units = engine_.num_units();
+  out_.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c_.model,
+                         m.num_hidden_layers, m.hidden_size, double(parameter_count(m)) / 1e6,
+                         dtype_name(c_.compute_dtype)));
+  out_.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
+                         shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", mesh_.shard->size(), units,
+                         units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
+  if (c_.device == Device::CUDA)
+    out_.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
+                           sc.offload_params ? "; master weights, gradient shard and AdamW state offloaded to pinned "
+                                               "host memory, AdamW on the CPU"
+                                             : ""));
+  if (!mem_.auto_why.empty()) out_.print(mem_.auto_why);
+  out_.print(fmt::format("memory: estimated peak {} per rank over training steps (activations {}, tracked "
+                         "buffers only; `shardlm estimate-memory` has the breakdown)",
+                         format_bytes(mem_.estimate.peak_total),
+                         format_bytes(mem_.estimate.category_peak[size_t(MemCategory::Activations)])));
+  out_.print(fmt::format("data ({}; tokenizer: {}):", in_.data.type, in_.tok->name()));
+  for (const std::string& line : in_.data.report) out_.print("  " + line);
+  const int64_t rows = int64_t(sampler_.epoch_rows(0).size()), truncated = sampler_.truncated_in_epoch(0);
+  out_.print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows", rows,
+                         in_.data.packing ? "packed rows" : "padded rows", in_.T, in_.data.train->size(),
+                         truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, in_.T) : "",
+                         sampler_.steps_in_epoch(0), sampler_.rows_per_step()));
+  for (const std::string& note : resume_notes_) out_.print(note);
+  if (resume_) {
+    out_.print(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)", resume_->dir(),
+                           start_step_ - 1, sampler_.state().epoch, sampler_.state().step));
+    out_.print(load_note_);
   }
-  progress.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", B, T,
-                             c.gradient_accumulation_steps, world.size(), world.size() > 1 ? "s" : "",
-                             B * T * c.gradient_accumulation_steps * world.size(), c.max_steps));
+  out_.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", in_.B,
+                         in_.T, c_.gradient_accumulation_steps, W, W > 1 ? "s" : "",
+                         in_.B * in_.T * c_.gradient_accumulation_steps * W, c_.max_steps));
+}
 
-  TrainResult result;
-  auto evaluate = [&](int64_t step) {
-    // The same held-out rows for any world size: each rank evaluates its slice of each global batch.
-    const ops::CrossEntropyResult part =
-        eval_loss_sums([&](const model::Batch& b) { return engine.forward_loss(model, b); }, *data.eval, data.packing,
-                       B, T, c.eval_batches, pad, world.rank(), world.size());
-    const double sum = world.all_reduce_sum(part.loss_sum), count = world.all_reduce_sum(double(part.count));
-    const double loss = count > 0 ? sum / count : NAN;
-    nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
-    std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
-    double acc = -1;
-    if (data.task && c.accuracy_examples > 0) {
-      int64_t correct = 0;
-      const std::unique_ptr<ParamStore> full = gather_full();
-      acc = task_accuracy(mcfg, full->compute_weights(), *data.task, *tok, c.accuracy_examples, &correct);
-      rec["eval_accuracy"] = acc;
-      line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
-                          std::min(c.accuracy_examples, data.task->size()));
-    }
-    memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
-    write_metrics(rec);
-    progress.print(line);
-    if (step == start_step - 1) {
-      result.initial_eval_loss = loss;
-      result.initial_accuracy = acc;
-    }
-    result.eval_loss = loss;
-    result.accuracy = acc;
-  };
-  evaluate(start_step - 1);
-
-  // Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
-  const std::string ckpt_root = c.checkpoint_root();
-  auto last_save = clock::now();
-  auto save = [&](int64_t step, const data::SamplerState& next) {
-    ckpt::SaveOptions so;
-    so.dir = (fs::path(ckpt_root) / ckpt::step_dir_name(step)).string();
-    so.step = step;
-    so.training = {{"step", step},
-                   {"sampler", {{"epoch", next.epoch}, {"step", next.step}}},
-                   {"rows_per_step", sampler.rows_per_step()},
-                   {"seed", c.seed},
-                   {"lr", c.schedule.at(step)}};
-    so.run = run_description(c, sharding, world.size(), mesh);
-    so.tokenizer_source = c.model;
-    const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine, mcfg, world);
-    last_save = clock::now();
-    if (lead && c.keep_last_n > 0) ckpt::prune_checkpoints(ckpt_root, c.keep_last_n);
-    const double mb = double(r.rank_bytes) / 1e6;
-    progress.print(fmt::format("checkpoint step {} -> {}: {:.1f} MB from each rank in {:.2f}s ({:.0f} MB/s per rank), "
-                               "{:.1f} MB in all, complete after {:.2f}s",
-                               step, so.dir, mb, r.rank_seconds, mb / std::max(r.rank_seconds, 1e-9),
-                               double(r.total_bytes) / 1e6, r.seconds));
-    write_metrics({{"step", step}, {"checkpoint", so.dir}, {"checkpoint_bytes", r.total_bytes},
-                   {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", mb / std::max(r.rank_seconds, 1e-9)}});
-  };
-  auto save_due = [&](int64_t step) {
-    if (!c.saves_checkpoints()) return false;
-    if (step == c.max_steps || (c.save_every > 0 && step % c.save_every == 0)) return true;
-    if (c.save_every_minutes <= 0) return false;
-    const double minutes = std::chrono::duration<double>(clock::now() - last_save).count() / 60.0;
-    return world.all_reduce_sum(lead && minutes >= c.save_every_minutes ? 1.0 : 0.0) > 0;
-  };
-
-  ops::AdamWConfig opt = c.optimizer;
-  const auto t_train = clock::now();
-  int64_t tokens_seen = 0;
+TrainResult Trainer::run() {
+  print_setup();
+  evaluate(start_step_ - 1);
   // The next step's micro-batches are assembled on a background thread while this one trains.
-  // Every micro-batch of a step is built before the step, so the loss can be normalized by the
-  // non-ignored tokens of the whole global batch (what one big batch would do). From here on
-  // only the prefetch thread touches the sampler.
-  data::Prefetcher prefetch([&sampler] { return sampler.next(); });
-  for (int64_t step = start_step; step <= c.max_steps; ++step) {
+  // Every micro-batch of a step is built before the step, so the loss is normalized by the
+  // non-ignored tokens of the whole global batch. From here on only that thread touches the sampler.
+  data::Prefetcher prefetch([this] { return sampler_.next(); });
+  t_train_ = last_save_ = Clock::now();
+  for (int64_t step = start_step_; step <= c_.max_steps; ++step) {
     const data::StepBatch sb = prefetch.next();
-    const std::vector<data::BatchBuffers>& micro = sb.micro;
-    opt.lr = c.schedule.at(step);
-    std::vector<model::Batch> batches;
-    for (const data::BatchBuffers& mb : micro) batches.push_back(mb.batch());
-    const shard::StepStats sr = engine.train_step(model, batches, opt, step, c.max_grad_norm);
-    const double loss = sr.loss, norm = sr.grad_norm;
-    if (!std::isfinite(loss)) throw Error(fmt::format("training diverged: loss is {} at step {}", loss, step));
-    for (const data::BatchBuffers& mb : micro) tokens_seen += mb.B * mb.T * world.size();
-
-    const double elapsed = std::chrono::duration<double>(clock::now() - t_train).count();
-    const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
-    const memory::ProcessMemory rss_now = memory::process_memory();
-    StepStats s{step, c.max_steps, loss, opt.lr, norm, double(tokens_seen) / elapsed, elapsed,
-                memory::memory_brief(mem_now, rss_now)};
-    progress.step(s);
-    nlohmann::json rec = {{"step", step}, {"loss", loss}, {"lr", opt.lr}, {"grad_norm", norm},
-                          {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
-    memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
-    if (c.device == Device::CUDA) {
-      const device::CudaMemoryStats g = device::cuda_memory_stats();
-      rec["gpu_allocated_peak_bytes"] = g.allocated_peak;
-      rec["gpu_reserved_peak_bytes"] = g.reserved_peak;
-    }
-    write_metrics(rec);
-    result.losses.push_back(loss);
-    if (step == start_step) result.first_loss = loss;
-    result.last_loss = loss;
-    result.steps = step;
-    if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.max_steps) evaluate(step);
-    if (save_due(step)) save(step, sb.next);
+    std::vector<model::Batch> micro;
+    for (const data::BatchBuffers& mb : sb.micro) micro.push_back(mb.batch());
+    ops::AdamWConfig opt = c_.optimizer;
+    opt.lr = c_.schedule.at(step);
+    const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
+    if (!std::isfinite(s.loss)) throw Error(fmt::format("training diverged: loss is {} at step {}", s.loss, step));
+    log_step(step, s, sb);
+    if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
+    if (save_due(step)) save_checkpoint(step, sb.next);
   }
-  evaluate(c.max_steps);
-  result.seconds = std::chrono::duration<double>(clock::now() - t_train).count();
-  result.tokens_per_s = double(tokens_seen) / result.seconds;
-  progress.finish();
+  evaluate(c_.max_steps);
+  result_.seconds = seconds_since(t_train_);
+  result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
+  out_.progress().finish();
+  save_model();
+  report_memory();
+  return result_;
+}
 
-  if (c.saves_checkpoints()) {
-    // The final checkpoint streamed into the Hugging Face directory by rank 0, tensor by tensor in
-    // small chunks: no rank ever holds the whole model.
-    if (lead) {
-      ckpt::CheckpointReader final_ckpt((fs::path(ckpt_root) / ckpt::step_dir_name(c.max_steps)).string());
-      ckpt::convert_checkpoint(final_ckpt, {.out = c.output_dir, .dtype = c.save_dtype,
-                                            .max_shard_bytes = io::parse_size(c.max_shard_size)});
+void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb) {
+  for (const data::BatchBuffers& mb : sb.micro) tokens_seen_ += mb.B * mb.T * world_.size();
+  const double elapsed = seconds_since(t_train_), lr = c_.schedule.at(step);
+  const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
+  const memory::ProcessMemory rss_now = memory::process_memory();
+  ProgressLine line{step, c_.max_steps, s.loss, lr, s.grad_norm, double(tokens_seen_) / elapsed, elapsed,
+                    memory::memory_brief(mem_now, rss_now)};
+  out_.progress().step(line);
+  nlohmann::json rec = {{"step", step}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm},
+                        {"tokens_per_s", line.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
+  memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
+  if (c_.device == Device::CUDA) {
+    const device::CudaMemoryStats g = device::cuda_memory_stats();
+    rec["gpu_allocated_peak_bytes"] = g.allocated_peak;
+    rec["gpu_reserved_peak_bytes"] = g.reserved_peak;
+  }
+  out_.write(rec);
+  result_.losses.push_back(s.loss);
+  if (step == start_step_) result_.first_loss = s.loss;
+  result_.last_loss = s.loss;
+  result_.steps = step;
+}
+
+// Held-out loss over the same rows for any world size (each rank evaluates its slice of each
+// global batch), and for the built-in task the accuracy of greedy answers.
+void Trainer::evaluate(int64_t step) {
+  const ops::CrossEntropyResult part = data::eval_loss_sums(
+      [&](const model::Batch& b) { return engine_.forward_loss(model_, b); }, *in_.data.eval, in_.data.packing, in_.B,
+      in_.T, c_.eval_batches, in_.tok->eos_id(), world_.rank(), world_.size());
+  const double sum = world_.all_reduce_sum(part.loss_sum), count = world_.all_reduce_sum(double(part.count));
+  const double loss = count > 0 ? sum / count : NAN;
+  nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
+  std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
+  double acc = -1;
+  if (in_.data.task && c_.accuracy_examples > 0) {
+    int64_t correct = 0;
+    acc = task_accuracy(engine_, model_, *in_.data.task, *in_.tok, c_.accuracy_examples, in_.B, in_.T, world_,
+                        &correct);
+    rec["eval_accuracy"] = acc;
+    line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
+                        std::min(c_.accuracy_examples, in_.data.task->size()));
+  }
+  memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
+  out_.write(rec);
+  out_.print(line);
+  if (step == start_step_ - 1) {
+    result_.initial_eval_loss = loss;
+    result_.initial_accuracy = acc;
+  }
+  result_.eval_loss = loss;
+  result_.accuracy = acc;
+}
+
+// Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
+bool Trainer::save_due(int64_t step) {
+  if (!c_.saves_checkpoints()) return false;
+  if (step == c_.max_steps || (c_.save_every > 0 && step % c_.save_every == 0)) return true;
+  if (c_.save_every_minutes <= 0) return false;
+  const bool late = lead_ && seconds_since(last_save_) / 60.0 >= c_.save_every_minutes;
+  return world_.all_reduce_sum(late ? 1.0 : 0.0) > 0;
+}
+
+void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
+  const std::string root = c_.checkpoint_root();
+  ckpt::SaveOptions so;
+  so.dir = (fs::path(root) / ckpt::step_dir_name(step)).string();
+  so.step = step;
+  so.training = {{"step", step},
+                 {"sampler", {{"epoch", next.epoch}, {"step", next.step}}},
+                 {"rows_per_step", sampler_.rows_per_step()},
+                 {"seed", c_.seed},
+                 {"lr", c_.schedule.at(step)}};
+  so.run = run_description(c_, mem_.sharding, world_.size(), mesh_);
+  so.tokenizer_source = c_.model;
+  const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine_, in_.model, world_);
+  last_save_ = Clock::now();
+  if (lead_ && c_.keep_last_n > 0) ckpt::prune_checkpoints(root, c_.keep_last_n);
+  const double mb = double(r.rank_bytes) / 1e6, rate = mb / std::max(r.rank_seconds, 1e-9);
+  out_.print(fmt::format("checkpoint step {} -> {}: {:.1f} MB from each rank in {:.2f}s ({:.0f} MB/s per rank), "
+                         "{:.1f} MB in all, complete after {:.2f}s",
+                         step, so.dir, mb, r.rank_seconds, rate, double(r.total_bytes) / 1e6, r.seconds));
+  out_.write({{"step", step}, {"checkpoint", so.dir}, {"checkpoint_bytes", r.total_bytes},
+              {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", rate}});
+}
+
+// The trained model as a Hugging Face directory, streamed: from the final checkpoint by rank 0
+// when there is one, else gathered from the engine one unit at a time. No rank ever holds the
+// whole model.
+void Trainer::save_model() {
+  const ckpt::ConvertOptions opt{.out = c_.output_dir, .dtype = c_.save_dtype,
+                                 .max_shard_bytes = io::parse_size(c_.max_shard_size)};
+  if (c_.saves_checkpoints()) {
+    if (lead_) {
+      ckpt::CheckpointReader final_ckpt((fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(c_.max_steps)).string());
+      ckpt::convert_checkpoint(final_ckpt, opt);
     }
-    world.barrier();
+    world_.barrier();
   } else {
-    // Without checkpoints: gathered to every rank, written by rank 0.
-    const std::unique_ptr<ParamStore> full = gather_full();
-    if (lead) save_hf_model(c.output_dir, mcfg, *full, c.save_dtype, io::parse_size(c.max_shard_size), c.model);
-    world.barrier();
+    ckpt::export_model(engine_, in_.model, opt, c_.model, world_);
   }
-  // Every rank takes part in gathering the table's figures; rank 0 prints it.
+}
+
+// Every rank takes part in gathering the table's figures; rank 0 prints it.
+void Trainer::report_memory() {
   MemStats est_stats;
-  est_stats.peak = mem_estimate.category_peak;
-  est_stats.peak_total = mem_estimate.peak_total;
-  const std::vector<std::string> mem_table = memory::memory_summary(
-      MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory(), world, &est_stats);
-  progress.print(fmt::format("done: {} steps in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}",
-                             result.steps, format_duration(result.seconds), result.tokens_per_s, result.first_loss,
-                             result.last_loss, result.initial_eval_loss, result.eval_loss));
-  for (const std::string& line : mem_table) progress.print(line);
-  if (c.device == Device::CUDA) {
+  est_stats.peak = mem_.estimate.category_peak;
+  est_stats.peak_total = mem_.estimate.peak_total;
+  const std::vector<std::string> table = memory::memory_summary(MemoryTracker::for_device(Device::CPU).stats(),
+                                                                memory::process_memory(), world_, &est_stats);
+  const TrainResult& r = result_;
+  out_.print(fmt::format("done: {} steps in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}",
+                         r.steps, format_duration(r.seconds), r.tokens_per_s, r.first_loss, r.last_loss,
+                         r.initial_eval_loss, r.eval_loss));
+  for (const std::string& line : table) out_.print(line);
+  if (c_.device == Device::CUDA) {
     // The GPU's own figures: the tracker's requested bytes per category and the caching allocator's
     // rounded and reserved bytes (what nvidia-smi would show, less the CUDA context).
     const MemStats g = MemoryTracker::for_device(Device::CUDA).stats();
     const device::CudaMemoryStats a = device::cuda_memory_stats();
-    progress.print(fmt::format("gpu memory (this rank): peak tracked {} (parameters {}, gradients {}, optimizer {}, "
-                               "activations {}, communication {}, workspace {}); allocator peak allocated {}, "
-                               "peak reserved {}",
-                               format_bytes(g.peak_total), format_bytes(g.peak[size_t(MemCategory::Parameters)]),
-                               format_bytes(g.peak[size_t(MemCategory::Gradients)]),
-                               format_bytes(g.peak[size_t(MemCategory::Optimizer)]),
-                               format_bytes(g.peak[size_t(MemCategory::Activations)]),
-                               format_bytes(g.peak[size_t(MemCategory::Communication)]),
-                               format_bytes(g.peak[size_t(MemCategory::Workspace)]), format_bytes(a.allocated_peak),
-                               format_bytes(a.reserved_peak)));
-    result.gpu_peak_reserved_bytes = a.reserved_peak;
+    out_.print(fmt::format("gpu memory (this rank): peak tracked {} (parameters {}, gradients {}, optimizer {}, "
+                           "activations {}, communication {}, workspace {}); allocator peak allocated {}, peak reserved {}",
+                           format_bytes(g.peak_total), format_bytes(g.peak[size_t(MemCategory::Parameters)]),
+                           format_bytes(g.peak[size_t(MemCategory::Gradients)]),
+                           format_bytes(g.peak[size_t(MemCategory::Optimizer)]),
+                           format_bytes(g.peak[size_t(MemCategory::Activations)]),
+                           format_bytes(g.peak[size_t(MemCategory::Communication)]),
+                           format_bytes(g.peak[size_t(MemCategory::Workspace)]), format_bytes(a.allocated_peak),
+                           format_bytes(a.reserved_peak)));
+    result_.gpu_peak_reserved_bytes = a.reserved_peak;
   }
-  progress.print(c.saves_checkpoints()
-                     ? std::string("  (the estimate covers training steps; the measured peaks also cover loading, "
-                                   "evaluation and the final save, streamed from the last checkpoint by rank 0)")
-                     : fmt::format("  (the estimate covers training steps; the measured peaks also cover loading, "
-                                   "evaluation and the final save, which gathers the whole model in f32 on every "
-                                   "rank: up to {})",
-                                   format_bytes(mem_estimate.save_gather_bytes)));
-  progress.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c.output_dir,
-                             dtype_name(c.save_dtype), std::chrono::duration<double>(clock::now() - t_start).count()));
-  return result;
+  out_.print(fmt::format("  (the estimate covers training steps; the measured peaks also cover loading, evaluation and "
+                         "the final save, {} one unit at a time: up to {} for the largest)",
+                         c_.saves_checkpoints() ? "streamed from the last checkpoint by rank 0, read"
+                                                : "gathered from the shards",
+                         format_bytes(mem_.estimate.save_gather_bytes)));
+  out_.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c_.output_dir, dtype_name(c_.save_dtype),
+                         seconds_since(t_start_)));
 }
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& c, comm::Communicator& world) { return Trainer(c, world).run(); }
 
 }  // namespace shardlm::train

@@ -1,6 +1,6 @@
-// The single-process training loop: data, accumulation, schedule, clipping, evaluation,
-// progress and metrics, and the trained model saved as a Hugging Face directory.
-// The data side (load_run_data, the sampler integration) is owned by the data pipeline.
+// The training loop: on one process or many, every run goes through the sharding engine
+// (shard/engine.h); the loop adds data, accumulation, schedule, clipping, evaluation, checkpoints,
+// progress and metrics, and saves the trained model as a Hugging Face directory.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,6 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "data/dataset.h"
-#include "model/llama.h"
-#include "train/param_store.h"
 #include "train/train_config.h"
 
 namespace shardlm::train {
@@ -31,35 +28,5 @@ struct TrainResult {
 // saves. The one-argument form runs in this process alone.
 TrainResult run_training(const TrainConfig& cfg, comm::Communicator& world);
 TrainResult run_training(const TrainConfig& cfg);
-
-// The training and evaluation data of a run, as `data:` describes it (docs/data.md).
-struct RunData {
-  std::unique_ptr<data::Dataset> train, eval;
-  const data::AdditionTask* task = nullptr;  // the eval set when it is the built-in task
-  std::string type;                          // resolved: text, tokens, alpaca, chat, builtin:addition
-  int64_t seq_len = 0;                       // row length
-  bool packing = false;
-  std::vector<std::string> report;           // what loading found, one line each, for the log
-};
-// Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
-RunData load_run_data(const TrainConfig& cfg, const data::Tokenizer& tok);
-// Loss sums over the non-ignored targets of up to max_batches global batches of `eval`, rows formed
-// in the dataset's order (packed or padded as in training). Rank r of W evaluates rows
-// [g B W + r B, + B) of each global batch g, so the ranks together cover what one process with
-// batch B W would; the caller sums over ranks.
-ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
-                                       const data::Dataset& eval, bool packing, int64_t B, int64_t T,
-                                       int64_t max_batches, int32_t pad, int rank, int world_size);
-
-struct StepResult {
-  double loss = 0;        // mean over the non-ignored targets of all micro-batches
-  int64_t tokens = 0;     // those targets
-  double grad_norm = 0;   // global L2 norm before clipping
-};
-// One optimizer step over the micro-batches of a global batch: zero gradients, forward and
-// backward of each micro-batch with the loss normalized over the whole global batch, gradient
-// clipping by the global norm (max_grad_norm 0 = off), AdamW at learning rate opt.lr.
-StepResult train_step(ParamStore& params, model::LlamaCompute& model, const std::vector<data::BatchBuffers>& micro,
-                      const ops::AdamWConfig& opt, int64_t step, double max_grad_norm);
 
 }  // namespace shardlm::train

@@ -1,0 +1,59 @@
+// The data of a training run as its `data:` section describes it (docs/data.md): the files, their
+// type, the held-out split, and evaluation batches formed the same way for any world size.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/instruct.h"
+#include "model/llama.h"
+#include "ops/ops.h"
+
+namespace shardlm::data {
+
+struct DataConfig {
+  // auto | text | tokens | alpaca | chat | builtin:addition. auto: builtin:addition by name,
+  // .bin/.tokens are token files, .json/.jsonl are alpaca or chat by their first record, the
+  // rest is text.
+  std::string type = "auto";
+  std::string train;            // the training file, or "builtin:addition"
+  int token_bytes = 2;          // tokens: 2 (uint16) or 4 (uint32) per id
+  std::string eval;             // a separate evaluation file (optional)
+  double eval_fraction = 0.05;  // else hold out this fraction (text/tokens: the tail; records: by hash)
+  // alpaca / chat
+  data::AlpacaColumns columns;  // field names of instruction, input, output
+  bool train_on_input = false;  // keep the prompt (and chat non-assistant turns) in the loss
+  std::string chat_format = "auto";  // auto | llama3 | llama2
+  std::optional<bool> packing;       // unset: true for alpaca/chat, false otherwise
+  std::string on_bad_row = "fail";   // fail | skip
+  // builtin:addition
+  int digits = 2;
+  int64_t train_examples = 20000;
+  int64_t eval_examples = 500;
+};
+
+// The training and evaluation data of a run, as `data:` describes it (docs/data.md).
+struct RunData {
+  std::unique_ptr<Dataset> train, eval;
+  const AdditionTask* task = nullptr;  // the eval set when it is the built-in task
+  std::string type;                          // resolved: text, tokens, alpaca, chat, builtin:addition
+  int64_t seq_len = 0;                       // row length
+  bool packing = false;
+  std::vector<std::string> report;           // what loading found, one line each, for the log
+};
+// Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
+RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok);
+// Loss sums over the non-ignored targets of up to max_batches global batches of `eval`, rows formed
+// in the dataset's order (packed or padded as in training). Rank r of W evaluates rows
+// [g B W + r B, + B) of each global batch g, so the ranks together cover what one process with
+// batch B W would; the caller sums over ranks.
+ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
+                                       const Dataset& eval, bool packing, int64_t B, int64_t T,
+                                       int64_t max_batches, int32_t pad, int rank, int world_size);
+
+}  // namespace shardlm::data

@@ -1,0 +1,98 @@
+// The unit plan: what each unit holds, how its flat buffer is split over the shard group, what this
+// rank stores, and in which order a micro-batch visits the units.
+//
+// make_plan is a pure function of (model config, sharding config, shard rank, shard group size).
+// The engine (engine.h) allocates and communicates by it; the memory estimator
+// (memory/estimator.h) runs the same engine on it without memory, so the two cannot drift.
+//
+// Units come from the model's parts (model::llama_parts: embedding, layers, head) by the wrap
+// policy: TRANSFORMER_BASED_WRAP makes every part a unit of its own (torchtitan's wrapping: the
+// embedding and the head are units, so neither stays gathered beyond its own forward and
+// backward); SIZE_BASED_WRAP groups consecutive decoder layers until min_num_params; NO_WRAP puts
+// everything in one unit. A model with tied embeddings keeps the embedding and the head in one
+// unit, since they share a tensor; that unit is visited three times per micro-batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/llama.h"
+#include "shard/flat_layout.h"
+#include "shard/sharding.h"
+
+namespace shardlm::shard {
+
+// FSDP's MixedPrecision: parameters are gathered and computed in `param`, gradients communicated
+// in `reduce`; master weights, gradient accumulators and optimizer state are always f32.
+struct MixedPrecision {
+  DType param = DType::F32;
+  DType reduce = DType::F32;
+};
+
+// ZeRO-Offload: the f32 master shard, the reduced gradient shard and AdamW's moments live in pinned
+// host memory and the optimizer steps there (device: cuda only).
+struct OffloadPolicy {
+  bool params = false;
+};
+
+// What each of the engine's buffers is for: the memory tracker's category and the estimator's
+// finer terms follow from it.
+enum class BufferRole : uint8_t {
+  Master,      // f32 [own]: the weights this rank optimizes
+  Moments,     // f32 [own] x 2: AdamW's m and v
+  GradShard,   // f32 [shard]: reduced gradients of this rank's shard
+  FullParams,  // param dtype [padded]: the gathered unit (or the persistent copy)
+  FullGrad,    // f32 [padded]: the unit's gradient accumulator during the backward
+  Staging,     // communication staging: casts for a gather or a reduction, host/device copies
+};
+MemCategory role_category(BufferRole r);
+
+struct PlannedUnit {
+  std::string name;        // the parts' names joined: "model.layers.3", "model.layers.0..1", ...
+  std::vector<int> parts;  // indices into model::llama_parts, consecutive
+  FlatLayout layout;       // padded to a multiple of the shard group size
+  int64_t shard_numel = 0; // padded / shard group size
+  int64_t own_begin = 0;   // first flat element this rank optimizes (0 when the optimizer is replicated)
+  int64_t own_numel = 0;   // shard_numel, or padded when the optimizer is replicated (NO_SHARD)
+  // A shard group of one rank (one process, not hybrid, no offload): the shard is the whole
+  // buffer, so the parameters are the master weights (or one param-dtype copy of them) and the
+  // backward accumulates straight into the gradient shard: no gathers, no reductions.
+  bool solo = false;
+  // NO_SHARD, ZERO1 and solo units keep their full parameters between steps.
+  bool persistent = false;
+};
+
+enum class StageKind : uint8_t { EmbedForward, BlockForward, Head, BlockBackward, EmbedBackward };
+struct Stage {
+  StageKind kind;
+  int layer = -1;  // BlockForward / BlockBackward
+};
+
+// One turn of a unit: consecutive stages computed with its parameters gathered.
+struct Visit {
+  int unit = 0;
+  std::vector<Stage> stages;
+  bool backward = false;       // computes gradients (Head in training, BlockBackward, EmbedBackward)
+  bool last_backward = false;  // the unit's last gradient-computing visit of the micro-batch
+  bool free_after = false;     // reshard: release the gathered parameters afterwards
+  int prefetch = -1;           // the next visit's unit (for forward / backward prefetch), or -1
+};
+
+struct UnitPlan {
+  ShardingConfig sharding;
+  MixedPrecision precision;
+  OffloadPolicy offload;
+  int shard_rank = 0, shard_size = 1;
+  std::vector<model::ModelPart> parts;
+  std::vector<PlannedUnit> units;
+  std::vector<Visit> train;  // one training micro-batch: forward, head (loss and its backward), backward
+  std::vector<Visit> eval;   // forward and loss only; every unit released after its visit
+  int64_t padded_numel() const;
+};
+
+// Throws an Error for impossible layouts (a shard rank outside the group).
+UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sharding, int shard_rank, int shard_size);
+
+}  // namespace shardlm::shard
