@@ -37,7 +37,7 @@ constexpr const char* kBuiltinAddition = "builtin:addition";
 
 // The data type of a file when `data.type` is auto.
 std::string resolve_type(const DataConfig& dc, const std::string& path) {
-  if (dc.type != "auto") return dc.type;
+  if (dc.type != DataType::Auto) return std::string(enum_name(dc.type));
   if (path == kBuiltinAddition) return kBuiltinAddition;
   if (path.ends_with(".bin") || path.ends_with(".tokens")) return "tokens";
   if (path.ends_with(".json") || path.ends_with(".jsonl")) return data::detect_json_kind(path, dc.columns);
@@ -75,8 +75,8 @@ RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
     data::InstructOptions opt;
     opt.columns = dc.columns;
     opt.train_on_input = dc.train_on_input;
-    opt.chat_format = dc.chat_format;
-    opt.on_bad_row = dc.on_bad_row == "skip" ? data::BadRowPolicy::Skip : data::BadRowPolicy::Fail;
+    opt.chat_format = std::string(enum_name(dc.chat_format));
+    opt.on_bad_row = dc.on_bad_row;
     opt.max_seq_len = c.seq_len;
     data::LoadReport rep;
     std::vector<int64_t> ordinals;
@@ -422,7 +422,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   auto write_metrics = [&](const nlohmann::json& rec) {
     if (metrics_file) metrics_file->write(rec);
   };
-  Progress progress(lead ? c.progress : "none", c.log_every);
+  Progress progress(lead ? c.progress : ProgressMode::None, c.log_every);
   const int32_t pad = tok->eos_id();
 
   progress.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c.model,
