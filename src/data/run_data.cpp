@@ -15,7 +15,7 @@ constexpr const char* kBuiltinAddition = "builtin:addition";
 
 // The data type of a file when `data.type` is auto.
 std::string resolve_type(const DataConfig& dc, const std::string& path) {
-  if (dc.type != "auto") return dc.type;
+  if (dc.type != DataType::Auto) return std::string(enum_name(dc.type));
   if (path == kBuiltinAddition) return kBuiltinAddition;
   if (path.ends_with(".bin") || path.ends_with(".tokens")) return "tokens";
   if (path.ends_with(".json") || path.ends_with(".jsonl")) return detect_json_kind(path, dc.columns);
@@ -52,8 +52,8 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     InstructOptions opt;
     opt.columns = dc.columns;
     opt.train_on_input = dc.train_on_input;
-    opt.chat_format = dc.chat_format;
-    opt.on_bad_row = dc.on_bad_row == "skip" ? BadRowPolicy::Skip : BadRowPolicy::Fail;
+    opt.chat_format = std::string(enum_name(dc.chat_format));
+    opt.on_bad_row = dc.on_bad_row;
     opt.max_seq_len = seq_len;
     LoadReport rep;
     std::vector<int64_t> ordinals;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "data/dataset.h"
 #include "data/instruct.h"
 #include "model/llama.h"
@@ -16,21 +17,25 @@
 
 namespace shardlm::data {
 
+// data.type. Auto: builtin:addition by name, .bin/.tokens are token files, .json/.jsonl are
+// alpaca or chat by their first record, the rest is text.
+enum class DataType { Auto, Text, Tokens, Alpaca, Chat, BuiltinAddition };
+// data.chat_format. Auto: llama3 when the tokenizer has <|start_header_id|>, else llama2
+// (resolve_chat_format decides, once the tokenizer is known).
+enum class ChatTemplate { Auto, Llama3, Llama2 };
+
 struct DataConfig {
-  // auto | text | tokens | alpaca | chat | builtin:addition. auto: builtin:addition by name,
-  // .bin/.tokens are token files, .json/.jsonl are alpaca or chat by their first record, the
-  // rest is text.
-  std::string type = "auto";
+  DataType type = DataType::Auto;
   std::string train;            // the training file, or "builtin:addition"
   int token_bytes = 2;          // tokens: 2 (uint16) or 4 (uint32) per id
   std::string eval;             // a separate evaluation file (optional)
   double eval_fraction = 0.05;  // else hold out this fraction (text/tokens: the tail; records: by hash)
   // alpaca / chat
-  data::AlpacaColumns columns;  // field names of instruction, input, output
+  AlpacaColumns columns;        // field names of instruction, input, output
   bool train_on_input = false;  // keep the prompt (and chat non-assistant turns) in the loss
-  std::string chat_format = "auto";  // auto | llama3 | llama2
-  std::optional<bool> packing;       // unset: true for alpaca/chat, false otherwise
-  std::string on_bad_row = "fail";   // fail | skip
+  ChatTemplate chat_format = ChatTemplate::Auto;
+  std::optional<bool> packing;  // unset: true for alpaca/chat, false otherwise
+  BadRowPolicy on_bad_row = BadRowPolicy::Fail;
   // builtin:addition
   int digits = 2;
   int64_t train_examples = 20000;
@@ -56,4 +61,26 @@ ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResu
                                        const Dataset& eval, bool packing, int64_t B, int64_t T,
                                        int64_t max_batches, int32_t pad, int rank, int world_size);
 
+// A data enum compares equal to its spelling (core/enum_names.h).
+using shardlm::operator==;
+
 }  // namespace shardlm::data
+
+namespace shardlm {
+template <>
+struct EnumNames<data::DataType> {
+  static constexpr std::pair<data::DataType, const char*> values[] = {
+      {data::DataType::Auto, "auto"},     {data::DataType::Text, "text"}, {data::DataType::Tokens, "tokens"},
+      {data::DataType::Alpaca, "alpaca"}, {data::DataType::Chat, "chat"}, {data::DataType::BuiltinAddition, "builtin:addition"}};
+};
+template <>
+struct EnumNames<data::ChatTemplate> {
+  static constexpr std::pair<data::ChatTemplate, const char*> values[] = {
+      {data::ChatTemplate::Auto, "auto"}, {data::ChatTemplate::Llama3, "llama3"}, {data::ChatTemplate::Llama2, "llama2"}};
+};
+template <>
+struct EnumNames<data::BadRowPolicy> {
+  static constexpr std::pair<data::BadRowPolicy, const char*> values[] = {{data::BadRowPolicy::Fail, "fail"},
+                                                                          {data::BadRowPolicy::Skip, "skip"}};
+};
+}  // namespace shardlm

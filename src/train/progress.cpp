@@ -18,9 +18,9 @@ std::string format_duration(double seconds) {
   return fmt::format("{:02}:{:02}", s / 60, s % 60);
 }
 
-Progress::Progress(const std::string& mode, int64_t log_every) : log_every_(log_every) {
-  quiet_ = mode == "none";
-  bar_ = mode == "bar" || (mode == "auto" && isatty(STDERR_FILENO));
+Progress::Progress(ProgressMode mode, int64_t log_every) : log_every_(log_every) {
+  quiet_ = mode == ProgressMode::None;
+  bar_ = mode == ProgressMode::Bar || (mode == ProgressMode::Auto && isatty(STDERR_FILENO));
 }
 
 void Progress::clear_bar() {

@@ -16,11 +16,13 @@ struct ProgressLine {
   std::string mem;  // memory::memory_brief: tracked bytes by category and RSS
 };
 
+// Bar: redraw one line on stderr; Lines: a line every log_every steps; None: quiet;
+// Auto: a bar when stderr is a terminal, else lines.
+enum class ProgressMode { Auto, Bar, Lines, None };
+
 class Progress {
  public:
-  // mode: "bar" (redraw one line on stderr), "lines" (a line every log_every steps), "none",
-  // or "auto" (bar when stderr is a terminal, else lines).
-  Progress(const std::string& mode, int64_t log_every);
+  Progress(ProgressMode mode, int64_t log_every);
   void step(const ProgressLine& s);
   // A line of its own (evaluation results, messages), printed above the bar.
   void print(const std::string& line);

@@ -1,20 +1,26 @@
 // The training configuration: what `shardlm train --config FILE.yaml [key=value ...]` reads.
-// docs/training.md lists every key with its default; unknown keys are errors.
+// It is read through a table of fields (train_config_fields(), config_fields.h): the defaults are
+// the member initializers below, docs/training.md lists every key; unknown keys are errors.
 // The data section is owned by the data pipeline (docs/data.md).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "data/run_data.h"
 #include "io/yaml_config.h"
 #include "ops/ops.h"
 #include "shard/sharding.h"
+#include "train/config_fields.h"
+#include "train/progress.h"
 #include "train/schedule.h"
 
 namespace shardlm::train {
 
+using data::ChatTemplate;
+using data::DataType;
 // The `data:` section (docs/training.md, docs/data.md).
 using data::DataConfig;
 
@@ -34,14 +40,15 @@ struct TrainConfig {
   int64_t micro_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
   int64_t max_steps = 100;
-  ops::AdamWConfig optimizer;
-  LrSchedule schedule;
+  // AdamW's defaults in a config file (ops::AdamWConfig's are torch's, for code that builds one).
+  ops::AdamWConfig optimizer{.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.0};
+  LrSchedule schedule;  // lr and total_steps follow optimizer.lr and max_steps
   double max_grad_norm = 1.0;  // 0 disables clipping
   int64_t eval_every = 50;     // 0: only at the end
   int64_t eval_batches = 8;
   int64_t accuracy_examples = 200;  // builtin tasks: held-out problems decoded greedily at eval
   int64_t log_every = 10;
-  std::string progress = "auto";  // auto | bar | lines | none
+  ProgressMode progress = ProgressMode::Auto;
   std::string metrics_file = "metrics.jsonl";  // relative to output_dir
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
@@ -60,8 +67,26 @@ struct TrainConfig {
 
 // Reads and validates; every error names the file, line and key. Unknown keys are errors.
 TrainConfig read_train_config(ConfigTree& tree);
+// The table read_train_config reads: every key of a training config, in reading order (the
+// sharding keys of sharding_config_fields() among them).
+const std::vector<ConfigField<TrainConfig>>& train_config_fields();
 // A YAML file with `key=value` overrides applied, read as above (what `shardlm train` and
 // `shardlm data-preview` take).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
 
 }  // namespace shardlm::train
+
+namespace shardlm {
+// The spellings of the training config's own enumerations (the data section's are in data/run_data.h).
+template <>
+struct EnumNames<train::ProgressMode> {
+  static constexpr std::pair<train::ProgressMode, const char*> values[] = {{train::ProgressMode::Auto, "auto"},
+                                                                           {train::ProgressMode::Bar, "bar"},
+                                                                           {train::ProgressMode::Lines, "lines"},
+                                                                           {train::ProgressMode::None, "none"}};
+};
+template <>
+struct EnumNames<Device> {
+  static constexpr std::pair<Device, const char*> values[] = {{Device::CPU, "cpu"}, {Device::CUDA, "cuda"}};
+};
+}  // namespace shardlm

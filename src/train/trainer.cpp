@@ -197,7 +197,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, const comm::Commu
 // Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet.
 class Reporter {
  public:
-  Reporter(const TrainConfig& c, bool lead) : progress_(lead ? c.progress : "none", c.log_every) {
+  Reporter(const TrainConfig& c, bool lead) : progress_(lead ? c.progress : ProgressMode::None, c.log_every) {
     if (!lead) return;
     std::error_code ec;
     fs::create_directories(c.output_dir, ec);
