@@ -317,7 +317,7 @@ TEST(DataConfig, KeysTypesAndSplit) {
   EXPECT_EQ(c.data.on_bad_row, "skip");
   EXPECT_FALSE(c.data.packing.has_value());
   data::ByteTokenizer tok;
-  const train::RunData a = train::load_run_data(c, tok), b = train::load_run_data(c, tok);
+  const train::RunData a = train::load_run_data(c, tok, tok.vocab_size()), b = train::load_run_data(c, tok, tok.vocab_size());
   EXPECT_EQ(a.type, "alpaca");
   EXPECT_TRUE(a.packing);  // the default for instruction data
   EXPECT_EQ(a.train->size() + a.eval->size(), 200);

@@ -53,7 +53,7 @@ bool held_out_record(int64_t k, double fraction) {
 
 }  // namespace
 
-RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
+RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok, int64_t model_vocab_size) {
   RunData d;
   const DataConfig& dc = c.data;
   d.type = resolve_type(dc, dc.train);
@@ -117,7 +117,7 @@ RunData load_run_data(const TrainConfig& c, const data::Tokenizer& tok) {
     if (type != "tokens" && type != "text")
       throw Error(fmt::format("the {} file is {} data, but the training file is {}", path, type, d.type),
                   {.file = path});
-    return type == "tokens" ? data::read_token_file(path, dc.token_bytes, tok.vocab_size())
+    return type == "tokens" ? data::read_token_file(path, dc.token_bytes, model_vocab_size)
                             : data::tokenize_text_file(path, tok);
   };
   std::vector<int32_t> train_tokens = load(dc.train), eval_tokens;
@@ -337,7 +337,7 @@ TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", tok->name(),
                             tok->vocab_size(), mcfg.vocab_size),
                 {.file = c.model + "/config.json", .key = "vocab_size"});
-  const RunData data = load_run_data(c, *tok);
+  const RunData data = load_run_data(c, *tok, mcfg.vocab_size);
   const int64_t T = data.seq_len, B = c.micro_batch_size;
   if (T > mcfg.max_position_embeddings)
     throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T,
