@@ -10,12 +10,16 @@
 //   - checks that inputs are unchanged, bit for bit;
 //   - compares outputs and returned host scalars with the CPU reference.
 //
-// Without a GPU (or without CUDA in the build) it runs the CPU backend through the same harness
-// against itself (guards, NaN and input checks, exact agreement), checks that the harness
-// detects a perturbed output, a NaN and a guard overwrite, prints why CUDA was not tested, and
-// passes. With a GPU any mismatch fails the test.
+// `backend_ops_test cpu` (ctest: backend_ops) runs the CPU backend through the same harness
+// against itself (guards, NaN and input checks, exact agreement) and checks that the harness
+// detects a perturbed output, a NaN and a guard overwrite: a real test on every machine.
+// `backend_ops_test cuda` (ctest: backend_ops_cuda) compares the CUDA backend with the CPU
+// reference; without a GPU (or without CUDA in the build) it prints why and exits with kSkipped
+// (77), which ctest reports as skipped (SKIP_RETURN_CODE), never as passed. With no argument it
+// runs cpu and, where available, cuda.
 //
-// Exit status: 0 when everything passed, 1 otherwise. Plain main(), no skips.
+// Exit status: 0 when everything that ran passed, 1 otherwise, 77 when cuda was asked for and
+// cannot run here.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -703,11 +707,19 @@ std::vector<std::string> self_check(const Case& c, const RunResult& ref) {
   return bad;
 }
 
-int run_all() {
+constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
+
+// which: "cpu", "cuda" or "" (every backend available here).
+int run_all(const std::string& which) {
   std::string why;
   const bool have_cuda = device::cuda_available(&why);
-  std::vector<Device> backends{Device::CPU};  // CPU against itself: the harness's own checks
-  if (have_cuda) backends.push_back(Device::CUDA);
+  if (which == "cuda" && !have_cuda) {
+    fmt::print("backend_ops: SKIPPED: the CUDA backend cannot be tested here: {}\n", why);
+    return kSkipped;
+  }
+  std::vector<Device> backends;  // CPU against itself: the harness's own checks
+  if (which != "cuda") backends.push_back(Device::CPU);
+  if (which != "cpu" && have_cuda) backends.push_back(Device::CUDA);
 
   const std::vector<Case> cases = make_cases();
   int failures = 0, checks = 0;
@@ -737,19 +749,26 @@ int run_all() {
     fmt::print("FAIL harness self-check did not run\n");
     ++failures;
   }
-  if (!have_cuda)
+  if (which.empty() && !have_cuda)
     fmt::print("backend_ops: CUDA backend not tested: {}; only the CPU backend ran through the harness\n", why);
-  fmt::print("backend_ops: {} cases, {} backend runs, {} failures (backends: cpu{})\n", cases.size(), checks, failures,
-             have_cuda ? ", cuda" : "");
+  std::string names;
+  for (Device dev : backends) names += std::string(names.empty() ? "" : ", ") + device_name(dev);
+  fmt::print("backend_ops: {} cases, {} backend runs, {} failures (backends: {})\n", cases.size(), checks, failures,
+             names);
   return failures == 0 ? 0 : 1;
 }
 
 }  // namespace
 }  // namespace shardlm
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (which != "" && which != "cpu" && which != "cuda")) {
+    fmt::print("usage: backend_ops_test [cpu|cuda]\n");
+    return 2;
+  }
   try {
-    return shardlm::run_all();
+    return shardlm::run_all(which);
   } catch (const std::exception& e) {
     fmt::print("backend_ops: error: {}\n", e.what());
     return 1;

@@ -6,10 +6,11 @@
 // (relative) of the CPU's: the CUDA kernels compute the same f32 function with other summation
 // orders, so the losses agree to about 1e-6 and drift a little as the weights separate.
 //
-// Without a GPU (or without CUDA in the build) it prints that the GPU part did not run and why, and
-// passes: the CPU-side checks of `device: cuda` are in test_training.cpp.
+// Without a GPU (or without CUDA in the build) it prints why it did not run and exits with
+// kSkipped (77), which ctest reports as skipped (SKIP_RETURN_CODE), never as passed: the CPU-side
+// checks of `device: cuda` are in test_training.cpp.
 //
-// Exit status: 0 when everything that ran passed, 1 otherwise. Plain main(), no skips.
+// Exit status: 0 when everything passed, 1 when something failed, 77 when it could not run here.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@ namespace fs = std::filesystem;
 
 constexpr int kSteps = 8;
 constexpr double kRelTol = 1e-4;
+constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
 
 // The run's losses for one device / offload setting.
 std::vector<double> train_losses(const fs::path& dir, const std::string& name, const std::string& extra) {
@@ -52,9 +54,9 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
 int run_all() {
   std::string why;
   if (!device::cuda_available(&why)) {
-    fmt::print("gpu_train: GPU part did not run: {}; nothing was compared (the CPU-side checks of device: cuda are "
-               "in shardlm_tests)\n", why);
-    return 0;
+    fmt::print("gpu_train: SKIPPED: no GPU to run on: {}; nothing was compared (the CPU-side checks of device: cuda "
+               "are in shardlm_tests)\n", why);
+    return kSkipped;
   }
   const fs::path dir = fs::temp_directory_path() / "shardlm_gpu_train_test";
   fs::remove_all(dir);

@@ -318,8 +318,8 @@ TEST(DataConfig, KeysTypesAndSplit) {
   EXPECT_EQ(c.data.on_bad_row, "skip");
   EXPECT_FALSE(c.data.packing.has_value());
   data::ByteTokenizer tok;
-  const data::RunData a = data::load_run_data(c.data, c.seq_len, c.seed, tok),
-                      b = data::load_run_data(c.data, c.seq_len, c.seed, tok);
+  const data::RunData a = data::load_run_data(c.data, c.seq_len, c.seed, tok, tok.vocab_size()),
+                      b = data::load_run_data(c.data, c.seq_len, c.seed, tok, tok.vocab_size());
   EXPECT_EQ(a.type, "alpaca");
   EXPECT_TRUE(a.packing);  // the default for instruction data
   EXPECT_EQ(a.train->size() + a.eval->size(), 200);

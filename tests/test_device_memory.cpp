@@ -1,7 +1,8 @@
-// Device memory: CUDA Buffers, the caching allocator, pinned host memory and copies. Every test
-// runs on every machine: without a GPU (or without CUDA in the build) it checks that CUDA
-// requests fail with one clear Error and leave the accounting alone; with a GPU it checks the
-// category accounting, the allocator's reuse of freed blocks and copies both ways.
+// Device memory: CUDA Buffers, the caching allocator, pinned host memory and copies. Without a GPU
+// (or without CUDA in the build) WithoutGpuCudaRequestsFailClearly checks that CUDA requests fail
+// with one clear Error and leave the accounting alone; with a GPU CachingAllocatorAccountingAndReuse
+// checks the category accounting, the allocator's reuse of freed blocks and copies both ways. Each
+// of those two is GTEST_SKIPped where it cannot apply (ctest reports it as skipped, not passed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +32,7 @@ TEST(DeviceMemory, WithoutGpuCudaRequestsFailClearly) {
   std::string why;
   if (device::cuda_available(&why)) {
     EXPECT_EQ(why, "ok");
-    return;  // covered by CachingAllocatorAccountingAndReuse
+    GTEST_SKIP() << "a GPU is present: CUDA requests succeed here (CachingAllocatorAccountingAndReuse tests them)";
   }
   EXPECT_FALSE(why.empty());
   const MemStats before = MemoryTracker::for_device(Device::CUDA).stats();
@@ -70,9 +71,10 @@ TEST(DeviceMemory, CopiesBetweenHostTensors) {
 }
 
 TEST(DeviceMemory, CachingAllocatorAccountingAndReuse) {
-  if (!device::cuda_available()) {
+  std::string why;
+  if (!device::cuda_available(&why)) {
     EXPECT_EQ(device::cuda_memory_stats().allocated_live, 0);  // nothing can have been allocated
-    return;
+    GTEST_SKIP() << "no GPU to allocate on: " << why;
   }
   MemoryTracker& tracker = MemoryTracker::for_device(Device::CUDA);
   const MemStats before = tracker.stats();

@@ -108,6 +108,44 @@ TEST(Data, TokenFileErrorsNameFileAndOffset) {
   EXPECT_EQ(data::read_token_file(path, 2, 1000), (std::vector<int32_t>{5, 265}));
 }
 
+TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
+  // Issue 18.1: a model directory with vocab_size 32000 and no tokenizer files (so the byte-level
+  // fallback tokenizer, 259 ids, is loaded) trains on a uint16 token file of ids up to 31999: the
+  // ids are checked against the model's vocab_size, not against the fallback tokenizer's.
+  const fs::path d = fresh_dir("tokens_vocab");
+  ModelConfig cfg = preset("tiny");
+  cfg.vocab_size = 32000;
+  cfg.num_hidden_layers = 1;
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(0);
+  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  ASSERT_FALSE(fs::exists(d / "init" / "tokenizer.model"));
+  std::vector<uint16_t> ids(600);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t(i == 0 ? 27670 : (i * 7919) % 32000);
+  auto write = [&](const std::string& name) {
+    std::ofstream(d / name, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(2 * ids.size()));
+    return (d / name).string();
+  };
+  const std::string good = write("rand.tokens");
+  const std::string head = "model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +
+                           "\nseq_len: 16\nmicro_batch_size: 2\nmax_steps: 1\neval_every: 0\nprogress: none\n";
+  ConfigTree t = ConfigTree::parse(head + "data: {train: " + good + ", token_bytes: 2, eval_fraction: 0.1}\n");
+  train::TrainResult r;
+  try {
+    r = train::run_training(train::read_train_config(t));
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  EXPECT_EQ(r.steps, 1);
+  // An id the model has no embedding for is still refused, naming the model's vocabulary size.
+  ids[5] = 32000;
+  const std::string bad = write("bad.tokens");
+  ConfigTree u = ConfigTree::parse(head + "data: {train: " + bad + ", token_bytes: 2, eval_fraction: 0.1}\n");
+  const std::string msg = error_of([&] { train::run_training(train::read_train_config(u)); });
+  EXPECT_NE(msg.find("token 32000 at index 5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("outside the vocabulary of 32000"), std::string::npos) << msg;
+}
+
 TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   const fs::path d = fresh_dir("paramstore");
   ModelConfig cfg = small_config();

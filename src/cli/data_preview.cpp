@@ -11,6 +11,7 @@
 #include "data/sampler.h"
 #include "io/model_files.h"
 #include "ops/ops.h"
+#include "train/hf_export.h"
 #include "train/train_config.h"
 #include "data/run_data.h"
 
@@ -39,7 +40,8 @@ void register_data_preview(CLI::App& app) {
   cmd->callback([o] {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(cfg.model);
-    const data::RunData d = data::load_run_data(cfg.data, cfg.seq_len, cfg.seed, *tok);
+    const data::RunData d = data::load_run_data(cfg.data, cfg.seq_len, cfg.seed, *tok,
+                                                 train::load_hf_config(cfg.model).vocab_size);
     fmt::print("data: {} (tokenizer: {})\n", d.type, tok->name());
     for (const std::string& line : d.report) fmt::print("  {}\n", line);
     const int64_t n = std::min(o->n, d.train->size());

@@ -22,7 +22,10 @@ void register_generate(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Hugging Face model directory")->required();
   cmd->add_option("--prompt", o->prompt, "Text to continue")->required();
-  cmd->add_option("--max-new-tokens", o->s.max_new_tokens, "Stop after this many new tokens")->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->s.max_new_tokens,
+                  "Stop after this many new tokens (at most max_position_embeddings minus the prompt: "
+                  "generate says so when it caps the request)")
+      ->capture_default_str();
   cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o->s.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
   cmd->add_option("--top-p", o->s.top_p, "Nucleus sampling mass; 1 = off")->capture_default_str();
@@ -38,7 +41,21 @@ void register_generate(CLI::App& app) {
     train::ParamStore params(cfg, DType::F32);
     params.load(io::ModelWeights(o->model), o->model);
     const std::vector<int32_t> prompt = tok->encode_with(o->prompt, !o->no_bos, false);
-    const int64_t max_len = std::min<int64_t>(cfg.max_position_embeddings, int64_t(prompt.size()) + o->s.max_new_tokens);
+    // The model has max_position_embeddings positions; the prompt takes some, the rest is all that
+    // can be generated. Say so up front rather than stopping short without a word.
+    const int64_t context = cfg.max_position_embeddings, P = int64_t(prompt.size());
+    if (P >= context)
+      throw Error(fmt::format("the prompt is {} tokens, but the model's max_position_embeddings is {}: no position is "
+                              "left for a new token",
+                              P, context),
+                  {.file = o->model + "/config.json", .key = "max_position_embeddings"});
+    const bool capped = P + o->s.max_new_tokens > context;
+    if (capped)
+      std::fprintf(stderr,
+                   "generate: --max-new-tokens %lld with a %lld-token prompt passes the model's max_position_embeddings "
+                   "%lld: at most %lld new tokens\n",
+                   (long long)o->s.max_new_tokens, (long long)P, (long long)context, (long long)(context - P));
+    const int64_t max_len = std::min<int64_t>(context, P + o->s.max_new_tokens);
     infer::Generator gen(cfg, params.compute_weights(), max_len);
     std::vector<int32_t> stops = {tok->eos_id()};
     for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
@@ -50,7 +67,7 @@ void register_generate(CLI::App& app) {
     std::vector<int32_t> all = prompt;
     const std::string prompt_text = tok->decode(prompt);
     std::string shown;
-    gen.generate(prompt, o->s, stops, [&](int32_t id) {
+    const std::vector<int32_t> out = gen.generate(prompt, o->s, stops, [&](int32_t id) {
       all.push_back(id);
       const std::string text = tok->decode(all);
       const std::string added = text.compare(0, prompt_text.size(), prompt_text) == 0 ? text.substr(prompt_text.size()) : text;
@@ -61,6 +78,10 @@ void register_generate(CLI::App& app) {
       }
     });
     std::fputs("\n", stdout);
+    std::fflush(stdout);
+    if (capped && P + int64_t(out.size()) >= context)
+      std::fprintf(stderr, "generate: stopped after %lld new tokens: the model's context of %lld positions is full\n",
+                   (long long)out.size(), (long long)context);
   });
 }
 

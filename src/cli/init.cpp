@@ -1,6 +1,8 @@
 // `shardlm init`: a randomly initialized model directory in Hugging Face layout.
 #include <fmt/format.h>
 
+#include <set>
+
 #include "cli/commands.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
@@ -22,7 +24,9 @@ void register_init(CLI::App& app) {
   cmd->add_option("--out", o->out, "Directory to write (created)")->required();
   cmd->add_option("--seed", o->seed, "Initialization seed (same seed, same weights, on any number of ranks)");
   cmd->add_option("--dtype", o->dtype, "Stored dtype: f32, bf16 or f16")->capture_default_str();
-  cmd->add_option("--set", o->sets, "Override a config.json field, e.g. --set num_hidden_layers=4 (repeatable)");
+  cmd->add_option("--set", o->sets, "Override a config.json field, e.g. --set num_hidden_layers=4 (repeatable); overriding "
+                  "hidden_size or num_attention_heads without head_dim sets head_dim = hidden_size / "
+                  "num_attention_heads");
   cmd->footer(
       "Examples:\n"
       "  shardlm init --preset tiny --out runs/tiny\n"
@@ -33,17 +37,28 @@ void register_init(CLI::App& app) {
     ModelConfig cfg = o->preset.empty() ? load_model_config(o->config) : preset(o->preset);
     if (!o->sets.empty()) {
       nlohmann::json j = to_hf_json(cfg);
+      std::set<std::string> keys;
       for (const std::string& s : o->sets) {
         const size_t eq = s.find('=');
         if (eq == std::string::npos || eq == 0) throw Error(fmt::format("--set expects key=value, got '{}'", s));
         const std::string key = s.substr(0, eq), value = s.substr(eq + 1);
+        keys.insert(key);
         try {
           j[key] = nlohmann::json::parse(value);
         } catch (const nlohmann::json::exception&) {
           j[key] = value;  // a bare string
         }
       }
+      // The preset's (or file's) head_dim belongs to its hidden_size and heads: when either is
+      // overridden and head_dim is not, derive it as transformers does when the key is absent
+      // (hidden_size / num_attention_heads; an error naming both keys when it does not divide).
+      const bool derive_head_dim =
+          (keys.count("hidden_size") || keys.count("num_attention_heads")) && !keys.count("head_dim");
+      if (derive_head_dim) j.erase("head_dim");
       cfg = model_config_from_json(j);
+      if (derive_head_dim)
+        fmt::print("head_dim {} = hidden_size {} / num_attention_heads {} (--set head_dim=N to choose another)\n",
+                   cfg.head_dim, cfg.hidden_size, cfg.num_attention_heads);
     }
     const DType dtype = parse_dtype(o->dtype);
     train::ParamStore params(cfg, DType::F32);

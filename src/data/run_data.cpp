@@ -31,7 +31,8 @@ bool held_out_record(int64_t k, double fraction) {
 
 }  // namespace
 
-RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok) {
+RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
+                      int64_t model_vocab_size) {
   RunData d;
   d.type = resolve_type(dc, dc.train);
   d.seq_len = seq_len;
@@ -94,7 +95,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     if (type != "tokens" && type != "text")
       throw Error(fmt::format("the {} file is {} data, but the training file is {}", path, type, d.type),
                   {.file = path});
-    return type == "tokens" ? read_token_file(path, dc.token_bytes, tok.vocab_size())
+    return type == "tokens" ? read_token_file(path, dc.token_bytes, model_vocab_size)
                             : tokenize_text_file(path, tok);
   };
   std::vector<int32_t> train_tokens = load(dc.train), eval_tokens;

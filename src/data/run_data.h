@@ -52,7 +52,12 @@ struct RunData {
   std::vector<std::string> report;           // what loading found, one line each, for the log
 };
 // Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
-RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok);
+// Token files (pre-tokenized data) are checked against model_vocab_size, the model's vocab_size:
+// the ids index its embedding, whatever tokenizer the directory has (none: the byte-level
+// fallback, whose 259 ids say nothing about the data). The trainer refuses a tokenizer with more
+// ids than the model before it calls this.
+RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
+                      int64_t model_vocab_size);
 // Loss sums over the non-ignored targets of up to max_batches global batches of `eval`, rows formed
 // in the dataset's order (packed or padded as in training). Rank r of W evaluates rows
 // [g B W + r B, + B) of each global batch g, so the ranks together cover what one process with

@@ -1,12 +1,14 @@
-// The NCCL communicator. Built in every configuration and run by ctest as nccl_np1 (and nccl_np2
-// under mpirun when MPI is built):
-//   * everywhere: the factory's one-line Error when it cannot run (no NCCL in the build, or no
-//     CUDA device), and the refusal of tensors on the wrong device by the shared check;
-//   * where every rank has a GPU: the collectives against host-computed results (f32 and bf16,
-//     Sum and Avg, in place and not), the ordering against the compute stream without host
-//     synchronization, split, broadcast/barrier/all_reduce_sum, the byte accounting and the
-//     refusal of CPU tensors and host pointers. These tests are registered only then; otherwise the
-//     program prints "GPU part did not run: <why>" (they are not skipped tests that pass).
+// The NCCL communicator. Built in every configuration; ctest runs it four times:
+//   * nccl_np1, nccl_np2 (the CPU part, everywhere): the factory's one-line Error when it cannot
+//     run (no NCCL in the build, or no CUDA device) or, where every rank has a GPU, the working
+//     communicator's identity; and the refusal of tensors on the wrong device by the shared check;
+//   * nccl_gpu_np1, nccl_gpu_np2 (the GPU part, `--gpu`): the collectives against host-computed
+//     results (f32 and bf16, Sum and Avg, in place and not), the ordering against the compute
+//     stream without host synchronization, split, broadcast/barrier/all_reduce_sum, the byte
+//     accounting and the refusal of CPU tensors and host pointers. Where a rank has no CUDA device
+//     (or two ranks would share one, or the build has no NCCL) every rank prints why and exits with
+//     kSkipped (77), which ctest reports as skipped (SKIP_RETURN_CODE), never as passed. A GPU that
+//     is present but whose communicator cannot be made is a failure, not a skip.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -34,6 +36,9 @@ static Communicator* g_world = nullptr;
 static std::unique_ptr<Communicator> g_nccl;  // made by setup() when every rank has a GPU
 static std::string g_factory_error;           // what the factory threw, when it did
 static std::string g_gpu_not_run;             // why the GPU part did not run ("" when it ran)
+static std::string g_skip_reason;             // why the GPU part cannot run here (no device, no NCCL)
+static bool g_gpu_mode = false;               // --gpu: run the GPU part only
+constexpr int kSkipped = 77;                  // ctest's SKIP_RETURN_CODE for the GPU part
 
 namespace {
 
@@ -463,9 +468,15 @@ static void setup(Communicator& world) {
   // NCCL refuses two ranks on one GPU; count the ranks that would share one.
   const bool crowded = local_devices > 0 && local_rank >= local_devices;
   const double crowded_ranks = world.all_reduce_sum(crowded ? 1.0 : 0.0);
+  const double ranks_without_gpu = world.all_reduce_sum(local_devices == 0 ? 1.0 : 0.0);
+  if (!nccl_built())
+    g_skip_reason = "this build has no NCCL";
+  else if (ranks_without_gpu > 0)
+    g_skip_reason = fmt::format("{} of {} rank(s) have no CUDA device", ranks_without_gpu, world.size());
   if (crowded_ranks > 0) {
     g_gpu_not_run = fmt::format("{} rank(s) would share a GPU ({} CUDA device(s) on this node, {} ranks)", crowded_ranks,
                                 local_devices, world.size());
+    g_skip_reason = g_gpu_not_run;
     return;
   }
   try {
@@ -474,15 +485,16 @@ static void setup(Communicator& world) {
     g_factory_error = e.what();
     g_gpu_not_run = g_factory_error;
   }
+  if (g_gpu_mode) ::testing::GTEST_FLAG(filter) = "NcclGpu.*";
 #ifdef SHARDLM_HAVE_NCCL
-  if (g_nccl)
+  if (g_nccl && g_gpu_mode)
     for (const GpuTest& t : kGpuTests) {
       void (*fn)() = t.fn;
       ::testing::RegisterTest("NcclGpu", t.name, nullptr, nullptr, __FILE__, __LINE__,
                               [fn]() -> ::testing::Test* { return new FnTest(fn); });
     }
 #endif
-  if (world.rank() == 0) {
+  if (world.rank() == 0 && g_gpu_mode) {
     if (g_nccl)
       std::printf("nccl_test: GPU part runs: %d tests on %d rank(s)\n", kNumGpuTests, world.size());
     else
@@ -495,12 +507,33 @@ static void setup(Communicator& world) {
 }
 
 int main(int argc, char** argv) {
+  // --gpu selects the GPU part (the nccl_gpu_np* tests); without it, the CPU part runs.
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--gpu")
+      g_gpu_mode = true;
+    else
+      args.push_back(argv[i]);
+  }
+  int n = int(args.size());
+  args.push_back(nullptr);
+  bool gpu_ran = false;
+  int rank = 0;
   shardlm::testing::MpiTestHooks hooks;
   hooks.before = setup;
-  hooks.after = [](Communicator& world) {
+  hooks.after = [&gpu_ran, &rank](Communicator& world) {
+    gpu_ran = world.all_reduce_sum(g_nccl ? 1.0 : 0.0) == double(world.size());
+    rank = world.rank();
     g_nccl.reset();  // before the bootstrap it was made over
-    if (world.rank() == 0 && !g_gpu_not_run.empty())
-      std::printf("nccl_test: GPU part did not run: %s\n", g_gpu_not_run.c_str());
   };
-  return shardlm::testing::run_mpi_tests(argc, argv, g_world, hooks);
+  const int rc = shardlm::testing::run_mpi_tests(n, args.data(), g_world, hooks);
+  if (rc != 0 || !g_gpu_mode || gpu_ran) return rc;
+  // The GPU part did not run: a skip where this machine cannot run it, a failure where it should.
+  if (!g_skip_reason.empty()) {
+    if (rank == 0) std::printf("nccl_test: SKIPPED: GPU part cannot run here: %s\n", g_skip_reason.c_str());
+    return kSkipped;
+  }
+  if (rank == 0) std::printf("nccl_test: FAILED: a GPU is present but the NCCL communicator could not be made: %s\n",
+              g_gpu_not_run.c_str());
+  return 1;
 }
