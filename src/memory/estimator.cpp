@@ -196,7 +196,7 @@ Estimate estimate(const EstimateInput& in) {
                   {.key = "shard_group_size"});
   }
   const bool sharded = sc.shard_optimizer(), shard_grads = sc.shard_gradients();
-  const int64_t pd = dsize(sc.param_dtype), rd = dsize(sc.reduce_dtype);
+  const int64_t pd = dsize(sc.param_dtype);
   const DType act = sc.param_dtype;  // the trainer computes in the parameter dtype
 
   Estimate est;

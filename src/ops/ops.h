@@ -28,7 +28,10 @@ constexpr int32_t kIgnoreIndex = -100;  // a target that contributes no loss (Py
 // ---- Matrix multiply -------------------------------------------------------------------------
 // C = alpha * op(A) @ op(B) + beta * C, with op(X) = X^T when the flag is set.
 // A: [M, K] ([K, M] if trans_a), B: [K, N] ([N, K] if trans_b), C: [M, N].
-// A and B: f32 or bf16 (independently); C: f32 or bf16. A Linear layer y = x W^T is
+// A and B: f32 or bf16 (independently); C: f32 or bf16. Accumulation is f32. The CPU widens bf16
+// operands and multiplies in exact f32; the CUDA backend follows the bf16 policy: with any bf16
+// operand it runs bf16 tensor cores, rounding an f32 operand beside a bf16 one to bf16 (one
+// rounding, <= 2^-8 relative, that the CPU does not do). A Linear layer y = x W^T is
 // matmul(y, x, W, false, true); its backward is matmul(dx, dy, W) and matmul(dW, dy, x, true,
 // false, 1, 1) to accumulate.
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a = false,
@@ -92,6 +95,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 // logits = x @ w^T never exists for all tokens at once: rows are processed `chunk_rows` at a
 // time, each chunk's logits live in an f32 workspace of chunk_rows x V.
 // x [N, D] f32|bf16; w [V, D] f32|bf16; targets [N] i32 (kIgnoreIndex = no loss).
+// On CUDA with a bf16 w (the bf16 policy), the GEMMs run on bf16 tensor cores with w as it is,
+// and dlogits are rounded to bf16 for the dx and dw GEMMs (the CPU keeps them in f32).
 // Returns the sum of -log softmax(logits)[target] over non-ignored rows and their count.
 // When dx is defined: dx [N, D] f32 is written with grad_scale * dLoss/dx and dw [V, D] f32 is
 // accumulated with grad_scale * dLoss/dw. For a mean over the global batch, pass

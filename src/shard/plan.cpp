@@ -73,7 +73,10 @@ std::vector<Visit> make_visits(const std::vector<Stage>& stages, const std::vect
   std::vector<Visit> visits;
   for (const Stage& s : stages) {
     const int unit = part_unit[size_t(part_of(s))];
-    if (visits.empty() || visits.back().unit != unit) visits.push_back(Visit{.unit = unit});
+    if (visits.empty() || visits.back().unit != unit) {
+      visits.emplace_back();
+      visits.back().unit = unit;
+    }
     visits.back().stages.push_back(s);
     visits.back().backward = visits.back().backward || is_backward(s.kind, training);
   }

@@ -1,4 +1,5 @@
 // CUDA kernels of the embedding, RoPE and RMSNorm, forward and backward.
+#include "core/device.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -19,18 +20,21 @@ __global__ void embedding_forward_kernel(void* out, DType ot, const void* w, DTy
   }
 }
 
-// Deterministic and atomic-free, as the CPU: one thread per column d walks all tokens in order
-// and adds dout[i, d] into dweight[ids[i], d]. Threads own disjoint columns, so repeated ids
-// cannot race, and each element's additions happen in token order: the result is the CPU's
-// bits. The price is parallelism limited to D threads, each walking N tokens (coalesced).
+// Deterministic and atomic-free, with the CPU's bits: every (id, column) element is owned by one
+// thread, which adds dout[i, d] for the tokens i carrying that id in token order, as the CPU
+// does. Blocks tile the columns (blockDim.x consecutive columns, coalesced) and split the
+// vocabulary into gridDim.y classes (id % gridDim.y): each block walks all N ids (small, cached)
+// and handles only the tokens of its class. Repeated ids cannot race, and the parallelism is
+// D x classes instead of D.
 __global__ void embedding_backward_kernel(float* dw, const void* dout, DType t, const int32_t* ids, int64_t N,
                                           int64_t D, int64_t V) {
-  SHARDLM_GRID_STRIDE(d, D) {
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t id = ids[i];
-      if (id < 0 || id >= V) continue;
-      dw[id * D + d] += load(dout, t, i * D + d);
-    }
+  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;  // no barriers below
+  const int64_t classes = gridDim.y, cls = blockIdx.y;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= V || id % classes != cls) continue;
+    dw[id * D + d] += load(dout, t, i * D + d);
   }
 }
 
@@ -78,20 +82,48 @@ __global__ void rmsnorm_forward_kernel(void* y, DType yt, float* rstd, const voi
   }
 }
 
-// dw[j] += sum_n dy[n, j] * h[n, j]: one thread per column, rows in order, in double, as the CPU
-// does (deterministic, no atomics). Launched before the dx kernel: dx may alias dy.
-__global__ void rmsnorm_dw_kernel(float* dw, const void* dy, DType dyt, const void* x, DType xt, const float* rstd,
-                                  int64_t N, int64_t D) {
+// dw[j] += sum_n dy[n, j] * h[n, j] in double, deterministic and atomic-free. Blocks tile the
+// columns (blockDim.x consecutive columns, coalesced) and the rows (gridDim.y parts of
+// rows_per_part rows); each thread sums its column over its part's rows in order. With one part
+// the thread adds its sum to dw; otherwise it writes a double partial [part, j] and
+// rmsnorm_dw_finish adds the parts in order. Launched before the dx kernel: dx may alias dy.
+__global__ void rmsnorm_dw_kernel(float* dw, double* partial, const void* dy, DType dyt, const void* x, DType xt,
+                                  const float* rstd, int64_t N, int64_t D, int64_t rows_per_part) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= D) return;  // no barriers below
   const bool x_bf16 = xt == DType::BF16;
+  const int64_t n0 = int64_t(blockIdx.y) * rows_per_part, n1 = min(N, n0 + rows_per_part);
+  double acc = 0.0;
+  for (int64_t n = n0; n < n1; ++n) {
+    float h = __fmul_rn(load(x, xt, n * D + j), rstd[n]);
+    if (x_bf16) h = round_to_bf16(h);
+    acc += double(load(dy, dyt, n * D + j)) * double(h);
+  }
+  if (gridDim.y == 1)
+    dw[j] += float(acc);
+  else
+    partial[int64_t(blockIdx.y) * D + j] = acc;
+}
+
+__global__ void rmsnorm_dw_finish(float* dw, const double* partial, int64_t parts, int64_t D) {
   SHARDLM_GRID_STRIDE(j, D) {
     double acc = 0.0;
-    for (int64_t n = 0; n < N; ++n) {
-      float h = __fmul_rn(load(x, xt, n * D + j), rstd[n]);
-      if (x_bf16) h = round_to_bf16(h);
-      acc += double(load(dy, dyt, n * D + j)) * double(h);
-    }
+    for (int64_t p = 0; p < parts; ++p) acc += partial[p * D + j];
     dw[j] += float(acc);
   }
+}
+
+// Column-tile width and the number of row parts (or id classes) for the two column reductions
+// above: enough blocks to fill an H100 (132 SMs) several times over, each part at least
+// kMinRowsPerPart rows so a partial is worth its round trip through memory.
+constexpr int kColThreads = 128;
+constexpr int64_t kTargetBlocks = 1024;
+constexpr int64_t kMinRowsPerPart = 32;
+
+int64_t column_tiles(int64_t D) { return (D + kColThreads - 1) / kColThreads; }
+
+int64_t parts_for(int64_t tiles, int64_t limit) {
+  return std::clamp<int64_t>(kTargetBlocks / tiles, 1, std::max<int64_t>(1, std::min<int64_t>(limit, 65535)));
 }
 
 // dx = r * (w * dy) - x * r^3 * mean(w * dy * x), one block per row. Every thread finishes its
@@ -135,8 +167,10 @@ void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& id
 void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids) {
   const int64_t N = dout.shape[0], D = dout.shape[1], V = dweight.shape[0];
   if (N * D == 0) return;
-  embedding_backward_kernel<<<grid_for(D), kThreads, 0, cuda::compute_stream()>>>(dweight.f32(), dout.data,
-                                                                                  dout.dtype, ids.i32(), N, D, V);
+  const int64_t tiles = column_tiles(D);
+  const dim3 grid(checked_blocks(tiles, "embedding_backward"), unsigned(parts_for(tiles, V)));
+  embedding_backward_kernel<<<grid, kColThreads, 0, cuda::compute_stream()>>>(dweight.f32(), dout.data, dout.dtype,
+                                                                              ids.i32(), N, D, V);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -161,9 +195,21 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   const int64_t N = x.shape[0], D = x.shape[1];
   if (N == 0) return;
   const cudaStream_t stream = cuda::compute_stream();
-  rmsnorm_dw_kernel<<<grid_for(D), kThreads, 0, stream>>>(dw.f32(), dy.data, dy.dtype, x.data, x.dtype, rstd.f32(),
-                                                          N, D);
+  const int64_t tiles = column_tiles(D);
+  const int64_t parts = parts_for(tiles, (N + kMinRowsPerPart - 1) / kMinRowsPerPart);
+  const int64_t rows_per_part = (N + parts - 1) / parts;
+  const int64_t used = (N + rows_per_part - 1) / rows_per_part;  // every part non-empty
+  Buffer partial;
+  if (used > 1)
+    partial = Buffer(size_t(used * D) * sizeof(double), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
+  const dim3 grid(checked_blocks(tiles, "rmsnorm_backward"), unsigned(used));
+  rmsnorm_dw_kernel<<<grid, kColThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), dy.data,
+                                                      dy.dtype, x.data, x.dtype, rstd.f32(), N, D, rows_per_part);
   SHARDLM_CUDA_LAUNCH_CHECK();
+  if (used > 1) {
+    rmsnorm_dw_finish<<<grid_for(D), kThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), used, D);
+    SHARDLM_CUDA_LAUNCH_CHECK();
+  }
   rmsnorm_dx_kernel<<<checked_blocks(N, "rmsnorm_backward"), row_threads(D), 0, stream>>>(
       dx.data, dx.dtype, dy.data, dy.dtype, x.data, x.dtype, w.data, w.dtype, rstd.f32(), D);
   SHARDLM_CUDA_LAUNCH_CHECK();
