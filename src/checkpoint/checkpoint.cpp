@@ -483,9 +483,15 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
       plan.emplace_back(e.info.name, opt.dtype, e.info.shape);
       where[e.info.name] = {k, &e};
     }
-  constexpr int64_t kChunk = int64_t(4) << 20;  // elements converted at a time
+  // Elements converted at a time: 4 Mi, or the largest tensor when smaller.
+  int64_t chunk = 0;
+  for (const io::PlannedTensor& t : plan) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    chunk = std::max(chunk, std::min(n, int64_t(4) << 20));
+  }
   OwnedTensor low;
-  if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {kChunk}, MemCategory::Workspace, false);
+  if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {chunk}, MemCategory::Workspace, false);
   io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const auto [k, e] = where.at(name);
     if (k != current) gather(k);
@@ -494,8 +500,8 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
       sink(t.data, t.nbytes());
       return;
     }
-    for (int64_t pos = 0; pos < t.numel(); pos += kChunk) {
-      const int64_t m = std::min(kChunk, t.numel() - pos);
+    for (int64_t pos = 0; pos < t.numel(); pos += chunk) {
+      const int64_t m = std::min(chunk, t.numel() - pos);
       ops::cast(low.t.slice(0, m), t.slice(pos, pos + m));
       sink(low.t.data, size_t(m) * dtype_size(opt.dtype));
     }

@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "checkpoint/checkpoint.h"
 #include "memory/estimator.h"
 #include "mpi_test_main.h"
 #include "shard/engine.h"
@@ -190,6 +192,42 @@ TEST(MemoryEstimate, CheckpointingLowersActivationsByThePredictedAmount) {
       EXPECT_GT(saved, 0);
       EXPECT_EQ(saved, predicted);
     }
+  }
+}
+
+TEST(MemoryEstimate, FinalSaveStaysWithinOneUnitOfTheTrainingPeak) {
+  // A FULL_SHARD run without checkpoints saves by gathering one unit at a time into rank 0's
+  // streaming writer (ckpt::export_model): no rank ever holds the whole model, so the save's peak
+  // is at most the training peak plus one unit in f32 (it was the whole f32 model per rank).
+  MemoryTracker& tracker = MemoryTracker::for_device(Device::CPU);
+  const ModelConfig cfg = test_config();
+  shard::ShardingConfig sc;
+  sc.strategy = shard::Strategy::FullShard;
+  shard::Mesh mesh = shard::make_mesh(*g_world, sc, 2);
+  shard::ShardedModel engine(cfg, sc, mesh);
+  engine.init_random(3);
+  model::LlamaCompute compute(cfg, DType::F32);
+  tracker.reset_peaks();
+  for (int s = 0; s < 2; ++s) {
+    std::vector<data::Example> rows = {row(s, 0, 2 * g_world->rank()), row(s, 0, 2 * g_world->rank() + 1)};
+    const data::BatchBuffers b = data::make_batch(rows, kT, 0);
+    engine.train_step(compute, {b.batch()}, ops::AdamWConfig{.lr = 1e-3}, s + 1, 1.0);
+  }
+  const int64_t train_peak = tracker.stats().peak_total;
+  tracker.reset_peaks();
+  const std::string dir = fmt::format("{}/shardlm_final_save_{}", ::testing::TempDir(), g_world->size());
+  ckpt::export_model(engine, cfg, {.out = dir, .dtype = DType::BF16}, "", *g_world);
+  const int64_t save_peak = tracker.stats().peak_total;
+  int64_t largest_unit = 0;
+  for (int k = 0; k < engine.num_units(); ++k) largest_unit = std::max(largest_unit, engine.layout(k).padded_numel);
+  const int64_t model_f32 = parameter_count(cfg) * 4;
+  EXPECT_LE(save_peak, train_peak + largest_unit * 4) << "save peak " << save_peak << ", training peak " << train_peak;
+  EXPECT_LT(save_peak - train_peak, model_f32 / 2);
+  if (g_world->rank() == 0) {
+    std::printf("world %d: final save peak %lld bytes vs training peak %lld (largest unit %lld bytes in f32, model %lld)\n",
+                g_world->size(), (long long)save_peak, (long long)train_peak, (long long)(largest_unit * 4),
+                (long long)model_f32);
+    EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
   }
 }
 
