@@ -88,8 +88,9 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
   }
   fmt::print("\ncommunication: {} per rank per step ({} of it between nodes), ring accounting\n",
              format_bytes(int64_t(e.comm_bytes_per_step)), format_bytes(int64_t(e.inter_node_bytes_per_step)));
-  fmt::print("final save: a run without checkpoints gathers the whole model in f32 on every rank, up to {} more;\n"
-             "  with save_every / save_every_minutes rank 0 streams it from the last checkpoint (~24 MiB)\n",
+  fmt::print("final save: one unit at a time, never the whole model: a run without checkpoints gathers each unit\n"
+             "  in f32 for rank 0 to stream out, up to {} (the largest unit); with save_every /\n"
+             "  save_every_minutes rank 0 streams it from the last checkpoint (~24 MiB)\n",
              format_bytes(e.save_gather_bytes));
   fmt::print("not counted: what the tracker cannot see (allocator slack, BLAS/MPI/OpenMP buffers, per-thread\n"
              "attention scratch, the data pipeline, the program itself): compare RSS in a training run's summary\n");
