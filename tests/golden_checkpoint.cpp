@@ -13,7 +13,7 @@
 #include "io/model_files.h"
 #include "shard/engine.h"
 #include "testing.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 
 using namespace shardlm;
@@ -25,7 +25,7 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   ASSERT_TRUE(root && *root) << "SHARDLM_GOLDEN_DIR is not set (run through ctest)";
   const fs::path c = fs::path(root) / "gqa_llama3_rope";
   const std::string model_dir = (c / "model").string(), ref = (c / "ref").string();
-  const ModelConfig cfg = train::load_hf_config(model_dir);
+  const ModelConfig cfg = load_hf_config(model_dir);
 
   const std::unique_ptr<comm::Communicator> world = comm::make_local_communicator();
   shard::ShardingConfig sc;

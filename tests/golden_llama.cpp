@@ -15,7 +15,7 @@
 #include "io/model_files.h"
 #include "model/llama.h"
 #include "testing.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
@@ -68,7 +68,7 @@ struct Loaded {
 
 Loaded load(const GoldenCase& c) {
   Loaded l;
-  l.cfg = train::load_hf_config(c.model_dir);
+  l.cfg = load_hf_config(c.model_dir);
   l.run = std::make_unique<LocalEngine>(l.cfg);
   l.run->engine.load(io::ModelWeights(c.model_dir), c.model_dir);
   l.model = std::make_unique<model::LlamaCompute>(l.cfg, DType::F32);

@@ -24,7 +24,7 @@
 #include "core/device.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -65,7 +65,7 @@ int run_all() {
   cfg.num_hidden_layers = 2;
   train::ParamStore p(cfg, DType::F32);
   p.init_random(0);
-  train::save_hf_model((dir / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  p.save((dir / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
   for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(dir / "corpus.txt") << text;

@@ -17,7 +17,7 @@
 #include "ops/ops.h"
 #include "testing.h"
 #include "model/config.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "train/train_config.h"
 #include "data/run_data.h"
@@ -465,7 +465,7 @@ TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
   ModelConfig cfg = preset("tiny");  // vocab 512 >= the byte-level tokenizer's 259
   train::ParamStore p(cfg, DType::F32);
   p.init_random(0);
-  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ConfigTree t = ConfigTree::parse("model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +
                                    "\ndata: {train: " + alpaca.string() +
                                    ", eval_fraction: 0.05}\nseq_len: 256\nmicro_batch_size: 2\n"

@@ -8,7 +8,7 @@
 #include "io/yaml_config.h"
 #include "memory/estimator.h"
 #include "memory/usage.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -157,7 +157,7 @@ TEST(Training, ReportsMemoryAndPicksTheStrategyItself) {
   cfg.num_hidden_layers = 2;
   train::ParamStore p(cfg, DType::F32);
   p.init_random(0);
-  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
   for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(d / "corpus.txt") << text;

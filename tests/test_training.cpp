@@ -15,7 +15,7 @@
 #include "io/yaml_config.h"
 #include "model/llama.h"
 #include "testing.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "train/schedule.h"
 #include "train/sharding_config.h"
@@ -118,7 +118,7 @@ TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
   cfg.num_hidden_layers = 1;
   train::ParamStore p(cfg, DType::F32);
   p.init_random(0);
-  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ASSERT_FALSE(fs::exists(d / "init" / "tokenizer.model"));
   std::vector<uint16_t> ids(600);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t(i == 0 ? 27670 : (i * 7919) % 32000);
@@ -155,7 +155,7 @@ TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   for (const std::string& n : a.names())
     ASSERT_EQ(std::memcmp(a.master(n).data, b.master(n).data, a.master(n).nbytes()), 0) << n;
   EXPECT_FLOAT_EQ(a.master("model.norm.weight").f32()[3], 1.0f);
-  train::save_hf_model((d / "m").string(), cfg, a, DType::BF16, ~uint64_t(0), "");
+  a.save((d / "m").string(), DType::BF16, ~uint64_t(0), "");
   // Reloaded from bf16: equal to the bf16 rounding of the original.
   train::ParamStore c(cfg, DType::F32);
   c.load(io::ModelWeights((d / "m").string()), (d / "m").string());
@@ -323,7 +323,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   ModelConfig cfg = preset("tiny");
   train::ParamStore p(cfg, DType::F32);
   p.init_random(0);
-  train::save_hf_model((d / "init").string(), cfg, p, DType::F32, ~uint64_t(0), "");
+  p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(d / "corpus.txt") << text;
@@ -336,7 +336,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   EXPECT_LT(r.eval_loss, 0.25 * r.initial_eval_loss) << "held-out loss " << r.initial_eval_loss << " -> " << r.eval_loss;
   EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
   EXPECT_TRUE(fs::exists(d / "out" / "metrics.jsonl"));
-  const ModelConfig back = train::load_hf_config((d / "out").string());
+  const ModelConfig back = load_hf_config((d / "out").string());
   train::ParamStore q(back, DType::F32);
   q.load(io::ModelWeights((d / "out").string()), "out");
   data::ByteTokenizer tok;

@@ -11,7 +11,7 @@
 #include "data/sampler.h"
 #include "io/model_files.h"
 #include "ops/ops.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/train_config.h"
 #include "data/run_data.h"
 
@@ -41,7 +41,7 @@ void register_data_preview(CLI::App& app) {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(cfg.model);
     const data::RunData d = data::load_run_data(cfg.data, cfg.seq_len, cfg.seed, *tok,
-                                                 train::load_hf_config(cfg.model).vocab_size);
+                                                 load_hf_config(cfg.model).vocab_size);
     fmt::print("data: {} (tokenizer: {})\n", d.type, tok->name());
     for (const std::string& line : d.report) fmt::print("  {}\n", line);
     const int64_t n = std::min(o->n, d.train->size());

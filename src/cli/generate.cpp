@@ -7,7 +7,7 @@
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 
 namespace shardlm::cli {
@@ -36,7 +36,7 @@ void register_generate(CLI::App& app) {
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0");
   cmd->callback([o] {
-    const ModelConfig cfg = train::load_hf_config(o->model);
+    const ModelConfig cfg = load_hf_config(o->model);
     const auto tok = data::load_tokenizer(o->model);
     train::ParamStore params(cfg, DType::F32);
     params.load(io::ModelWeights(o->model), o->model);

@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 
 namespace shardlm::cli {
@@ -63,7 +63,7 @@ void register_init(CLI::App& app) {
     const DType dtype = parse_dtype(o->dtype);
     train::ParamStore params(cfg, DType::F32);
     params.init_random(o->seed);
-    train::save_hf_model(o->out, cfg, params, dtype, ~uint64_t(0), "");
+    params.save(o->out, dtype, ~uint64_t(0), "");
     fmt::print("wrote {} ({} layers, hidden {}, vocab {}, {:.2f}M parameters, {}, seed {})\n", o->out,
                cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, double(parameter_count(cfg)) / 1e6,
                dtype_name(dtype), o->seed);

@@ -55,4 +55,10 @@ void write_hf_side_files(const std::string& dir, const ModelConfig& cfg, DType w
   copy_tokenizer_files(tokenizer_source, dir);
 }
 
+ModelConfig load_hf_config(const std::string& dir) {
+  if (!std::filesystem::is_directory(dir))
+    throw Error("not a model directory (expected config.json and safetensors)", {.file = dir});
+  return load_model_config(dir);
+}
+
 }  // namespace shardlm

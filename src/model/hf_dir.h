@@ -1,6 +1,7 @@
-// The files of a Hugging Face model directory other than the weights: config.json,
-// generation_config.json and the tokenizer files. Shared by the trainer's final save and by
-// `shardlm convert`, which streams the weights themselves (io/model_files.h).
+// A Hugging Face model directory: its config.json read as a ModelConfig, and the files other than
+// the weights written beside them (config.json, generation_config.json, the tokenizer files).
+// The weights themselves are io/model_files.h (read by byte range, written whole or streamed); the
+// trainer's final save and `shardlm convert` stream them and call write_hf_side_files.
 #pragma once
 
 #include <string>
@@ -9,6 +10,9 @@
 #include "model/config.h"
 
 namespace shardlm {
+
+// config.json of a model directory (an Error naming the path when it is not a model directory).
+ModelConfig load_hf_config(const std::string& dir);
 
 // Writes config.json (torch_dtype set to `weights_dtype`) and generation_config.json into `dir`
 // (created if missing), atomically, and copies the tokenizer files found in `tokenizer_source`

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "io/model_files.h"
+#include "model/hf_dir.h"
 
 namespace shardlm::train {
 
@@ -76,7 +79,11 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
   sync_compute();
 }
 
-void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_bytes) const {
+void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_bytes,
+                      const std::string& tokenizer_source) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("cannot create the directory: {}", ec.message()), {.file = dir});
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
   std::vector<OwnedTensor> staged;
@@ -95,6 +102,7 @@ void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_by
     }
   }
   io::write_model_weights(dir, tensors, max_shard_bytes);
+  write_hf_side_files(dir, cfg_, dtype, tokenizer_source);
 }
 
 void ParamStore::sync_compute() {

@@ -34,8 +34,10 @@ class ParamStore {
   // Copies every parameter from Hugging Face weights (any float dtype); names and shapes must
   // match the config exactly, and every file tensor must be used.
   void load(const io::ModelWeights& weights, const std::string& source);
-  // Writes the weights as a Hugging Face safetensors set into `dir` in `dtype`.
-  void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes) const;
+  // Writes a Hugging Face model directory: the weights as a safetensors set in `dtype` (sharded above
+  // max_shard_bytes), config.json and generation_config.json, and the tokenizer files copied from
+  // `tokenizer_source` ("" for none). Every file atomically.
+  void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes, const std::string& tokenizer_source) const;
 
   const model::LlamaWeights& compute_weights() const { return compute_; }
   Tensor master(const std::string& name) const;

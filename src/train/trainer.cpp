@@ -19,7 +19,7 @@
 #include "model/hf_dir.h"
 #include "model/llama.h"
 #include "shard/engine.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/progress.h"
 
 namespace shardlm::train {

@@ -14,7 +14,7 @@
 #include "data/dataset.h"
 #include "shard/engine.h"
 #include "io/model_files.h"
-#include "train/hf_export.h"
+#include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "testing.h"
 
@@ -283,7 +283,7 @@ TEST(Engine, EachRankLoadsItsShardOfAHuggingFaceDirectory) {
   const std::string dir = ::testing::TempDir() + "engine_load_model";
   train::ParamStore src(cfg, DType::F32);
   src.init_random(17);
-  if (g_world->rank() == 0) train::save_hf_model(dir, cfg, src, DType::BF16, 200000, "");  // several shard files
+  if (g_world->rank() == 0) src.save(dir, DType::BF16, 200000, "");  // several shard files
   g_world->barrier();
   for (shard::Strategy s : {shard::Strategy::FullShard, shard::Strategy::NoShard}) {
     shard::ShardingConfig c;
