@@ -160,19 +160,19 @@ void CountingModel::reserve(int64_t B, int64_t T) {
   if (reserved) return;
   reserved = true;
   const ModelConfig& cfg = in->model;
-  const int64_t N = B * T, a = dsize(in->sharding.param_dtype);  // the trainer computes in the parameter dtype
-  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, H = cfg.num_attention_heads;
-  const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim();
-  const int64_t layer_bytes = N * (a * (4 * D + 2 * qd + 2 * kvd + 3 * F) + 4 * (2 + H));  // the 14 buffers
+  const int64_t N = B * T;
+  // The trainer computes in the parameter dtype; the estimate is of CPU ranks' arenas.
+  const model::ArenaWidths w = model::arena_widths(cfg, in->sharding.param_dtype, Device::CPU);
+  const int64_t layer_bytes = model::arena_bytes(w.layer, N), input_bytes = model::arena_bytes({w.layer[0]}, N);
   bool any_ckpt = false;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const bool ck = checkpointed(in->checkpoint_every, l);
     any_ckpt = any_ckpt || ck;
-    tr->alloc(Term::Activations, ck ? N * a * D : layer_bytes);  // a checkpointed layer keeps its input
+    tr->alloc(Term::Activations, ck ? input_bytes : layer_bytes);  // a checkpointed layer keeps its input
   }
-  if (any_ckpt) tr->alloc(Term::Activations, layer_bytes - N * a * D);  // the shared recompute set
-  tr->alloc(Term::Activations, 2 * N * D * a + N * 4 + 3 * N * 4);       // h_final, xnf, rstdf, ids, positions, segments
-  tr->alloc(Term::OtherWorkspace, 4 * N * (3 * D + 2 * qd + 2 * kvd + 3 * F));  // dh dtmp dxn datt dq dk dv d_act dgate dup
+  if (any_ckpt) tr->alloc(Term::Activations, layer_bytes - input_bytes);  // the shared recompute set
+  tr->alloc(Term::Activations, model::arena_bytes(w.top, N));
+  tr->alloc(Term::OtherWorkspace, model::arena_bytes(w.workspace, N));
 }
 
 

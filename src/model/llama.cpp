@@ -165,6 +165,26 @@ struct LlamaCompute::Arena {
   Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
 };
 
+ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
+  const int64_t D = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  const DType f32 = DType::F32, i32 = DType::I32;
+  ArenaWidths w;
+  // x_in, xn1, rstd1, q, k, v, att, lse (H values per row), h1, xn2, rstd2, gate, up, act
+  w.layer = {{a, D},   {a, D}, {f32, 1}, {a, qd}, {a, kvd}, {a, kvd}, {a, qd},
+             {f32, H}, {a, D}, {a, D},   {f32, 1}, {a, F},  {a, F},   {a, F}};
+  w.top = {{a, D}, {a, D}, {f32, 1}, {i32, 1}, {i32, 1}, {i32, 1}};
+  if (device != Device::CPU) w.top.push_back({i32, 1});  // the batch's targets uploaded (a CPU run reads the batch's)
+  w.workspace = {{f32, D}, {f32, D}, {f32, D}, {f32, qd}, {f32, qd}, {f32, kvd}, {f32, kvd}, {f32, F}, {f32, F}, {f32, F}};
+  return w;
+}
+
+int64_t arena_bytes(const std::vector<ArenaBuffer>& buffers, int64_t N) {
+  int64_t n = 0;
+  for (const ArenaBuffer& b : buffers) n += N * b.width * int64_t(dtype_size(b.dtype));
+  return n;
+}
+
 LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device)
     : cfg_(cfg), act_dtype_(act_dtype), device_(device) {
   SHARDLM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16,
@@ -183,16 +203,14 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   const int64_t N = B * T;
   if (arena_ && N <= arena_->capacity) return;
   arena_.reset();  // free the old arena before allocating the larger one
-  const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, H = cfg_.num_attention_heads;
-  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-  const DType a = act_dtype_, f32 = DType::F32;
   const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
   const Device dev = device_;
+  const ArenaWidths widths = arena_widths(cfg_, act_dtype_, device_);
+  auto make = [&](const ArenaBuffer& b, MemCategory c) {
+    return OwnedTensor(b.dtype, std::initializer_list<int64_t>{N, b.width}, c, false, dev);
+  };
   auto arena = std::make_unique<Arena>();
   arena->capacity = N;
-  // Widths of the 14 per-layer buffers, in BlockActivations order (lse holds H values per row).
-  const std::pair<DType, int64_t> widths[14] = {{a, D},  {a, D},  {f32, 1}, {a, qd}, {a, kvd}, {a, kvd}, {a, qd},
-                                                {f32, H}, {a, D}, {a, D},  {f32, 1}, {a, F},  {a, F},   {a, F}};
   // A checkpointed layer keeps only its input; its other activations live in one set shared by all
   // checkpointed layers and are recomputed in its backward.
   bool any_checkpointed = false;
@@ -200,35 +218,22 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
     std::vector<OwnedTensor>& t = arena->layer.emplace_back();
     const bool ckpt = checkpointed(int(l));
     any_checkpointed = any_checkpointed || ckpt;
-    t.reserve(14);
-    for (const auto& [dtype, width] : widths) {
-      t.emplace_back(dtype, std::initializer_list<int64_t>{N, width}, act, false, dev);
+    t.reserve(widths.layer.size());
+    for (const ArenaBuffer& b : widths.layer) {
+      t.push_back(make(b, act));
       if (ckpt) break;  // x_in only
     }
   }
   if (any_checkpointed) {
     arena->recompute.emplace_back();  // slot 0 (the input) is each layer's own
-    for (size_t i = 1; i < 14; ++i)
-      arena->recompute.emplace_back(widths[i].first, std::initializer_list<int64_t>{N, widths[i].second}, act, false,
-                                   dev);
+    for (size_t i = 1; i < widths.layer.size(); ++i) arena->recompute.push_back(make(widths.layer[i], act));
   }
-  arena->h_final = OwnedTensor(a, {N, D}, act, false, dev);
-  arena->xnf = OwnedTensor(a, {N, D}, act, false, dev);
-  arena->rstdf = OwnedTensor(f32, {N}, act, false, dev);
-  arena->ids = OwnedTensor(DType::I32, {N}, act, false, dev);
-  arena->positions = OwnedTensor(DType::I32, {N}, act, false, dev);
-  arena->segments = OwnedTensor(DType::I32, {N}, act, false, dev);
-  if (dev != Device::CPU) arena->targets = OwnedTensor(DType::I32, {N}, act, false, dev);
-  arena->dh = OwnedTensor(f32, {N, D}, ws, false, dev);
-  arena->dtmp = OwnedTensor(f32, {N, D}, ws, false, dev);
-  arena->dxn = OwnedTensor(f32, {N, D}, ws, false, dev);
-  arena->datt = OwnedTensor(f32, {N, qd}, ws, false, dev);
-  arena->dq = OwnedTensor(f32, {N, qd}, ws, false, dev);
-  arena->dk = OwnedTensor(f32, {N, kvd}, ws, false, dev);
-  arena->dv = OwnedTensor(f32, {N, kvd}, ws, false, dev);
-  arena->d_act = OwnedTensor(f32, {N, F}, ws, false, dev);
-  arena->dgate = OwnedTensor(f32, {N, F}, ws, false, dev);
-  arena->dup = OwnedTensor(f32, {N, F}, ws, false, dev);
+  OwnedTensor* top[] = {&arena->h_final, &arena->xnf, &arena->rstdf, &arena->ids, &arena->positions, &arena->segments,
+                        &arena->targets};
+  for (size_t i = 0; i < widths.top.size(); ++i) *top[i] = make(widths.top[i], act);
+  OwnedTensor* work[] = {&arena->dh, &arena->dtmp, &arena->dxn, &arena->datt, &arena->dq,
+                         &arena->dk, &arena->dv,   &arena->d_act, &arena->dgate, &arena->dup};
+  for (size_t i = 0; i < widths.workspace.size(); ++i) *work[i] = make(widths.workspace[i], ws);
   arena_ = std::move(arena);
   B_ = T_ = 0;  // views must be rebuilt
 }
@@ -253,11 +258,11 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   }
   r.v_h_final = rows(r.h_final);
   r.v_xnf = rows(r.xnf);
-  r.v_rstdf = rows(r.rstdf);
-  r.v_ids = rows(r.ids);
+  r.v_rstdf = rows(r.rstdf).reshape({N});
+  r.v_ids = rows(r.ids).reshape({N});
   r.v_positions = rows(r.positions).reshape({B, T});
   r.v_segments = rows(r.segments).reshape({B, T});
-  if (r.targets.t.defined()) r.v_targets = rows(r.targets);
+  if (r.targets.t.defined()) r.v_targets = rows(r.targets).reshape({N});
   r.v_dh = rows(r.dh);
   r.v_dtmp = rows(r.dtmp);
   r.v_dxn = rows(r.dxn);

@@ -135,6 +135,21 @@ struct BlockActivations {
   Tensor gate, up, act;     // [N, F]: projections and silu(gate) * up
 };
 
+// The widths of LlamaCompute's arena, per token row: one table for the arena and for the memory
+// estimator. Each entry is a buffer of N rows of `width` elements of `dtype`.
+struct ArenaBuffer {
+  DType dtype;
+  int64_t width;
+};
+struct ArenaWidths {
+  std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first)
+  std::vector<ArenaBuffer> top;        // h_final, xnf, rstdf, ids, positions, segments (+ targets on a GPU)
+  std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup
+};
+ArenaWidths arena_widths(const ModelConfig& cfg, DType act_dtype, Device device);
+// Bytes of those buffers for N rows.
+int64_t arena_bytes(const std::vector<ArenaBuffer>& buffers, int64_t N);
+
 // What the sharding engine drives: a model's compute, stage by stage, on weights and gradient
 // views the engine binds part by part (LlamaCompute; the memory estimator's counting stand-in).
 class StagedModel {
