@@ -429,3 +429,78 @@ TEST(Training, ActivationCheckpointingGivesTheSameGradientsWithLessMemory) {
   EXPECT_LT(all_bytes, half_bytes);
   EXPECT_LT(half_bytes, plain_bytes);
 }
+
+TEST(Training, ANonFiniteStepTakesNoOptimizerStepAndNamesTheTensor) {
+  // A NaN in one weight makes the loss and every gradient downstream of it non-finite: the engine
+  // reports the step as non-finite, names the first tensor (in unit order) whose gradient is, and
+  // leaves weights and AdamW moments as they were.
+  const ModelConfig cfg = small_config();
+  LocalEngine p(cfg);
+  p.engine.init_random(4);
+  model::LlamaCompute m(cfg, DType::F32);
+  std::vector<data::Example> rows(2);
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < 8; ++t) {
+      rows[size_t(r)].ids.push_back((r * 17 + t * 5) % 300 + 3);
+      rows[size_t(r)].targets.push_back((r * 3 + t * 11) % 300 + 3);
+    }
+  const data::BatchBuffers batch = data::make_batch(rows, 8, 0);
+  ASSERT_TRUE(p.step(m, {batch}, ops::AdamWConfig{.lr = 1e-2}, 1).finite);
+  // Poison one element of layer 1's attention output projection.
+  for (int k = 0; k < p.engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : p.engine.layout(k).entries)
+      if (e.info.name == "model.layers.1.self_attn.o_proj.weight") p.engine.owned_state(k).master.f32()[e.offset + 3] = NAN;
+  p.engine.master_weights_changed();
+  std::vector<std::vector<float>> before;
+  for (int k = 0; k < p.engine.num_units(); ++k) {
+    const auto s = p.engine.owned_state(k);
+    for (const Tensor& t : {s.master, s.exp_avg, s.exp_avg_sq}) before.emplace_back(t.f32(), t.f32() + t.numel());
+  }
+  const shard::StepStats st = p.step(m, {batch}, ops::AdamWConfig{.lr = 1e-2}, 2);
+  EXPECT_FALSE(st.finite);
+  EXPECT_FALSE(std::isfinite(st.loss));
+  // The embedding's gradient (unit 0) flows back through the poisoned layer: the first one named.
+  EXPECT_EQ(st.nonfinite, "model.embed_tokens.weight (unit model.embed_tokens)");
+  size_t i = 0;
+  for (int k = 0; k < p.engine.num_units(); ++k) {
+    const auto s = p.engine.owned_state(k);
+    for (const Tensor& t : {s.master, s.exp_avg, s.exp_avg_sq}) {
+      const std::vector<float> now(t.f32(), t.f32() + t.numel());
+      ASSERT_EQ(now.size(), before[i].size());
+      for (size_t j = 0; j < now.size(); ++j)
+        ASSERT_TRUE(now[j] == before[i][j] || (std::isnan(now[j]) && std::isnan(before[i][j]))) << "unit " << k;
+      ++i;
+    }
+  }
+}
+
+TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
+  const fs::path d = fresh_dir("nonfinite");
+  const ModelConfig cfg = preset("tiny");
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(0);
+  p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(d / "corpus.txt") << text;
+  // An absurd learning rate sends the weights to ~1e30 after one step: the next loss overflows.
+  const std::string base = "model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +
+                           "\ndata: {train: " + (d / "corpus.txt").string() +
+                           "}\nseq_len: 32\nmicro_batch_size: 4\nmax_steps: 6\noptimizer: {lr: 1e30}\n"
+                           "max_grad_norm: 0\neval_every: 0\nprogress: none\n";
+  ConfigTree stop_cfg = ConfigTree::parse(base, "run.yaml");
+  const std::string stop = error_of([&] { train::run_training(train::read_train_config(stop_cfg)); });
+  EXPECT_NE(stop.find("run.yaml: key 'on_nonfinite': step 2: the loss is"), std::string::npos) << stop;
+  EXPECT_NE(stop.find("the first non-finite gradient is"), std::string::npos) << stop;
+  ConfigTree skip_cfg = ConfigTree::parse(base + "on_nonfinite: skip\nmax_skipped_steps: 2\n", "run.yaml");
+  const std::string skip = error_of([&] { train::run_training(train::read_train_config(skip_cfg)); });
+  EXPECT_NE(skip.find("run.yaml: key 'max_skipped_steps': step 4: the loss is"), std::string::npos) << skip;
+  EXPECT_NE(skip.find("3 non-finite steps in a row"), std::string::npos) << skip;
+
+  // NaN in the weights is refused at load, naming the tensor.
+  p.master("model.layers.0.mlp.up_proj.weight").f32()[7] = NAN;
+  p.save((d / "nan").string(), DType::F32, ~uint64_t(0), "");
+  LocalEngine e(cfg);
+  expect_error([&] { e.engine.load(io::ModelWeights((d / "nan").string()), "nan"); },
+               "nan: tensor 'model.layers.0.mlp.up_proj.weight': element 7 is nan");
+}

@@ -436,8 +436,37 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   for (auto& u : units_) sumsq += a.sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
   if (sharded) sumsq = host_sum(sumsq, false);
   st.grad_norm = std::sqrt(sumsq);
+  if (!ledger_ && !(std::isfinite(st.loss) && std::isfinite(st.grad_norm))) {
+    st.finite = false;
+    st.nonfinite = first_nonfinite_gradient();
+    return st;  // no optimizer step: weights and moments stay as they were
+  }
   optimizer_step(opt, step, ops::clip_coefficient(st.grad_norm, float(max_grad_norm)));
   return st;
+}
+
+// The first tensor, in unit order, whose reduced gradient holds a NaN or Inf on any rank of the
+// shard group (collective over the host groups; only called after a non-finite step).
+std::string ShardedModel::first_nonfinite_gradient() {
+  const bool sharded = plan_.sharding.shard_optimizer();
+  std::vector<std::pair<int, const FlatEntry*>> tensors;
+  std::vector<float> bad;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const PlannedUnit& p = *units_[k]->plan;
+    const Tensor& g = sharded ? units_[k]->grad_shard.view() : units_[k]->full_grad.view();
+    for (const FlatEntry& e : p.layout.entries) {
+      tensors.emplace_back(int(k), &e);
+      bad.push_back(0.0f);
+      const int64_t lo = std::max(p.own_begin, e.offset), hi = std::min(p.own_begin + p.own_numel, e.offset + e.info.numel());
+      // A sum of squares is NaN or Inf exactly when an element is (or overflows, which is as bad).
+      if (lo < hi && g.defined() && !std::isfinite(ops::sum_squares(g.slice(lo - p.own_begin, hi - p.own_begin))))
+        bad.back() = 1.0f;
+    }
+  }
+  mesh_.shard->all_reduce(Tensor::view(bad.data(), DType::F32, {int64_t(bad.size())}), comm::ReduceOp::Sum);
+  for (size_t i = 0; i < bad.size(); ++i)
+    if (bad[i] > 0) return fmt::format("{} (unit {})", tensors[i].second->info.name, units_[size_t(tensors[i].first)]->plan->name);
+  return "";
 }
 
 // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay). Under

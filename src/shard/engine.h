@@ -42,6 +42,11 @@ struct StepStats {
   double loss = 0;      // mean over the global batch's non-ignored targets
   int64_t tokens = 0;   // those targets, all ranks together
   double grad_norm = 0; // global L2 norm before clipping
+  // A NaN or Inf in the loss or the gradient norm (every rank sees the same): the optimizer step
+  // was not taken, weights and AdamW state are untouched, and `nonfinite` names the first tensor
+  // (in unit order) whose gradient holds one, on any rank ("" when the gradients are finite).
+  bool finite = true;
+  std::string nonfinite;
 };
 
 // Sees every allocation and release of the engine's buffers, in order.
@@ -152,6 +157,7 @@ class ShardedModel {
   template <class Compute>
   void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, bool last_micro, Compute compute);
   void optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip);
+  std::string first_nonfinite_gradient();
   double host_sum(double v, bool over_replicas);
 
   ModelConfig cfg_;

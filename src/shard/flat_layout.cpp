@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -68,7 +69,13 @@ void load_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, const
     for (int64_t a = lo; a < hi; a += kPiece) {
       const int64_t n = std::min(kPiece, hi - a);
       weights.read_range(e.info.name, uint64_t(a - e.offset), uint64_t(n), tmp.data());
-      ops::cast(Tensor::view(out + (a - begin), DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+      float* got = out + (a - begin);
+      ops::cast(Tensor::view(got, DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+      // A NaN or Inf in the weights would only show as a non-finite loss steps later.
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(got[i]))
+          throw Error(fmt::format("element {} is {}: the weights hold a non-finite value", a - e.offset + i, got[i]),
+                      {.file = source, .tensor = e.info.name});
     }
   });
 }

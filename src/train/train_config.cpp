@@ -152,6 +152,9 @@ std::vector<ConfigField<TrainConfig>> make_table() {
   add({
       F::field("max_grad_norm", &TrainConfig::max_grad_norm, "clip by the global L2 norm",
                non_negative("must be >= 0 (0 disables clipping)")),
+      F::field("on_nonfinite", &TrainConfig::on_nonfinite, "a NaN/Inf loss or gradient norm: stop or skip the step"),
+      F::field("max_skipped_steps", &TrainConfig::max_skipped_steps, "on_nonfinite: skip: non-finite steps in a row allowed",
+               positive),
       F::field("eval_every", &TrainConfig::eval_every, "steps between evaluations", non_negative("must be >= 0")),
       F::field("eval_batches", &TrainConfig::eval_batches, "batches per evaluation", positive),
       F::field("accuracy_examples", &TrainConfig::accuracy_examples, "built-in tasks: problems decoded at eval"),

@@ -24,6 +24,11 @@ using data::DataType;
 // The `data:` section (docs/training.md, docs/data.md).
 using data::DataConfig;
 
+// on_nonfinite: what a step whose loss or gradient norm is NaN or Inf does. Stop: end the run with
+// an error naming the step and the first tensor whose gradient is non-finite. Skip: leave weights
+// and optimizer state untouched, count the step, and stop after max_skipped_steps in a row.
+enum class NonFinitePolicy { Stop, Skip };
+
 struct TrainConfig {
   shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
   int activation_checkpointing = 0;  // every k-th decoder layer recomputes its activations (1 = all, 0 = none)
@@ -44,6 +49,8 @@ struct TrainConfig {
   ops::AdamWConfig optimizer{.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.0};
   LrSchedule schedule;  // lr and total_steps follow optimizer.lr and max_steps
   double max_grad_norm = 1.0;  // 0 disables clipping
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;
+  int64_t max_skipped_steps = 5;  // on_nonfinite: skip: this many non-finite steps in a row end the run
   int64_t eval_every = 50;     // 0: only at the end
   int64_t eval_batches = 8;
   int64_t accuracy_examples = 200;  // builtin tasks: held-out problems decoded greedily at eval
@@ -84,6 +91,11 @@ struct EnumNames<train::ProgressMode> {
                                                                            {train::ProgressMode::Bar, "bar"},
                                                                            {train::ProgressMode::Lines, "lines"},
                                                                            {train::ProgressMode::None, "none"}};
+};
+template <>
+struct EnumNames<train::NonFinitePolicy> {
+  static constexpr std::pair<train::NonFinitePolicy, const char*> values[] = {{train::NonFinitePolicy::Stop, "stop"},
+                                                                              {train::NonFinitePolicy::Skip, "skip"}};
 };
 template <>
 struct EnumNames<Device> {

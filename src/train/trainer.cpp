@@ -283,6 +283,7 @@ class Trainer {
  private:
   void load_or_resume();
   void print_setup();
+  void skip_or_stop(int64_t step, const shard::StepStats& s);
   void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb);
   void evaluate(int64_t step);
   bool save_due(int64_t step);
@@ -304,7 +305,7 @@ class Trainer {
   std::vector<std::string> resume_notes_;
   std::unique_ptr<ckpt::CheckpointReader> resume_;
   std::string load_note_;
-  int64_t start_step_ = 1, tokens_seen_ = 0;
+  int64_t start_step_ = 1, tokens_seen_ = 0, skipped_in_a_row_ = 0;
   Clock::time_point t_train_, last_save_;
   TrainResult result_;
 };
@@ -419,7 +420,7 @@ TrainResult Trainer::run() {
     ops::AdamWConfig opt = c_.optimizer;
     opt.lr = c_.schedule.at(step);
     const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
-    if (!std::isfinite(s.loss)) throw Error(fmt::format("training diverged: loss is {} at step {}", s.loss, step));
+    if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb);
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
     if (save_due(step)) save_checkpoint(step, sb.next);
@@ -433,7 +434,23 @@ TrainResult Trainer::run() {
   return result_;
 }
 
+// A step whose loss or gradient norm is NaN or Inf took no optimizer step (the engine saw to it);
+// on_nonfinite says whether the run goes on.
+void Trainer::skip_or_stop(int64_t step, const shard::StepStats& s) {
+  const std::string what = fmt::format("step {}: the loss is {} and the gradient norm {}{}", step, s.loss, s.grad_norm,
+                                       s.nonfinite.empty() ? std::string(" (every gradient is finite)")
+                                                           : "; the first non-finite gradient is " + s.nonfinite);
+  if (c_.on_nonfinite == NonFinitePolicy::Stop)
+    throw Error(what + " (on_nonfinite: skip would skip such steps)", {.file = c_.source, .key = "on_nonfinite"});
+  if (++skipped_in_a_row_ > c_.max_skipped_steps)
+    throw Error(fmt::format("{}: {} non-finite steps in a row", what, skipped_in_a_row_),
+                {.file = c_.source, .key = "max_skipped_steps"});
+  ++result_.skipped_steps;
+  out_.print(what + ": skipped (weights and optimizer state unchanged)");
+}
+
 void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb) {
+  if (s.finite) skipped_in_a_row_ = 0;
   for (const data::BatchBuffers& mb : sb.micro) tokens_seen_ += mb.B * mb.T * world_.size();
   const double elapsed = seconds_since(t_train_), lr = c_.schedule.at(step);
   const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
@@ -443,6 +460,12 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
   out_.progress().step(line);
   nlohmann::json rec = {{"step", step}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm},
                         {"tokens_per_s", line.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
+  if (!s.finite) {
+    // JSON has no NaN: a skipped step's loss and norm are recorded as null.
+    rec["loss"] = nullptr;
+    rec["grad_norm"] = nullptr;
+    rec["skipped"] = true;
+  }
   memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
   if (c_.device == Device::CUDA) {
     const device::CudaMemoryStats g = device::cuda_memory_stats();
