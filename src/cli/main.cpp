@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -48,6 +49,9 @@ int main(int argc, char** argv) {
   shardlm::cli::register_estimate_memory(app);
   shardlm::cli::register_env(app);
 
+  // A file-size limit (ulimit -f, a quota) should fail the write that crosses it with EFBIG,
+  // which the atomic writers report naming the file, rather than kill the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::unique_ptr<shardlm::comm::Communicator> world;
   auto fail = [&](const char* what) {
     if (world && world->size() > 1) world->abort(what);  // prints "rank R: ..." and ends every rank
