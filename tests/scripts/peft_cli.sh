@@ -6,7 +6,7 @@
 #     the PEFT reference that applies the adapter unmerged (y = W x + scale B(A(x))) on the base;
 #  B. a Qwen2 (q/k/v biases) stored in bf16, an rsLoRA adapter on q_proj v_proj down_proj stored in
 #     bf16: merged in the base's dtype (bf16, within one unit in the last place of base + scale B A)
-#     and in f32 (logits against the reference);
+#     and in f32, in shards (logits against the reference);
 #  C. the tiny preset: `generate --adapter` (merged in memory) prints the same greedy continuation
 #     as `generate` on the merged directory, and a different one from the base alone;
 #  D. an adapter of another model is refused in one line naming the file and the tensor.
@@ -41,7 +41,9 @@ grep -q "merged 14 weights (7 per layer: q_proj k_proj v_proj o_proj gate_proj u
 grep -q "rank 3, lora_alpha 5, scale 2.88675 (rsLoRA: alpha / sqrt(r)) .* in bf16)" "$work/merge_b.txt" ||
   fail "merge did not keep the base's bf16 or misreported rsLoRA"
 "$py" "$ref" check-merged "$work/qwen" "$work/qwen_lora" "$work/qwen_merged_bf16"
-"$shardlm" merge --base "$work/qwen" --adapter "$work/qwen_lora" --out "$work/qwen_merged" --dtype f32 >/dev/null
+"$shardlm" merge --base "$work/qwen" --adapter "$work/qwen_lora" --out "$work/qwen_merged" --dtype f32 \
+  --max-shard-size 40KB >/dev/null
+[[ -f "$work/qwen_merged/model.safetensors.index.json" ]] || fail "--max-shard-size 40KB did not shard the merged model"
 "$py" "$ref" check-merged "$work/qwen" "$work/qwen_lora" "$work/qwen_merged"
 "$tool" logits "$work/qwen_merged" "$work/ids.npy" "$work/qwen_logits.npy"
 "$py" "$ref" logits "$work/qwen" "$work/qwen_lora" "$work/ids.npy" "$work/qwen_logits.npy"
