@@ -19,6 +19,7 @@ void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_data_preview(CLI::App& app);
 void register_convert(CLI::App& app);
+void register_merge(CLI::App& app);
 void register_estimate_memory(CLI::App& app);
 
 }  // namespace shardlm::cli

@@ -8,6 +8,7 @@
 #include "infer/generator.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
+#include "model/peft_adapter.h"
 #include "train/param_store.h"
 
 namespace shardlm::cli {
@@ -15,13 +16,16 @@ namespace shardlm::cli {
 void register_generate(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a model directory");
   struct Opts {
-    std::string model, prompt;
+    std::string model, prompt, adapter;
     infer::SamplingOptions s;
     bool no_bos = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Hugging Face model directory")->required();
   cmd->add_option("--prompt", o->prompt, "Text to continue")->required();
+  cmd->add_option("--adapter", o->adapter,
+                  "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
+                  "(W + scale * B A; nothing is written; `shardlm merge` writes a merged copy)");
   cmd->add_option("--max-new-tokens", o->s.max_new_tokens,
                   "Stop after this many new tokens (at most max_position_embeddings minus the prompt: "
                   "generate says so when it caps the request)")
@@ -34,12 +38,20 @@ void register_generate(CLI::App& app) {
   cmd->footer(
       "Examples:\n"
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
-      "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0");
+      "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0\n"
+      "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"");
   cmd->callback([o] {
     const ModelConfig cfg = load_hf_config(o->model);
     const auto tok = data::load_tokenizer(o->model);
     train::ParamStore params(cfg, DType::F32);
     params.load(io::ModelWeights(o->model), o->model);
+    if (!o->adapter.empty()) {
+      const PeftAdapter adapter = read_peft_adapter(o->adapter, cfg);
+      merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
+      params.sync_compute();
+      std::fprintf(stderr, "generate: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n",
+                   o->adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());
+    }
     const std::vector<int32_t> prompt = tok->encode_with(o->prompt, !o->no_bos, false);
     // The model has max_position_embeddings positions; the prompt takes some, the rest is all that
     // can be generated. Say so up front rather than stopping short without a word.

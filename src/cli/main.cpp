@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       "  shardlm tokenize --model DIR --text \"Hello\" --pieces     see how text becomes tokens\n"
       "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"
       "  shardlm convert runs/demo/checkpoints --out runs/demo-hf  a sharded checkpoint -> Hugging Face model\n"
+      "  shardlm merge --base DIR --adapter LORA --out MERGED   a PEFT LoRA adapter merged into its base model\n"
       "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
       "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_tokenize(app);
   shardlm::cli::register_data_preview(app);
   shardlm::cli::register_convert(app);
+  shardlm::cli::register_merge(app);
   shardlm::cli::register_estimate_memory(app);
   shardlm::cli::register_env(app);
 

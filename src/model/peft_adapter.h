@@ -1,0 +1,85 @@
+// Hugging Face PEFT LoRA adapter directories, read and written.
+//
+// A directory holds (as PEFT's save_pretrained writes for a causal LM):
+//   adapter_config.json        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8,
+//                               "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": [...],
+//                               "bias": "none", "use_rslora": false, ...}
+//   adapter_model.safetensors  base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight [r, in]
+//                              base_model.model.model.layers.{l}.self_attn.q_proj.lora_B.weight [out, r]
+//                              ... for every layer and target module (mlp.gate_proj, mlp.down_proj, ...)
+// PEFT loads such a directory with PeftModel.from_pretrained(base, dir); see docs/lora.md.
+//
+// Reading accepts what merges into a Llama exactly as W' = W + scale * B A and refuses, in one
+// line naming the file and the key or tensor, everything else: another peft_type or task, bias
+// other than "none", DoRA, fan_in_fan_out, modules_to_save, per-layer or per-module ranks, ...
+#pragma once
+
+#include <map>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/lora.h"
+
+namespace shardlm {
+
+inline constexpr const char* kAdapterConfigName = "adapter_config.json";
+inline constexpr const char* kAdapterWeightsName = "adapter_model.safetensors";
+
+// adapter_config.json's content for `spec` (target_modules expanded to module names).
+nlohmann::json peft_config_json(const model::LoraSpec& spec);
+// The spec of an adapter_config.json; `file` names it in errors.
+model::LoraSpec lora_spec_from_peft_json(const nlohmann::json& json, const std::string& file);
+// adapter_config.json of the directory `dir`.
+model::LoraSpec read_peft_config(const std::string& dir);
+
+// Writes adapter_config.json and adapter_model.safetensors into `dir` (created if missing), each
+// atomically. `tensors` maps every PEFT name of lora_adapter_tensors(cfg, spec) to a CPU,
+// contiguous f32/bf16/f16 tensor of that shape (nothing more); they are stored in `dtype` (F32,
+// BF16 or F16), in the order of lora_adapter_tensors.
+void write_peft_adapter(const std::string& dir, const model::LoraSpec& spec, const ModelConfig& cfg,
+                        const std::map<std::string, Tensor>& tensors, DType dtype = DType::F32);
+
+// An adapter in memory: the spec and every A and B, widened to f32, by PEFT name.
+struct PeftAdapter {
+  model::LoraSpec spec;
+  std::vector<model::LoraTarget> targets;      // lora_targets(cfg, spec)
+  std::map<std::string, OwnedTensor> tensors;  // PEFT name -> f32 [r, in] or [out, r]
+  DType stored_dtype = DType::F32;             // the file's dtype (of the first tensor)
+
+  const Tensor& a(const model::LoraTarget& t) const { return tensors.at(t.a_name).t; }
+  const Tensor& b(const model::LoraTarget& t) const { return tensors.at(t.b_name).t; }
+};
+
+// Reads the directory `dir` for a base model of config `cfg`: the config is checked as above, and
+// the file must hold exactly the tensors of lora_adapter_tensors(cfg, spec), with those shapes and
+// a float dtype.
+PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
+
+// W += scale * B A for every target of the adapter, in place, on the f32 weights `lookup` gives by
+// Hugging Face name (e.g. a ParamStore's master weights, for generation without a merged copy).
+void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& lookup);
+
+struct MergeOptions {
+  std::string base, adapter, out;  // directories
+  std::optional<DType> dtype;      // of the merged weights; unset: the base's stored dtype
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+struct MergeReport {
+  model::LoraSpec spec;
+  int64_t merged = 0;  // weights W + scale B A
+  int64_t tensors = 0; // tensors written (the others copied, converted if --dtype asks)
+  DType dtype = DType::F32;
+};
+// A merged Hugging Face model directory: every base tensor, in the order of the model's parts,
+// with W' = W + scale * B A computed in f32 from the base's stored dtype for each adapted weight,
+// then stored in `dtype`; tensors the adapter does not touch are copied (bit for bit when the dtype
+// is unchanged). Streamed tensor by tensor: memory holds one adapted weight in f32 and the adapter,
+// never the model. config.json, generation_config.json and the base's tokenizer files are written
+// beside the weights as every HF writer of shardlm does (model/hf_dir.h).
+MergeReport merge_peft_adapter(const MergeOptions& opt);
+
+}  // namespace shardlm
