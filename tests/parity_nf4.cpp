@@ -154,13 +154,14 @@ TEST(Parity, Nf4QuantizeDequantize) {
 }
 
 // The loader against directories in bitsandbytes' layout written by nf4_reference.py (the ctest
-// fixture nf4_bnb_dirs): every tensor, dequantized to f32, equals the reference bit for bit.
+// fixture nf4_bnb_dirs, into $SHARDLM_TORCH_REFS/nf4_dirs): every tensor, dequantized to f32,
+// equals the reference bit for bit.
 TEST(Parity, Nf4BitsandbytesDirectory) {
-  const char* root = std::getenv("SHARDLM_NF4_DIRS");
-  ASSERT_NE(root, nullptr) << "SHARDLM_NF4_DIRS is not set (run through ctest)";
+  const char* refs = std::getenv("SHARDLM_TORCH_REFS");
+  ASSERT_NE(refs, nullptr) << "SHARDLM_TORCH_REFS is not set (run through ctest)";
   for (const char* variant : {"double_quant", "plain"}) {
     SCOPED_TRACE(variant);
-    const std::string dir = std::string(root) + "/" + variant;
+    const std::string dir = std::string(refs) + "/nf4_dirs/" + variant;
     const model::Nf4ModelReader reader(dir + "/model");
     ASSERT_TRUE(reader.quantization().has_value());
     EXPECT_TRUE(reader.quantization()->is_bnb_nf4());
