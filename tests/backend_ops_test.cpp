@@ -35,6 +35,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "ops/nf4.h"
 #include "ops/ops.h"
 
 namespace shardlm {
@@ -102,6 +103,7 @@ double element(const std::vector<uint8_t>& bytes, DType t, int64_t i) {
       std::memcpy(&v, bytes.data() + i * 4, 4);
       return v;
     }
+    case DType::U8: return bytes[size_t(i)];
   }
   return 0.0;
 }
@@ -778,6 +780,100 @@ std::vector<Case> make_cases() {
     };
     z.bitwise = true;
     cases.push_back(std::move(z));
+  }
+
+  // NF4 (ops/nf4.h): quantize, double-quantize, dequantize; bitwise (the CUDA kernels spell out the
+  // CPU's f32 operations). Odd sizes, partial blocks and nested groups, an all-zero block, and
+  // block scales over decades so the nested codes spread.
+  for (auto [xt, n] : {std::pair{F, int64_t(64 * 700 + 33)}, std::pair{H, int64_t(4097)}, std::pair{DType::F16, int64_t(129)},
+                       std::pair{F, int64_t(1)}}) {
+    const int64_t blocks = (n + 63) / 64, groups = (blocks + 255) / 256, bytes = (n + 1) / 2;
+    std::vector<float> x = randn(rng, n);
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] *= std::exp(float((i / 64) % 11) - 6.0f);
+    if (n > 256) std::fill(x.begin() + 128, x.begin() + 192, 0.0f);  // block 2 all zero
+    // The CPU's own quantization is the input of the dequantize cases (so both sides read the same
+    // bytes whichever backend runs).
+    std::vector<uint8_t> packed(static_cast<size_t>(bytes)), q(static_cast<size_t>(blocks));
+    std::vector<float> absmax(static_cast<size_t>(blocks)), nested(static_cast<size_t>(groups)), off(1);
+    {
+      std::vector<uint8_t> xb = encode(x, xt);
+      const Tensor xv = Tensor::view(xb.data(), xt, {n});
+      ops::nf4_quantize(Tensor::view(packed.data(), DType::U8, {bytes}), Tensor::view(absmax.data(), F, {blocks}), xv);
+      off[0] = ops::nf4_offset_from_sum(ops::nf4_absmax_sum(Tensor::view(absmax.data(), F, {blocks})), blocks);
+      ops::nf4_quantize_absmax(Tensor::view(q.data(), DType::U8, {blocks}), Tensor::view(nested.data(), F, {groups}),
+                               Tensor::view(absmax.data(), F, {blocks}), Tensor::view(off.data(), F, {1}));
+    }
+    {
+      Case c;
+      c.op = "nf4_quantize";
+      c.label = fmt::format("{}[{}]", dn(xt), n);
+      c.args = {out("packed", DType::U8, {bytes}), out("absmax", F, {blocks}), in("x", xt, {n}, x)};
+      c.run = [](const std::vector<Tensor>& t) {
+        ops::nf4_quantize(t[0], t[1], t[2]);
+        return std::vector<double>{};
+      };
+      c.bitwise = true;
+      cases.push_back(std::move(c));
+    }
+    {
+      Case c;
+      c.op = "nf4_quantize_absmax";
+      c.label = fmt::format("absmax[{}]", blocks);
+      c.args = {out("qabsmax", DType::U8, {blocks}), out("nested_absmax", F, {groups}), in("absmax", F, {blocks}, absmax),
+                in("offset", F, {1}, off)};
+      c.run = [](const std::vector<Tensor>& t) {
+        ops::nf4_quantize_absmax(t[0], t[1], t[2], t[3]);
+        return std::vector<double>{};
+      };
+      c.bitwise = true;
+      cases.push_back(std::move(c));
+    }
+    {
+      Case c;
+      c.op = "nf4_dequantize_absmax";
+      c.label = fmt::format("absmax[{}]", blocks);
+      c.args = {out("absmax", F, {blocks}), {"qabsmax", DType::U8, {blocks}, Role::In, q}, in("nested_absmax", F, {groups}, nested),
+                in("offset", F, {1}, off)};
+      c.run = [](const std::vector<Tensor>& t) {
+        ops::nf4_dequantize_absmax(t[0], t[1], t[2], t[3]);
+        return std::vector<double>{};
+      };
+      c.bitwise = true;
+      cases.push_back(std::move(c));
+    }
+    for (DType ot : {F, H, DType::F16}) {
+      Case c;
+      c.op = "nf4_dequantize";
+      c.label = fmt::format("-> {}[{}]", dn(ot), n);
+      c.args = {out("out", ot, {n}), {"packed", DType::U8, {bytes}, Role::In, packed}, in("absmax", F, {blocks}, absmax)};
+      c.run = [](const std::vector<Tensor>& t) {
+        ops::nf4_dequantize(t[0], t[1], t[2]);
+        return std::vector<double>{};
+      };
+      c.bitwise = true;
+      cases.push_back(std::move(c));
+      Case d;
+      d.op = "nf4_dequantize_nested";
+      d.label = fmt::format("-> {}[{}]", dn(ot), n);
+      d.args = {out("out", ot, {n}), {"packed", DType::U8, {bytes}, Role::In, packed},
+                {"qabsmax", DType::U8, {blocks}, Role::In, q}, in("nested_absmax", F, {groups}, nested),
+                in("offset", F, {1}, off)};
+      d.run = [](const std::vector<Tensor>& t) {
+        ops::nf4_dequantize_nested(t[0], t[1], t[2], t[3], t[4]);
+        return std::vector<double>{};
+      };
+      d.bitwise = true;
+      cases.push_back(std::move(d));
+    }
+    {
+      Case c;
+      c.op = "nf4_absmax_sum";
+      c.label = fmt::format("absmax[{}]", blocks);
+      c.args = {in("absmax", F, {blocks}, absmax)};
+      c.run = [](const std::vector<Tensor>& t) { return std::vector<double>{ops::nf4_absmax_sum(t[0])}; };
+      c.scalar_rtol = 0.0;
+      cases.push_back(std::move(c));
+    }
   }
 
   // sum of squares (a host double)

@@ -10,6 +10,7 @@ size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::F16: return 2;
     case DType::I32: return 4;
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -20,11 +21,12 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F16: return "f16";
     case DType::I32: return "i32";
+    case DType::U8: return "u8";
   }
   return "?";
 }
 
-bool is_float(DType t) { return t != DType::I32; }
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
 DType parse_dtype(std::string_view s) {
   if (s == "f32" || s == "F32" || s == "float32" || s == "fp32" || s == "float") return DType::F32;

@@ -87,6 +87,7 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::BF16: return "BF16";
     case DType::F16: return "F16";
     case DType::I32: return "I32";
+    case DType::U8: return "U8";
   }
   return "?";
 }
@@ -96,6 +97,7 @@ std::optional<DType> dtype_from_safetensors(const std::string& name) {
   if (name == "BF16") return DType::BF16;
   if (name == "F16") return DType::F16;
   if (name == "I32") return DType::I32;
+  if (name == "U8") return DType::U8;
   return std::nullopt;
 }
 
@@ -289,7 +291,7 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 Tensor SafetensorsFile::tensor(const std::string& name) const {
   const TensorInfo& ti = info(name);
   if (!ti.dtype)
-    throw file_error(path_, name, fmt::format("dtype {} has no shardlm equivalent (F32, BF16, F16, I32); "
+    throw file_error(path_, name, fmt::format("dtype {} has no shardlm equivalent (F32, BF16, F16, I32, U8); "
                                               "read_range() can still copy its raw bytes", ti.dtype_name));
   if (ti.shape.size() > size_t(kMaxDims))
     throw file_error(path_, name, fmt::format("rank {} (shape {}) exceeds shardlm's maximum of {}",

@@ -36,15 +36,15 @@ namespace shardlm::io {
 // Bytes per element of a safetensors dtype name ("F32", "BF16", "I64", "BOOL", ...), or 0 if the
 // name is not one of the fixed-width dtypes of the format.
 size_t safetensors_dtype_size(const std::string& name);
-// The safetensors name of a shardlm dtype: "F32", "BF16", "F16", "I32".
+// The safetensors name of a shardlm dtype: "F32", "BF16", "F16", "I32", "U8".
 const char* safetensors_dtype_name(DType dtype);
-// The shardlm dtype of a safetensors name, if it has one (only F32, BF16, F16, I32 do).
+// The shardlm dtype of a safetensors name, if it has one (only F32, BF16, F16, I32, U8 do).
 std::optional<DType> dtype_from_safetensors(const std::string& name);
 
 struct TensorInfo {
   std::string name;
   std::string dtype_name;      // as written in the file: "F32", "BF16", "I64", "U8", ...
-  std::optional<DType> dtype;  // set only for F32, BF16, F16, I32
+  std::optional<DType> dtype;  // set only for F32, BF16, F16, I32, U8
   std::vector<int64_t> shape;  // any rank; [] is a scalar
   uint64_t begin = 0, end = 0; // absolute byte offsets in the file, [begin, end)
 

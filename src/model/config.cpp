@@ -347,8 +347,48 @@ ModelConfig model_config_from_json(const json& j) {
     c.torch_dtype = *dt2;
   }
 
+  if (const json* q = f.find("quantization_config")) c.quantization = quantization_config_from_json(*q);
+
   validate_model_config(c);
   return c;
+}
+
+QuantizationConfig quantization_config_from_json(const json& j) {
+  const std::string prefix = "quantization_config";
+  if (!j.is_object()) throw key_error(prefix, fmt::format("expected an object, got {}", brief(j)));
+  const Fields f(j, prefix);
+  QuantizationConfig q;
+  q.quant_method = f.opt_string("quant_method").value_or("");
+  // transformers writes both "load_in_4bit" and its private mirror "_load_in_4bit".
+  q.load_in_4bit = f.opt_bool("load_in_4bit").value_or(f.opt_bool("_load_in_4bit").value_or(false));
+  q.load_in_8bit = f.opt_bool("load_in_8bit").value_or(f.opt_bool("_load_in_8bit").value_or(false));
+  // BitsAndBytesConfig's default quant type is fp4.
+  q.quant_type = f.opt_string("bnb_4bit_quant_type").value_or(q.load_in_4bit ? "fp4" : "");
+  q.double_quant = f.opt_bool("bnb_4bit_use_double_quant").value_or(false);
+  q.compute_dtype = f.opt_string("bnb_4bit_compute_dtype").value_or("");
+  q.quant_storage = f.opt_string("bnb_4bit_quant_storage").value_or("uint8");
+  if (const json* skip = f.find("llm_int8_skip_modules")) {
+    if (!skip->is_array()) throw key_error(f.key("llm_int8_skip_modules"), fmt::format("expected a list, got {}", brief(*skip)));
+    for (const json& m : *skip) {
+      if (!m.is_string())
+        throw key_error(f.key("llm_int8_skip_modules"), fmt::format("expected module names, got {}", brief(m)));
+      q.skip_modules.push_back(m.get<std::string>());
+    }
+  }
+  return q;
+}
+
+std::string QuantizationConfig::describe() const {
+  std::string s = quant_method.empty() ? std::string("unknown method") : quant_method;
+  if (load_in_4bit) {
+    s += fmt::format(" 4-bit {}", quant_type);
+    if (double_quant) s += ", double quant";
+    if (!compute_dtype.empty()) s += fmt::format(", compute {}", compute_dtype);
+    s += fmt::format(", storage {}", quant_storage);
+  } else if (load_in_8bit) {
+    s += " 8-bit";
+  }
+  return s;
 }
 
 ModelConfig load_model_config(const std::string& path) {

@@ -25,6 +25,27 @@ namespace shardlm {
 
 enum class Architecture { Llama, Mistral, Qwen2 };
 
+// config.json's "quantization_config", as transformers writes it for a model loaded with
+// bitsandbytes (BitsAndBytesConfig). Read and reported, never required: a config without it reads
+// as before. Keys other than these are ignored; a wrong JSON type of one of these is an Error.
+// to_hf_json() does not write it back (what shardlm saves is a dequantized or trained model).
+// model/nf4_loader.h reads the quantized weights such a directory holds.
+struct QuantizationConfig {
+  std::string quant_method;          // "bitsandbytes" (others are reported, not understood)
+  bool load_in_4bit = false;
+  bool load_in_8bit = false;
+  std::string quant_type;            // bnb_4bit_quant_type: "nf4" or "fp4"
+  bool double_quant = false;         // bnb_4bit_use_double_quant (compress_statistics)
+  std::string compute_dtype;         // bnb_4bit_compute_dtype, e.g. "bfloat16" ("" if absent)
+  std::string quant_storage = "uint8";  // bnb_4bit_quant_storage
+  std::vector<std::string> skip_modules;  // llm_int8_skip_modules
+  // True for what model/nf4_loader.h reads: bitsandbytes, 4-bit, NF4.
+  bool is_bnb_nf4() const { return quant_method == "bitsandbytes" && load_in_4bit && quant_type == "nf4"; }
+  // One line for logs: "bitsandbytes 4-bit nf4, double quant, compute bfloat16, storage uint8".
+  std::string describe() const;
+  bool operator==(const QuantizationConfig&) const = default;
+};
+
 // The Hugging Face class name: "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
 const char* architecture_name(Architecture arch);
 // The Hugging Face model_type: "llama", "mistral", "qwen2".
@@ -59,11 +80,15 @@ struct ModelConfig {
   std::string torch_dtype = "float32";  // the dtype the checkpoint is stored in
   double initializer_range = 0.02;      // std of the normal init of new weights
 
+  std::optional<QuantizationConfig> quantization;  // "quantization_config", when present
+
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 };
 
-// Field-by-field equality (ops::RopeScaling has no operator==, so it cannot be defaulted).
+// Field-by-field equality of the model's shape (ops::RopeScaling has no operator==, so it cannot be
+// defaulted). `quantization` is not compared: it describes how a checkpoint stores the weights, and
+// to_hf_json does not write it, so a saved config must equal the quantized one it came from.
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 
 // Throws an Error naming the offending key when sizes are not positive, heads do not divide,
@@ -73,6 +98,8 @@ void validate_model_config(const ModelConfig& config);
 // `path` is a config.json or a directory that contains one. Errors carry the file.
 ModelConfig load_model_config(const std::string& path);
 ModelConfig model_config_from_json(const nlohmann::json& json);
+// The "quantization_config" object alone (key names in errors are prefixed "quantization_config.").
+QuantizationConfig quantization_config_from_json(const nlohmann::json& json);
 // A config.json that transformers loads into the same model (AutoConfig / AutoModelForCausalLM).
 nlohmann::json to_hf_json(const ModelConfig& config);
 

@@ -3,6 +3,7 @@
 // contiguous CPU tensors with the shapes and dtypes ops.h documents.
 #pragma once
 
+#include "ops/nf4.h"
 #include "ops/ops.h"
 
 namespace shardlm::ops::cpu {
@@ -31,5 +32,15 @@ void bias_backward(const Tensor& db, const Tensor& dy);
 void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
+
+// NF4 (ops/nf4.h). nf4_absmax_sum: index order, in double (the CUDA front end copies to the host).
+double nf4_absmax_sum(const Tensor& absmax);
+void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x);
+void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax, const Tensor& offset);
+void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
+                           const Tensor& offset);
+void nf4_dequantize(const Tensor& out, const Tensor& packed, const Tensor& absmax);
+void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor& qabsmax, const Tensor& nested_absmax,
+                           const Tensor& offset);
 
 }  // namespace shardlm::ops::cpu

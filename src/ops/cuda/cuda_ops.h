@@ -8,6 +8,7 @@
 // ids to the host to validate them (ops/check.h: host_i32), which also waits.
 #pragma once
 
+#include "ops/nf4.h"
 #include "ops/ops.h"
 
 namespace shardlm::ops::gpu {
@@ -39,5 +40,14 @@ void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
 void zero(const Tensor& x);
+
+// NF4 (ops/nf4.h).
+void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x);
+void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax, const Tensor& offset);
+void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
+                           const Tensor& offset);
+void nf4_dequantize(const Tensor& out, const Tensor& packed, const Tensor& absmax);
+void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor& qabsmax, const Tensor& nested_absmax,
+                           const Tensor& offset);
 
 }  // namespace shardlm::ops::gpu

@@ -1,0 +1,99 @@
+// Reading a Hugging Face directory saved by transformers from a model loaded in 4-bit with
+// bitsandbytes (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")), without
+// re-quantizing anything.
+//
+// What such a directory holds (bitsandbytes' Linear4bit._save_to_state_dict + QuantState.as_dict(
+// packed=True)), for every quantized linear weight W of n elements:
+//   W                                   U8 [(n+1)/2, 1]: two NF4 codes per byte (ops/nf4.h)
+//                                       (another storage dtype if bnb_4bit_quant_storage says so)
+//   W.absmax                            F32 [blocks], or U8 [blocks] with double quantization
+//   W.quant_map                         F32 [16]: the NF4 values
+//   W.nested_absmax                     F32 [ceil(blocks/256)]        (double quantization)
+//   W.nested_quant_map                  F32 [256]: the dynamic map    (double quantization)
+//   W.quant_state.bitsandbytes__nf4     U8 [k]: UTF-8 JSON {"quant_type": "nf4", "blocksize": 64,
+//                                       "dtype": "bfloat16", "shape": [out, in], and with double
+//                                       quantization "nested_blocksize": 256, "nested_dtype":
+//                                       "float32", "nested_offset": <f32 value>}
+// with blocks = ceil(n / 64). Other tensors (embeddings, norms, lm_head) are stored as usual.
+// config.json carries "quantization_config" (model/config.h: QuantizationConfig).
+//
+// Errors name the directory, the weight and the entry at fault. Supported: quant_type nf4,
+// blocksize 64, nested_blocksize 256, dtype float32/bfloat16/float16; quant_map must be the NF4
+// table. A nested_quant_map other than shardlm's kNf4DynamicMap (another bitsandbytes or torch
+// version) is honoured: the weight's f32 absmax is then computed from the stored map on the host,
+// exactly as bitsandbytes dequantizes it, and the weight is returned with a plain state.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/model_files.h"
+#include "model/config.h"
+#include "ops/nf4.h"
+
+namespace shardlm::model {
+
+// The quant_state of one weight, as stored (validated).
+struct Nf4State {
+  std::vector<int64_t> shape;
+  DType dtype = DType::BF16;  // the weight's dtype before quantization ("dtype")
+  bool nested = false;
+  float offset = 0.0f;        // "nested_offset"
+  bool standard_nested_map = true;  // nested_quant_map == ops::kNf4DynamicMap
+  // The layout a read produces (nested only when the stored map is the standard one).
+  ops::Nf4Layout layout() const;
+};
+
+// A quantized weight read into memory it owns: one flat buffer (ops::Nf4Layout) and its views.
+struct Nf4Weight {
+  std::string name;
+  Nf4State state;
+  ops::Nf4Layout layout;
+  Buffer buffer;   // layout.total_bytes, CPU, MemCategory::Parameters
+  ops::Nf4Tensor q;  // views of `buffer`
+};
+
+class Nf4ModelReader {
+ public:
+  // Opens the weights (io::ModelWeights) and config.json of `dir`. A directory without
+  // quantization_config, or without quantized weights, opens too (everything is then plain).
+  explicit Nf4ModelReader(std::string dir);
+
+  const std::string& dir() const { return weights_.dir(); }
+  const io::ModelWeights& weights() const { return weights_; }
+  const ModelConfig& config() const { return config_; }
+  // config().quantization, if any.
+  const std::optional<QuantizationConfig>& quantization() const { return config_.quantization; }
+
+  // Weights stored in NF4 (those with a ".quant_state.bitsandbytes__nf4" entry), sorted.
+  const std::vector<std::string>& quantized_names() const { return quantized_; }
+  bool is_quantized(const std::string& name) const;
+  // The model's tensor names: quantized weights plus the plain tensors, without the state entries.
+  std::vector<std::string> names() const;
+
+  // The validated quant state of a quantized weight.
+  Nf4State state(const std::string& name) const;
+  // The whole quantized weight, read as stored.
+  Nf4Weight read(const std::string& name) const;
+  // Blocks [b0, b1) of a quantized weight into the matching byte ranges of a flat buffer laid out
+  // by state(name).layout() (ops::Nf4Layout::range: the sharding rule), touching only those
+  // pages of the file; with a nested state it also writes the offset. What a rank owning those
+  // blocks reads.
+  void read_blocks(const std::string& name, int64_t b0, int64_t b1, void* flat) const;
+  // Any tensor of the model as f32 (CPU): quantized weights dequantized exactly as bitsandbytes
+  // does (in f32, before its final rounding to the stored dtype), plain float tensors widened.
+  OwnedTensor dequantize_f32(const std::string& name) const;
+
+ private:
+  io::ModelWeights weights_;
+  ModelConfig config_;
+  std::vector<std::string> quantized_;
+};
+
+// Every tensor of the directory as f32, quantized weights dequantized (Nf4ModelReader::dequantize_f32).
+std::map<std::string, OwnedTensor> load_dequantized_f32(const std::string& dir);
+
+}  // namespace shardlm::model

@@ -1,0 +1,315 @@
+// NF4 quantization: constants, layout helpers and the op front ends (validation, dispatch).
+#include "ops/nf4.h"
+
+#include <fmt/format.h>
+
+#include "core/device.h"
+#include "ops/check.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace shardlm::ops {
+
+// bitsandbytes' get_4bit_type("nf4") (the QLoRA paper's NormalFloat4), as f32.
+const std::array<float, 16> kNf4Code = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+// The constants of bitsandbytes' dQuantizeNF4 decision tree, as written there (decimal midpoints
+// between neighbouring codes; the compiler rounds each to f32 directly, and four land on the other
+// side of a near-tie than the exact midpoint would: see Nf4.ThresholdsAreTheMidpointsOfTheCode).
+const std::array<float, 15> kNf4Thresholds = {
+    -0.8480964004993439f, -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f,
+    -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f,
+    0.1202552504837513f, 0.2035212516784668f, 0.2920137718319893f, 0.3893125355243683f,
+    0.5016634166240692f, 0.6427869200706482f, 0.8614784181118011f};
+
+// create_dynamic_map(signed=True), computed by tests/torch_ref/nf4_reference.py with torch's
+// linspace as bitsandbytes computes it, written as exact hex floats (Parity.Nf4DynamicMap checks).
+const std::array<float, 256> kNf4DynamicMap = {
+    -0x1.fc6666p-1f, -0x1.f53332p-1f, -0x1.eep-1f, -0x1.e6ccccp-1f,
+    -0x1.df9998p-1f, -0x1.d86666p-1f, -0x1.d13334p-1f, -0x1.cap-1f,
+    -0x1.c2ccccp-1f, -0x1.bb9998p-1f, -0x1.b46666p-1f, -0x1.ad3332p-1f,
+    -0x1.a6p-1f, -0x1.9eccccp-1f, -0x1.979998p-1f, -0x1.906666p-1f,
+    -0x1.893334p-1f, -0x1.82p-1f, -0x1.7acccep-1f, -0x1.73999ap-1f,
+    -0x1.6c6668p-1f, -0x1.653334p-1f, -0x1.5ep-1f, -0x1.56cccep-1f,
+    -0x1.4f999ap-1f, -0x1.486666p-1f, -0x1.413334p-1f, -0x1.3ap-1f,
+    -0x1.32ccccp-1f, -0x1.2b999ap-1f, -0x1.246668p-1f, -0x1.1d3334p-1f,
+    -0x1.16p-1f, -0x1.0eccccp-1f, -0x1.07999ap-1f, -0x1.006666p-1f,
+    -0x1.f26668p-2f, -0x1.e4p-2f, -0x1.d59998p-2f, -0x1.c73334p-2f,
+    -0x1.b8ccccp-2f, -0x1.aa6664p-2f, -0x1.9cp-2f, -0x1.8d9998p-2f,
+    -0x1.7f3334p-2f, -0x1.70ccccp-2f, -0x1.626664p-2f, -0x1.54p-2f,
+    -0x1.459998p-2f, -0x1.373334p-2f, -0x1.28ccccp-2f, -0x1.1a6668p-2f,
+    -0x1.0cp-2f, -0x1.fb3334p-3f, -0x1.de6668p-3f, -0x1.c1999ap-3f,
+    -0x1.a4ccccp-3f, -0x1.88p-3f, -0x1.6b3332p-3f, -0x1.4e6666p-3f,
+    -0x1.31999ap-3f, -0x1.14ccccp-3f, -0x1.fp-4f, -0x1.b66668p-4f,
+    -0x1.93d70ap-4f, -0x1.8851eap-4f, -0x1.7ccccep-4f, -0x1.7147aep-4f,
+    -0x1.65c290p-4f, -0x1.5a3d70p-4f, -0x1.4eb850p-4f, -0x1.433334p-4f,
+    -0x1.37ae14p-4f, -0x1.2c28f6p-4f, -0x1.20a3d6p-4f, -0x1.151ebap-4f,
+    -0x1.09999ap-4f, -0x1.fc28f4p-5f, -0x1.e51ebap-5f, -0x1.ce147ap-5f,
+    -0x1.b70a3ep-5f, -0x1.ap-5f, -0x1.88f5c2p-5f, -0x1.71eb86p-5f,
+    -0x1.5ae146p-5f, -0x1.43d70ap-5f, -0x1.2ccccep-5f, -0x1.15c28ep-5f,
+    -0x1.fd70a4p-6f, -0x1.cf5c26p-6f, -0x1.a147aep-6f, -0x1.733334p-6f,
+    -0x1.451eb8p-6f, -0x1.170a3ep-6f, -0x1.d1eb86p-7f, -0x1.75c290p-7f,
+    -0x1.3e76c8p-7f, -0x1.2c0830p-7f, -0x1.19999ap-7f, -0x1.072b02p-7f,
+    -0x1.e978d4p-8f, -0x1.c49ba6p-8f, -0x1.9fbe76p-8f, -0x1.7ae148p-8f,
+    -0x1.56041ap-8f, -0x1.3126e8p-8f, -0x1.0c49bap-8f, -0x1.ced914p-9f,
+    -0x1.851eb8p-9f, -0x1.3b645ap-9f, -0x1.e353f8p-10f, -0x1.4fdf3ap-10f,
+    -0x1.eecbfep-11f, -0x1.b3d07cp-11f, -0x1.78d5p-11f, -0x1.3dd982p-11f,
+    -0x1.02de02p-11f, -0x1.8fc506p-12f, -0x1.19ce0ap-12f, -0x1.47ae16p-13f,
+    -0x1.743e96p-14f, -0x1.15df66p-14f, -0x1.6f0068p-15f, -0x1.64840cp-16f,
+    -0x1.040bfep-17f, -0x1.b43528p-19f, -0x1.27476ep-21f, 0.0f,
+    0x1.27476ep-21f, 0x1.b43528p-19f, 0x1.040bfep-17f, 0x1.64840cp-16f,
+    0x1.6f0068p-15f, 0x1.15df66p-14f, 0x1.743e96p-14f, 0x1.47ae16p-13f,
+    0x1.19ce0ap-12f, 0x1.8fc506p-12f, 0x1.02de02p-11f, 0x1.3dd982p-11f,
+    0x1.78d5p-11f, 0x1.b3d07cp-11f, 0x1.eecbfep-11f, 0x1.4fdf3ap-10f,
+    0x1.e353f8p-10f, 0x1.3b645ap-9f, 0x1.851eb8p-9f, 0x1.ced914p-9f,
+    0x1.0c49bap-8f, 0x1.3126e8p-8f, 0x1.56041ap-8f, 0x1.7ae148p-8f,
+    0x1.9fbe76p-8f, 0x1.c49ba6p-8f, 0x1.e978d4p-8f, 0x1.072b02p-7f,
+    0x1.19999ap-7f, 0x1.2c0830p-7f, 0x1.3e76c8p-7f, 0x1.75c290p-7f,
+    0x1.d1eb86p-7f, 0x1.170a3ep-6f, 0x1.451eb8p-6f, 0x1.733334p-6f,
+    0x1.a147aep-6f, 0x1.cf5c26p-6f, 0x1.fd70a4p-6f, 0x1.15c28ep-5f,
+    0x1.2ccccep-5f, 0x1.43d70ap-5f, 0x1.5ae146p-5f, 0x1.71eb86p-5f,
+    0x1.88f5c2p-5f, 0x1.ap-5f, 0x1.b70a3ep-5f, 0x1.ce147ap-5f,
+    0x1.e51ebap-5f, 0x1.fc28f4p-5f, 0x1.09999ap-4f, 0x1.151ebap-4f,
+    0x1.20a3d6p-4f, 0x1.2c28f6p-4f, 0x1.37ae14p-4f, 0x1.433334p-4f,
+    0x1.4eb850p-4f, 0x1.5a3d70p-4f, 0x1.65c290p-4f, 0x1.7147aep-4f,
+    0x1.7ccccep-4f, 0x1.8851eap-4f, 0x1.93d70ap-4f, 0x1.b66668p-4f,
+    0x1.fp-4f, 0x1.14ccccp-3f, 0x1.31999ap-3f, 0x1.4e6666p-3f,
+    0x1.6b3332p-3f, 0x1.88p-3f, 0x1.a4ccccp-3f, 0x1.c1999ap-3f,
+    0x1.de6668p-3f, 0x1.fb3334p-3f, 0x1.0cp-2f, 0x1.1a6668p-2f,
+    0x1.28ccccp-2f, 0x1.373334p-2f, 0x1.459998p-2f, 0x1.54p-2f,
+    0x1.626664p-2f, 0x1.70ccccp-2f, 0x1.7f3334p-2f, 0x1.8d9998p-2f,
+    0x1.9cp-2f, 0x1.aa6664p-2f, 0x1.b8ccccp-2f, 0x1.c73334p-2f,
+    0x1.d59998p-2f, 0x1.e4p-2f, 0x1.f26668p-2f, 0x1.006666p-1f,
+    0x1.07999ap-1f, 0x1.0eccccp-1f, 0x1.16p-1f, 0x1.1d3334p-1f,
+    0x1.246668p-1f, 0x1.2b999ap-1f, 0x1.32ccccp-1f, 0x1.3ap-1f,
+    0x1.413334p-1f, 0x1.486666p-1f, 0x1.4f999ap-1f, 0x1.56cccep-1f,
+    0x1.5ep-1f, 0x1.653334p-1f, 0x1.6c6668p-1f, 0x1.73999ap-1f,
+    0x1.7acccep-1f, 0x1.82p-1f, 0x1.893334p-1f, 0x1.906666p-1f,
+    0x1.979998p-1f, 0x1.9eccccp-1f, 0x1.a6p-1f, 0x1.ad3332p-1f,
+    0x1.b46666p-1f, 0x1.bb9998p-1f, 0x1.c2ccccp-1f, 0x1.cap-1f,
+    0x1.d13334p-1f, 0x1.d86666p-1f, 0x1.df9998p-1f, 0x1.e6ccccp-1f,
+    0x1.eep-1f, 0x1.f53332p-1f, 0x1.fc6666p-1f, 0x1.p+0f,};
+
+namespace {
+
+constexpr size_t kSectionAlign = 16;
+size_t align_up(size_t v) { return (v + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_u8(const char* op, const char* arg, const Tensor& t, int64_t n) {
+  check_usable(op, arg, t);
+  check_dtype(op, arg, t, {DType::U8});
+  check_numel(op, arg, t, n);
+}
+void check_f32(const char* op, const char* arg, const Tensor& t, int64_t n) {
+  check_usable(op, arg, t);
+  check_dtype(op, arg, t, {DType::F32});
+  check_numel(op, arg, t, n);
+}
+void check_values(const char* op, const char* arg, const Tensor& t) {
+  check_usable(op, arg, t);
+  check_dtype(op, arg, t, {DType::F32, DType::BF16, DType::F16});
+  SHARDLM_CHECK(t.numel() > 0, "{}: {}: expected at least one element, got {}", op, arg, t.describe());
+}
+
+}  // namespace
+
+// ---- layout ------------------------------------------------------------------------------------
+Nf4Layout Nf4Layout::of(int64_t numel, bool nested) {
+  SHARDLM_CHECK(numel > 0, "Nf4Layout: expected a positive element count, got {}", numel);
+  Nf4Layout l;
+  l.numel = numel;
+  l.nested = nested;
+  l.blocks = ceil_div(numel, kNf4BlockSize);
+  l.nested_blocks = nested ? ceil_div(l.blocks, kNf4NestedBlockSize) : 0;
+  l.packed_offset = 0;
+  l.packed_bytes = size_t((numel + 1) / 2);
+  l.absmax_offset = align_up(l.packed_offset + l.packed_bytes);
+  l.absmax_bytes = size_t(l.blocks) * (nested ? 1 : 4);
+  size_t end = l.absmax_offset + l.absmax_bytes;
+  if (nested) {
+    l.nested_absmax_offset = align_up(end);
+    l.nested_absmax_bytes = size_t(l.nested_blocks) * 4;
+    l.offset_offset = align_up(l.nested_absmax_offset + l.nested_absmax_bytes);
+    l.offset_bytes = 4;
+    end = l.offset_offset + l.offset_bytes;
+  } else {
+    l.nested_absmax_offset = l.offset_offset = end;
+  }
+  l.total_bytes = align_up(end);
+  return l;
+}
+
+Nf4Layout::Range Nf4Layout::range(int64_t b0, int64_t b1) const {
+  SHARDLM_CHECK(0 <= b0 && b0 < b1 && b1 <= blocks, "Nf4Layout::range: blocks [{}, {}) outside [0, {})", b0, b1,
+                blocks);
+  if (nested)
+    SHARDLM_CHECK(b0 % kNf4NestedBlockSize == 0 && (b1 % kNf4NestedBlockSize == 0 || b1 == blocks),
+                  "Nf4Layout::range: blocks [{}, {}) of a double-quantized tensor must start at a multiple of {} "
+                  "and end at one or at the last block ({})",
+                  b0, b1, kNf4NestedBlockSize, blocks);
+  Range r{};
+  r.elem_begin = b0 * kNf4BlockSize;
+  r.elem_end = std::min(b1 * kNf4BlockSize, numel);
+  r.packed_begin = packed_offset + size_t(r.elem_begin / 2);
+  r.packed_end = packed_offset + size_t((r.elem_end + 1) / 2);
+  const size_t esize = nested ? 1 : 4;
+  r.absmax_begin = absmax_offset + size_t(b0) * esize;
+  r.absmax_end = absmax_offset + size_t(b1) * esize;
+  if (nested) {
+    r.nested_absmax_begin = nested_absmax_offset + size_t(b0 / kNf4NestedBlockSize) * 4;
+    r.nested_absmax_end = nested_absmax_offset + size_t(ceil_div(b1, kNf4NestedBlockSize)) * 4;
+  } else {
+    r.nested_absmax_begin = r.nested_absmax_end = nested_absmax_offset;
+  }
+  return r;
+}
+
+int64_t Nf4Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Nf4Tensor nf4_view(void* base, const Nf4Layout& l, const std::vector<int64_t>& shape, DType dtype, Device device) {
+  Nf4Tensor q;
+  q.shape = shape;
+  q.dtype = dtype;
+  q.nested = l.nested;
+  SHARDLM_CHECK(q.numel() == l.numel, "nf4_view: shape has {} elements but the layout {}", q.numel(), l.numel);
+  auto* b = static_cast<uint8_t*>(base);
+  q.packed = Tensor::view(b + l.packed_offset, DType::U8, {int64_t(l.packed_bytes)}, device);
+  if (l.nested) {
+    q.absmax = Tensor::view(b + l.absmax_offset, DType::U8, {l.blocks}, device);
+    q.nested_absmax = Tensor::view(b + l.nested_absmax_offset, DType::F32, {l.nested_blocks}, device);
+    q.offset = Tensor::view(b + l.offset_offset, DType::F32, {1}, device);
+  } else {
+    q.absmax = Tensor::view(b + l.absmax_offset, DType::F32, {l.blocks}, device);
+  }
+  return q;
+}
+
+// ---- ops ---------------------------------------------------------------------------------------
+void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x) {
+  constexpr const char* op = "nf4_quantize";
+  check_values(op, "x", x);
+  const int64_t n = x.numel();
+  check_u8(op, "packed", packed, (n + 1) / 2);
+  check_f32(op, "absmax", absmax, ceil_div(n, kNf4BlockSize));
+  const Device dev = check_same_device(op, {{"packed", &packed}, {"absmax", &absmax}, {"x", &x}});
+  SHARDLM_DISPATCH_CUDA(dev, nf4_quantize(packed, absmax, x));
+  cpu::nf4_quantize(packed, absmax, x);
+}
+
+double nf4_absmax_sum(const Tensor& absmax) {
+  constexpr const char* op = "nf4_absmax_sum";
+  check_usable(op, "absmax", absmax);
+  check_dtype(op, "absmax", absmax, {DType::F32});
+  if (absmax.device != Device::CPU) {
+    OwnedTensor host = device::copy_to_host(absmax, MemCategory::Workspace);
+    return cpu::nf4_absmax_sum(host.t);
+  }
+  return cpu::nf4_absmax_sum(absmax);
+}
+
+float nf4_offset_from_sum(double sum, int64_t count) {
+  SHARDLM_CHECK(count > 0, "nf4_offset_from_sum: expected a positive count, got {}", count);
+  return float(sum / double(count));
+}
+
+void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax,
+                         const Tensor& offset) {
+  constexpr const char* op = "nf4_quantize_absmax";
+  check_usable(op, "absmax", absmax);
+  check_dtype(op, "absmax", absmax, {DType::F32});
+  const int64_t m = absmax.numel();
+  SHARDLM_CHECK(m > 0, "{}: absmax: expected at least one element, got {}", op, absmax.describe());
+  check_u8(op, "qabsmax", qabsmax, m);
+  check_f32(op, "nested_absmax", nested_absmax, ceil_div(m, kNf4NestedBlockSize));
+  check_f32(op, "offset", offset, 1);
+  const Device dev = check_same_device(
+      op, {{"qabsmax", &qabsmax}, {"nested_absmax", &nested_absmax}, {"absmax", &absmax}, {"offset", &offset}});
+  SHARDLM_DISPATCH_CUDA(dev, nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset));
+  cpu::nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset);
+}
+
+void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
+                           const Tensor& offset) {
+  constexpr const char* op = "nf4_dequantize_absmax";
+  check_usable(op, "absmax", absmax);
+  check_dtype(op, "absmax", absmax, {DType::F32});
+  const int64_t m = absmax.numel();
+  SHARDLM_CHECK(m > 0, "{}: absmax: expected at least one element, got {}", op, absmax.describe());
+  check_u8(op, "qabsmax", qabsmax, m);
+  check_f32(op, "nested_absmax", nested_absmax, ceil_div(m, kNf4NestedBlockSize));
+  check_f32(op, "offset", offset, 1);
+  const Device dev = check_same_device(
+      op, {{"absmax", &absmax}, {"qabsmax", &qabsmax}, {"nested_absmax", &nested_absmax}, {"offset", &offset}});
+  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset));
+  cpu::nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset);
+}
+
+void nf4_dequantize(const Tensor& out, const Tensor& packed, const Tensor& absmax) {
+  constexpr const char* op = "nf4_dequantize";
+  check_values(op, "out", out);
+  const int64_t n = out.numel();
+  check_u8(op, "packed", packed, (n + 1) / 2);
+  check_f32(op, "absmax", absmax, ceil_div(n, kNf4BlockSize));
+  const Device dev = check_same_device(op, {{"out", &out}, {"packed", &packed}, {"absmax", &absmax}});
+  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize(out, packed, absmax));
+  cpu::nf4_dequantize(out, packed, absmax);
+}
+
+void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor& qabsmax,
+                           const Tensor& nested_absmax, const Tensor& offset) {
+  constexpr const char* op = "nf4_dequantize_nested";
+  check_values(op, "out", out);
+  const int64_t n = out.numel();
+  const int64_t blocks = ceil_div(n, kNf4BlockSize);
+  check_u8(op, "packed", packed, (n + 1) / 2);
+  check_u8(op, "qabsmax", qabsmax, blocks);
+  check_f32(op, "nested_absmax", nested_absmax, ceil_div(blocks, kNf4NestedBlockSize));
+  check_f32(op, "offset", offset, 1);
+  const Device dev = check_same_device(op, {{"out", &out},
+                                            {"packed", &packed},
+                                            {"qabsmax", &qabsmax},
+                                            {"nested_absmax", &nested_absmax},
+                                            {"offset", &offset}});
+  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset));
+  cpu::nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset);
+}
+
+void nf4_quantize(const Nf4Tensor& q, const Tensor& x) {
+  SHARDLM_CHECK(q.blocksize == kNf4BlockSize, "nf4_quantize: blocksize {} is not supported (only {})", q.blocksize,
+                kNf4BlockSize);
+  SHARDLM_CHECK(x.numel() == q.numel(), "nf4_quantize: x has {} elements but the quantized tensor {}", x.numel(),
+                q.numel());
+  if (!q.nested) {
+    nf4_quantize(q.packed, q.absmax, x);
+    return;
+  }
+  const int64_t blocks = ceil_div(x.numel(), kNf4BlockSize);
+  Buffer scratch(size_t(blocks) * 4, MemCategory::Workspace, false, x.device);
+  const Tensor absmax = Tensor::of(scratch, DType::F32, {blocks});
+  nf4_quantize(q.packed, absmax, x);
+  const float offset = nf4_offset_from_sum(nf4_absmax_sum(absmax), blocks);
+  check_f32("nf4_quantize", "offset", q.offset, 1);
+  device::copy_bytes(q.offset.data, q.offset.device, &offset, Device::CPU, 4);
+  nf4_quantize_absmax(q.absmax, q.nested_absmax, absmax, q.offset);
+}
+
+void nf4_dequantize(const Tensor& out, const Nf4Tensor& q) {
+  SHARDLM_CHECK(q.blocksize == kNf4BlockSize, "nf4_dequantize: blocksize {} is not supported (only {})", q.blocksize,
+                kNf4BlockSize);
+  SHARDLM_CHECK(out.numel() == q.numel(), "nf4_dequantize: out has {} elements but the quantized tensor {}",
+                out.numel(), q.numel());
+  if (q.nested)
+    nf4_dequantize_nested(out, q.packed, q.absmax, q.nested_absmax, q.offset);
+  else
+    nf4_dequantize(out, q.packed, q.absmax);
+}
+
+}  // namespace shardlm::ops
