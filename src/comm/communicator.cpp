@@ -103,6 +103,16 @@ class ShapeCommunicator final : public Communicator {
 
 }  // namespace
 
+namespace {
+double g_collective_timeout = 600.0;
+std::string g_activity = "start-up";
+}  // namespace
+
+void set_collective_timeout(double seconds) { g_collective_timeout = seconds; }
+double collective_timeout() { return g_collective_timeout; }
+void set_activity(std::string what) { g_activity = std::move(what); }
+const std::string& activity() { return g_activity; }
+
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
 std::unique_ptr<Communicator> make_shape_communicator(int rank, int size) {
   SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {}", rank, size);

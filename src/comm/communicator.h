@@ -100,6 +100,17 @@ std::unique_ptr<Communicator> make_local_communicator();
 // once and only counts its bytes. For dry runs of the engine (the memory estimator).
 std::unique_ptr<Communicator> make_shape_communicator(int rank, int size);
 
+// The collective watchdog (MPI): every wait on a collective has a deadline of this many seconds
+// (0: none; 600 unless set). When it passes, the waiting rank prints one line — which collective,
+// what the program was doing (set_activity), how long it waited, and which ranks it can see are
+// stopped or gone (ranks on its own node) — and ends the job with a non-zero exit, instead of
+// hanging forever behind a stopped or deadlocked rank.
+void set_collective_timeout(double seconds);
+double collective_timeout();
+// What the program is doing, for the watchdog's message ("step 12, unit model.layers.3").
+void set_activity(std::string what);
+const std::string& activity();
+
 // True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
 bool launched_by_mpi();
 // This process's rank among the processes of its node, from the launcher's environment

@@ -4,8 +4,14 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
 #include <thread>
 #include <functional>
 
@@ -37,12 +43,93 @@ void check(int rc, const char* what) {
   }
 }
 
+// ---- the collective watchdog ----------------------------------------------------------------------
+
+// Every world rank's host and pid, exchanged once when the world is made, so a rank whose
+// collective timed out can look at its node's peers in /proc.
+struct Peer {
+  int pid = 0;
+  char host[64] = {};
+};
+std::vector<Peer> g_peers;
+int g_world_rank = 0;
+
+void exchange_peers() {
+  int size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Peer me;
+  me.pid = int(::getpid());
+  ::gethostname(me.host, sizeof(me.host) - 1);
+  g_peers.resize(size_t(size));
+  check(MPI_Allgather(&me, int(sizeof(Peer)), MPI_BYTE, g_peers.data(), int(sizeof(Peer)), MPI_BYTE, MPI_COMM_WORLD),
+        "MPI_Allgather");
+}
+
+// "rank 2 (pid 812) is stopped, rank 3 (pid 813) is gone": the peers on this node that cannot be
+// taking part (their state in /proc/PID/stat is T, t or Z, or the process no longer exists).
+std::string stuck_peers() {
+  char host[64] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string out;
+  for (size_t r = 0; r < g_peers.size(); ++r) {
+    if (int(r) == g_world_rank || std::strncmp(g_peers[r].host, host, sizeof(host)) != 0) continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", g_peers[r].pid));
+    std::string line;
+    const char* what = nullptr;
+    if (!std::getline(stat, line)) {
+      what = "gone";
+    } else {
+      const size_t close = line.rfind(')');
+      const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+      if (state == 'T' || state == 't') what = "stopped";
+      if (state == 'Z' || state == 'X') what = "gone";
+    }
+    if (what) out += fmt::format("{}rank {} (pid {}) is {}", out.empty() ? "" : ", ", r, g_peers[r].pid, what);
+  }
+  return out;
+}
+
+// Waits for `req` until the collective timeout passes; then names what hung and ends the job.
+void wait_or_abort(MPI_Request& req, const char* op) {
+  const double limit = collective_timeout();
+  if (limit <= 0) {
+    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    // Spin briefly (collectives usually complete within microseconds), then poll every 50 us.
+    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if ((polls & 255) != 0) continue;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited < limit) continue;
+    const std::string stuck = stuck_peers();
+    std::fprintf(stderr,
+                 "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
+                 "job\n",
+                 g_world_rank, op, activity().c_str(), limit,
+                 stuck.empty() ? "no rank on this node is stopped or gone (a rank on another node may be, or one is "
+                                 "slower than the timeout)"
+                               : stuck.c_str());
+    std::fflush(stderr);
+    // The other live ranks wait in the same collective and time out within moments: give them a
+    // second to say what they see before the job is taken down.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+}
+
 MPI_Datatype mpi_type(DType d) { return d == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
 MPI_Op mpi_sum(DType d) { return d == DType::F32 ? MPI_SUM : g_bf16_sum; }
 
 class MpiRequest final : public Request {
  public:
-  MpiRequest(MPI_Request r, std::function<void()> after) : req_(r), after_(std::move(after)) {}
+  MpiRequest(MPI_Request r, const char* op, std::function<void()> after) : req_(r), op_(op), after_(std::move(after)) {}
   ~MpiRequest() override {
     if (!done_) {
       try {
@@ -54,12 +141,13 @@ class MpiRequest final : public Request {
   void wait() override {
     if (done_) return;
     done_ = true;
-    check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_or_abort(req_, op_);
     if (after_) after_();
   }
 
  private:
   MPI_Request req_;
+  const char* op_;
   std::function<void()> after_;
   bool done_ = false;
 };
@@ -94,7 +182,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     check(MPI_Iallgather(send, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_, &r), "MPI_Iallgather");
     count_ring(stats_.all_gather_bytes, out.nbytes());
-    return std::make_unique<MpiRequest>(r, nullptr);
+    return std::make_unique<MpiRequest>(r, "all-gather", nullptr);
   }
 
   std::unique_ptr<Request> reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -103,7 +191,7 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Ireduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype), mpi_sum(in.dtype), comm_, &r),
           "MPI_Ireduce_scatter_block");
     count_ring(stats_.reduce_scatter_bytes, in.nbytes());
-    return std::make_unique<MpiRequest>(r, averager(out, op));
+    return std::make_unique<MpiRequest>(r, "reduce-scatter", averager(out, op));
   }
 
   std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp op) override {
@@ -112,28 +200,34 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Iallreduce(MPI_IN_PLACE, buf.data, int(buf.numel()), mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r),
           "MPI_Iallreduce");
     count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
-    return std::make_unique<MpiRequest>(r, averager(buf, op));
+    return std::make_unique<MpiRequest>(r, "all-reduce", averager(buf, op));
   }
 
   double all_reduce_sum(double value) override {
     double out = 0.0;
-    check(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+    MPI_Request r;
+    check(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
+    wait_or_abort(r, "all-reduce of a scalar");
     return out;
   }
 
   void broadcast(const Tensor& buf, int root) override {
     SHARDLM_CHECK(root >= 0 && root < size_, "broadcast: root {} out of range for {} ranks", root, size_);
-    check(MPI_Bcast(buf.data, int(buf.nbytes()), MPI_BYTE, root, comm_), "MPI_Bcast");
+    bcast(buf.data, buf.nbytes(), root);
     count_broadcast(buf.nbytes(), root);
   }
 
   void broadcast_bytes(void* data, size_t n, int root) override {
     SHARDLM_CHECK(root >= 0 && root < size_, "broadcast: root {} out of range for {} ranks", root, size_);
-    check(MPI_Bcast(data, int(n), MPI_BYTE, root, comm_), "MPI_Bcast");
+    bcast(data, n, root);
     count_broadcast(n, root);
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    MPI_Request r;
+    check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    wait_or_abort(r, "barrier");
+  }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
@@ -154,6 +248,11 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  void bcast(void* data, size_t n, int root) {
+    MPI_Request r;
+    check(MPI_Ibcast(data, int(n), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+    wait_or_abort(r, "broadcast");
+  }
   std::function<void()> averager(const Tensor& t, ReduceOp op) const {
     if (op != ReduceOp::Avg || size_ == 1) return nullptr;
     const float s = 1.0f / float(size_);
@@ -179,6 +278,7 @@ std::unique_ptr<Communicator> make_world_communicator() {
   if (g_bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&bf16_sum, 1, &g_bf16_sum), "MPI_Op_create");
   // Errors come back as return codes (turned into shardlm Errors) instead of aborting inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  exchange_peers();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
 }
 

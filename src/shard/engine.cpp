@@ -371,6 +371,9 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
   const ShardingConfig& sc = plan_.sharding;
   for (const Visit& v : visits) {
     Unit& u = *units_[size_t(v.unit)];
+    // For the collective watchdog's message, should this visit's collectives hang.
+    comm::set_activity(step_ > 0 ? fmt::format("step {}, unit {}", step_, u.plan->name)
+                                 : fmt::format("evaluation, unit {}", u.plan->name));
     wait_gathered(u, m);
     // Forward prefetch, and BACKWARD_PRE, issue the next unit's gather before this visit's
     // compute; BACKWARD_POST after it (FSDP's meanings).
@@ -398,6 +401,8 @@ double ShardedModel::host_sum(double v, bool over_replicas) {
 StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<model::Batch>& micro,
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
   const Arith a{ledger_ != nullptr};
+  step_ = step;
+  comm::set_activity(fmt::format("step {}, token count", step));
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;
   for (const model::Batch& b : micro)
@@ -424,6 +429,8 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
       }
     });
   }
+  step_ = 0;  // evaluation visits from here on, unless another step starts
+  comm::set_activity(fmt::format("step {}, loss and gradient norm", step));
   StepStats st;
   st.tokens = int64_t(world_tokens);
   loss_sum = host_sum(loss_sum, true);

@@ -168,6 +168,7 @@ class ShardedModel {
   Device device_;
   bool offload_ = false;
   BufferLedger* ledger_ = nullptr;  // a dry run when set
+  int64_t step_ = 0;                // the training step running (0: none), for messages
   std::vector<std::unique_ptr<Unit>> units_;
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
 };

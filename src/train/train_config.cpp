@@ -152,6 +152,11 @@ std::vector<ConfigField<TrainConfig>> make_table() {
   add({
       F::field("max_grad_norm", &TrainConfig::max_grad_norm, "clip by the global L2 norm",
                non_negative("must be >= 0 (0 disables clipping)")),
+      // Hugging Face TrainingArguments' name is accepted too.
+      F::field("collective_timeout", &TrainConfig::collective_timeout,
+               "seconds a collective may wait before the job ends naming it",
+               [](double v) { return v >= 0 ? std::string() : "must be >= 0 (0: wait forever)"; })
+          .alias("ddp_timeout"),
       F::field("on_nonfinite", &TrainConfig::on_nonfinite, "a NaN/Inf loss or gradient norm: stop or skip the step"),
       F::field("max_skipped_steps", &TrainConfig::max_skipped_steps, "on_nonfinite: skip: non-finite steps in a row allowed",
                positive),

@@ -597,6 +597,9 @@ void Trainer::report_memory() {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& c, comm::Communicator& world) { return Trainer(c, world).run(); }
+TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
+  comm::set_collective_timeout(c.collective_timeout);
+  return Trainer(c, world).run();
+}
 
 }  // namespace shardlm::train
