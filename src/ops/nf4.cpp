@@ -220,9 +220,11 @@ float nf4_offset_from_sum(double sum, int64_t count) {
   return float(sum / double(count));
 }
 
-void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax,
-                         const Tensor& offset) {
-  constexpr const char* op = "nf4_quantize_absmax";
+namespace {
+// The arguments of double quantization, either way: absmax f32 [m], qabsmax u8 [m], nested_absmax
+// f32 [ceil(m / 256)], offset f32 [1], on one device (returned).
+Device check_double_quant_args(const char* op, const Tensor& absmax, const Tensor& qabsmax,
+                               const Tensor& nested_absmax, const Tensor& offset) {
   check_usable(op, "absmax", absmax);
   check_dtype(op, "absmax", absmax, {DType::F32});
   const int64_t m = absmax.numel();
@@ -230,24 +232,21 @@ void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, con
   check_u8(op, "qabsmax", qabsmax, m);
   check_f32(op, "nested_absmax", nested_absmax, ceil_div(m, kNf4NestedBlockSize));
   check_f32(op, "offset", offset, 1);
-  const Device dev = check_same_device(
+  return check_same_device(
       op, {{"qabsmax", &qabsmax}, {"nested_absmax", &nested_absmax}, {"absmax", &absmax}, {"offset", &offset}});
+}
+}  // namespace
+
+void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax,
+                         const Tensor& offset) {
+  const Device dev = check_double_quant_args("nf4_quantize_absmax", absmax, qabsmax, nested_absmax, offset);
   SHARDLM_DISPATCH_CUDA(dev, nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset));
   cpu::nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset);
 }
 
 void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
                            const Tensor& offset) {
-  constexpr const char* op = "nf4_dequantize_absmax";
-  check_usable(op, "absmax", absmax);
-  check_dtype(op, "absmax", absmax, {DType::F32});
-  const int64_t m = absmax.numel();
-  SHARDLM_CHECK(m > 0, "{}: absmax: expected at least one element, got {}", op, absmax.describe());
-  check_u8(op, "qabsmax", qabsmax, m);
-  check_f32(op, "nested_absmax", nested_absmax, ceil_div(m, kNf4NestedBlockSize));
-  check_f32(op, "offset", offset, 1);
-  const Device dev = check_same_device(
-      op, {{"absmax", &absmax}, {"qabsmax", &qabsmax}, {"nested_absmax", &nested_absmax}, {"offset", &offset}});
+  const Device dev = check_double_quant_args("nf4_dequantize_absmax", absmax, qabsmax, nested_absmax, offset);
   SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset));
   cpu::nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset);
 }
