@@ -157,6 +157,8 @@ std::vector<ConfigField<TrainConfig>> make_table() {
                "seconds a collective may wait before the job ends naming it",
                [](double v) { return v >= 0 ? std::string() : "must be >= 0 (0: wait forever)"; })
           .alias("ddp_timeout"),
+      F::field("save_on_signal", &TrainConfig::save_on_signal,
+               "SIGTERM/SIGINT: finish the step, checkpoint (if configured), exit 0"),
       F::field("on_nonfinite", &TrainConfig::on_nonfinite, "a NaN/Inf loss or gradient norm: stop or skip the step"),
       F::field("max_skipped_steps", &TrainConfig::max_skipped_steps, "on_nonfinite: skip: non-finite steps in a row allowed",
                positive),

@@ -50,7 +50,11 @@ struct TrainConfig {
   LrSchedule schedule;  // lr and total_steps follow optimizer.lr and max_steps
   double max_grad_norm = 1.0;  // 0 disables clipping
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;
-  double collective_timeout = 600;  // seconds a rank waits in a collective before naming it and ending the job
+  double collective_timeout = 600;
+  // SIGTERM / SIGINT (Slurm's preemption, a person's Ctrl-C): every rank finishes the step, writes
+  // a checkpoint when checkpointing is configured, and exits 0 saying how to resume. A second
+  // signal exits at once. false: the signals end the process as usual.
+  bool save_on_signal = true;  // seconds a rank waits in a collective before naming it and ending the job
   int64_t max_skipped_steps = 5;  // on_nonfinite: skip: this many non-finite steps in a row end the run
   int64_t eval_every = 50;     // 0: only at the end
   int64_t eval_batches = 8;

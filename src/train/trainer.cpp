@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -33,6 +34,38 @@ TrainResult run_training(const TrainConfig& c) {
 }
 
 namespace {
+
+// ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
+// The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
+// process at once. The handlers are the trainer's while it runs (SignalGuard restores the old ones).
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) std::_Exit(128 + sig);
+  g_stop_signal = sig;
+}
+
+class SignalGuard {
+ public:
+  explicit SignalGuard(bool on) : on_(on) {
+    if (!on_) return;
+    g_stop_signal = 0;
+    old_term_ = std::signal(SIGTERM, on_stop_signal);
+    old_int_ = std::signal(SIGINT, on_stop_signal);
+  }
+  ~SignalGuard() {
+    if (!on_) return;
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  bool on_;
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -287,6 +320,8 @@ class Trainer {
   void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb);
   void evaluate(int64_t step);
   bool save_due(int64_t step);
+  bool stop_requested();
+  void stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now);
   void save_checkpoint(int64_t step, const data::SamplerState& next);
   void save_model();
   void report_memory();
@@ -423,7 +458,12 @@ TrainResult Trainer::run() {
     if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb);
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
-    if (save_due(step)) save_checkpoint(step, sb.next);
+    const bool saved = save_due(step);
+    if (saved) save_checkpoint(step, sb.next);
+    if (c_.save_on_signal && stop_requested()) {
+      stop_on_signal(step, sb.next, saved);
+      return result_;
+    }
   }
   evaluate(c_.max_steps);
   result_.seconds = seconds_since(t_train_);
@@ -507,6 +547,26 @@ void Trainer::evaluate(int64_t step) {
   }
   result_.eval_loss = loss;
   result_.accuracy = acc;
+}
+
+// Whether any rank got SIGTERM/SIGINT: every rank learns it at the same step (one scalar sum).
+bool Trainer::stop_requested() { return world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0; }
+
+// Preemption: the step is done; checkpoint it (unless that just happened) and end cleanly.
+void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now) {
+  out_.progress().finish();
+  result_.stopped_by_signal = true;
+  result_.seconds = seconds_since(t_train_);
+  if (!c_.saves_checkpoints()) {
+    out_.print(fmt::format("stopped by a signal after step {}: nothing was saved (no checkpointing configured: set "
+                           "save_every or save_every_minutes to make a stop resumable)",
+                           step));
+    return;
+  }
+  if (!saved_now) save_checkpoint(step, next);
+  out_.print(fmt::format("stopped by a signal after step {}: checkpoint {} is complete; continue with the same config "
+                         "and resume_from=auto",
+                         step, (fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(step)).string()));
 }
 
 // Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
@@ -599,6 +659,7 @@ void Trainer::report_memory() {
 
 TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
   comm::set_collective_timeout(c.collective_timeout);
+  const SignalGuard signals(c.save_on_signal);
   return Trainer(c, world).run();
 }
 
