@@ -514,6 +514,7 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
   }
   out_.write(rec);
   result_.losses.push_back(s.loss);
+  result_.grad_norms.push_back(s.grad_norm);
   if (step == start_step_) result_.first_loss = s.loss;
   result_.last_loss = s.loss;
   result_.steps = step;

@@ -21,6 +21,7 @@ struct TrainResult {
   double initial_accuracy = -1, accuracy = -1;  // built-in tasks only; -1 otherwise
   double seconds = 0, tokens_per_s = 0;
   std::vector<double> losses;              // training loss of every step, in order
+  std::vector<double> grad_norms;          // global gradient norm of every step (before clipping)
   int64_t skipped_steps = 0;               // on_nonfinite: skip: steps without an optimizer step
   bool stopped_by_signal = false;          // SIGTERM/SIGINT ended the run after `steps` (save_on_signal)
   int64_t gpu_peak_reserved_bytes = 0;     // device: cuda: the caching allocator's peak reservation
