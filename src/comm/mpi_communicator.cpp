@@ -102,10 +102,11 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     int done = 0;
     check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
-    // Spin briefly (collectives usually complete within microseconds), then poll every 50 us.
-    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if ((polls & 255) != 0) continue;
+    if ((polls & 63) != 0) continue;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Spin for the first 20 ms, as MPI_Wait would (collectives usually complete within that, and
+    // sleeping would add its latency to every one); past that, poll every 100 us.
+    if (waited > 0.02) std::this_thread::sleep_for(std::chrono::microseconds(100));
     if (waited < limit) continue;
     const std::string stuck = stuck_peers();
     std::fprintf(stderr,
