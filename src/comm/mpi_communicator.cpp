@@ -97,17 +97,31 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  double suspended = 0;  // seconds this process itself did not run (it was stopped, then continued)
   for (int polls = 0;; ++polls) {
     int done = 0;
     check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
     if ((polls & 63) != 0) continue;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto now = Clock::now();
+    const double gap = std::chrono::duration<double>(now - last).count();
+    if (gap > 1.0) suspended += gap;  // polls are ~100 us apart: a gap of seconds is our own stop
+    last = now;
+    const double waited = std::chrono::duration<double>(now - t0).count();
     // Spin for the first 20 ms, as MPI_Wait would (collectives usually complete within that, and
     // sleeping would add its latency to every one); past that, poll every 100 us.
     if (waited > 0.02) std::this_thread::sleep_for(std::chrono::microseconds(100));
     if (waited < limit) continue;
+    if (suspended > 0.5 * waited) {
+      std::fprintf(stderr, "shardlm: error: rank %d: this rank was stopped for %.0f s in %s (%s); ending the job\n",
+                   g_world_rank, suspended, op, activity().c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);
+    }
     const std::string stuck = stuck_peers();
     std::fprintf(stderr,
                  "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
