@@ -18,28 +18,11 @@
 using namespace shardlm;
 using shardlm::testing::error_of;
 using json = nlohmann::json;
+using shardlm::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            fmt::format("shardlm_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 // A GQA Llama: q_dim 64, kv_dim 32, hidden 64, intermediate 172, 2 layers.
 ModelConfig config() {

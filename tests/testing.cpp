@@ -1,5 +1,7 @@
 #include "testing.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +15,28 @@
 namespace fs = std::filesystem;
 
 namespace shardlm::testing {
+
+TempDir::TempDir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  path_ = fs::path(::testing::TempDir()) /
+          fmt::format("shardlm_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string TempDir::operator/(const std::string& name) const { return (path_ / name).string(); }
+
+std::vector<std::string> TempDir::list() const {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 LocalEngine::LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc)
     : local(comm::make_local_communicator()), mesh(shard::make_mesh(*local, sc, 1)), engine(cfg, sc, mesh) {}

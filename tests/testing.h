@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +20,21 @@ namespace shardlm::testing {
 
 // n samples of N(0, std), deterministic in (seed, name).
 std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std = 1.0f);
+
+// A fresh directory per test (under gtest's TempDir, named by suite, test and pid), removed afterwards.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const;
+  const std::filesystem::path& path() const { return path_; }
+  std::vector<std::string> list() const;  // file names in the directory, sorted
+
+ private:
+  std::filesystem::path path_;
+};
 
 // Training in one process: the engine on a local communicator, as `shardlm train` runs at world
 // size 1.

@@ -7,21 +7,11 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "memory/usage.h"
 #include "core/error.h"
 #include "io/model_files.h"
 
 namespace shardlm::cli {
-
-namespace {
-// The process's peak resident set (VmHWM), in bytes; 0 where /proc is unavailable.
-int64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
-}  // namespace
 
 void register_convert(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("convert", "Turn a sharded training checkpoint into a Hugging Face model directory");
@@ -66,7 +56,7 @@ void register_convert(CLI::App& app) {
     fmt::print("converted {} (step {}, {} tensors, {:.2f}M parameters) -> {} in {} in {:.2f}s; peak RSS {}\n", dir,
                reader.step(), reader.tensors().size(), double(params) / 1e6, o->out, dtype_name(opt.dtype),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               format_bytes(peak_rss_bytes()));
+               format_bytes(std::max<int64_t>(0, memory::process_memory().rss_peak)));
   });
 }
 

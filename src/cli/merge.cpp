@@ -6,21 +6,12 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "memory/usage.h"
 #include "core/error.h"
 #include "io/model_files.h"
 #include "model/peft_adapter.h"
 
 namespace shardlm::cli {
-
-namespace {
-int64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
-}  // namespace
 
 void register_merge(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("merge", "Merge a PEFT LoRA adapter into its base model (a new Hugging Face directory)");
@@ -64,7 +55,7 @@ void register_merge(CLI::App& app) {
                fmt::join(model::expand_lora_targets(r.spec.target_modules), " "), o->adapter, r.spec.rank, r.spec.alpha,
                r.spec.scale(), r.spec.use_rslora ? " (rsLoRA: alpha / sqrt(r))" : " (alpha / r)", o->out, r.tensors,
                dtype_name(r.dtype), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               format_bytes(peak_rss_bytes()));
+               format_bytes(std::max<int64_t>(0, memory::process_memory().rss_peak)));
   });
 }
 

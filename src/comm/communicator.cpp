@@ -105,13 +105,19 @@ class ShapeCommunicator final : public Communicator {
 
 namespace {
 double g_collective_timeout = 600.0;
-std::string g_activity = "start-up";
+Activity g_activity;
 }  // namespace
 
 void set_collective_timeout(double seconds) { g_collective_timeout = seconds; }
 double collective_timeout() { return g_collective_timeout; }
-void set_activity(std::string what) { g_activity = std::move(what); }
-const std::string& activity() { return g_activity; }
+void set_activity(const Activity& a) { g_activity = a; }
+std::string describe_activity() {
+  std::string out = g_activity.step > 0 ? fmt::format("step {}", g_activity.step) : "";
+  for (const std::string& part : {std::string(g_activity.what ? g_activity.what : ""),
+                                 g_activity.unit ? "unit " + *g_activity.unit : std::string()})
+    if (!part.empty()) out += (out.empty() ? "" : ", ") + part;
+  return out;
+}
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
 std::unique_ptr<Communicator> make_shape_communicator(int rank, int size) {

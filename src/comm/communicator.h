@@ -107,9 +107,16 @@ std::unique_ptr<Communicator> make_shape_communicator(int rank, int size);
 // hanging forever behind a stopped or deadlocked rank.
 void set_collective_timeout(double seconds);
 double collective_timeout();
-// What the program is doing, for the watchdog's message ("step 12, unit model.layers.3").
-void set_activity(std::string what);
-const std::string& activity();
+// What the program is doing, for the watchdog's message ("step 12, unit model.layers.3"). Cheap to
+// set on every visit: nothing is formatted until the message is. `unit` must outlive the setting
+// (the engine's plan; the engine clears it when it goes).
+struct Activity {
+  int64_t step = 0;               // the training step (0: none)
+  const char* what = "start-up";  // "evaluation", "token count", ... or null
+  const std::string* unit = nullptr;
+};
+void set_activity(const Activity& a);
+std::string describe_activity();
 
 // True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
 bool launched_by_mpi();

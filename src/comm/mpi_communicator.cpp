@@ -117,7 +117,7 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     if (waited < limit) continue;
     if (suspended > 0.5 * waited) {
       std::fprintf(stderr, "shardlm: error: rank %d: this rank was stopped for %.0f s in %s (%s); ending the job\n",
-                   g_world_rank, suspended, op, activity().c_str());
+                   g_world_rank, suspended, op, describe_activity().c_str());
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
@@ -126,7 +126,7 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     std::fprintf(stderr,
                  "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
                  "job\n",
-                 g_world_rank, op, activity().c_str(), limit,
+                 g_world_rank, op, describe_activity().c_str(), limit,
                  stuck.empty() ? "no rank on this node is stopped or gone (a rank on another node may be, or one is "
                                  "slower than the timeout)"
                                : stuck.c_str());

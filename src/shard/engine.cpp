@@ -142,10 +142,9 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
       shard_comm_(mesh.tensor_shard()),
       replicate_comm_(sharding.hybrid() ? &mesh.tensor_replicate() : nullptr),
       device_(mesh.device()),
-      offload_(sharding.offload_params),
       ledger_(ledger) {
   // A dry run may plan offload for a GPU it does not have.
-  SHARDLM_CHECK(!offload_ || ((ledger_ || device_ == Device::CUDA) && sharding.shard_gradients()),
+  SHARDLM_CHECK(!plan_.offload.params || ((ledger_ || device_ == Device::CUDA) && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
                 strategy_name(sharding.strategy), device_name(device_));
   const bool sharded = sharding.shard_optimizer();
@@ -165,10 +164,10 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
     largest_shard = std::max(largest_shard, p.shard_numel);
     units_.push_back(std::move(u));
   }
-  if (offload_) host_staging_ = buffer(BufferRole::Staging, DType::F32, largest_shard, false, true);
+  if (plan_.offload.params) host_staging_ = buffer(BufferRole::Staging, DType::F32, largest_shard, false, true);
 }
 
-ShardedModel::~ShardedModel() = default;
+ShardedModel::~ShardedModel() { comm::set_activity({0, "after training"}); }  // it named this engine's units
 
 FlatBuffer ShardedModel::buffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool host) const {
   return FlatBuffer(role, dtype, numel, zero, host, device_, ledger_);
@@ -257,7 +256,7 @@ const Tensor& ShardedModel::gather_source(Unit& u) {
   const Arith a{ledger_ != nullptr};
   const DType pd = plan_.precision.param;
   const int64_t n = u.plan->shard_numel;
-  if (offload_) {
+  if (plan_.offload.params) {
     u.send = buffer(BufferRole::Staging, pd, n, false);
     if (pd == DType::F32) {
       a.copy(u.send.view(), u.master.view());
@@ -347,7 +346,7 @@ void ShardedModel::reduce_grad(Unit& u, model::StagedModel& m) {
   FlatBuffer part = buffer(BufferRole::Staging, DType::F32, p.shard_numel, false);
   reduce_scatter_sum(shard_comm_, part.view(), u.full_grad.view(), wire, staging, a);
   if (replicate_comm_) replicate_comm_->all_reduce(part.view(), comm::ReduceOp::Sum);
-  if (offload_) {
+  if (plan_.offload.params) {
     // The reduced part comes down into the reused pinned staging buffer and is added to the host
     // shard, where the optimizer step reads it.
     const Tensor host = ledger_ ? Tensor{} : host_staging_.view().slice(0, p.shard_numel);
@@ -372,8 +371,7 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
   for (const Visit& v : visits) {
     Unit& u = *units_[size_t(v.unit)];
     // For the collective watchdog's message, should this visit's collectives hang.
-    comm::set_activity(step_ > 0 ? fmt::format("step {}, unit {}", step_, u.plan->name)
-                                 : fmt::format("evaluation, unit {}", u.plan->name));
+    comm::set_activity({step_, step_ > 0 ? nullptr : "evaluation", &u.plan->name});
     wait_gathered(u, m);
     // Forward prefetch, and BACKWARD_PRE, issue the next unit's gather before this visit's
     // compute; BACKWARD_POST after it (FSDP's meanings).
@@ -402,7 +400,7 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
   const Arith a{ledger_ != nullptr};
   step_ = step;
-  comm::set_activity(fmt::format("step {}, token count", step));
+  comm::set_activity({step, "token count"});
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;
   for (const model::Batch& b : micro)
@@ -430,7 +428,7 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
     });
   }
   step_ = 0;  // evaluation visits from here on, unless another step starts
-  comm::set_activity(fmt::format("step {}, loss and gradient norm", step));
+  comm::set_activity({step, "loss and gradient norm"});
   StepStats st;
   st.tokens = int64_t(world_tokens);
   loss_sum = host_sum(loss_sum, true);

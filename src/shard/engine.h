@@ -141,7 +141,7 @@ class ShardedModel {
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger);
   FlatBuffer buffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool host = false) const;
   // Optimizer-side state: pinned host memory under offload, else on the engine's device.
-  FlatBuffer state_buffer(BufferRole role, int64_t numel) const { return buffer(role, DType::F32, numel, true, offload_); }
+  FlatBuffer state_buffer(BufferRole role, int64_t numel) const { return buffer(role, DType::F32, numel, true, plan_.offload.params); }
   template <class Fill>
   void fill_master(Unit& u, Fill fill);
   void refresh_params(Unit& u);
@@ -166,9 +166,8 @@ class ShardedModel {
   comm::Communicator& shard_comm_;      // tensors: mesh's device shard group, or its host one
   comm::Communicator* replicate_comm_;  // tensors across replicas (hybrid), else null
   Device device_;
-  bool offload_ = false;
   BufferLedger* ledger_ = nullptr;  // a dry run when set
-  int64_t step_ = 0;                // the training step running (0: none), for messages
+  int64_t step_ = 0;                // the training step running (0: none), for the watchdog
   std::vector<std::unique_ptr<Unit>> units_;
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
 };
