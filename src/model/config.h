@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model/lora_spec.h"
 #include "ops/ops.h"
 
 namespace shardlm {
@@ -82,12 +83,17 @@ struct ModelConfig {
 
   std::optional<QuantizationConfig> quantization;  // "quantization_config", when present
 
+  // LoRA adapters on the decoder's Linear layers (a fine-tune's choice, not config.json's: never
+  // read from or written to it). With one, the model's parameters are the frozen base weights plus
+  // the adapters' A and B (model::llama_parts), and only the adapters train.
+  std::optional<model::LoraSpec> lora;
+
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 };
 
 // Field-by-field equality of the model's shape (ops::RopeScaling has no operator==, so it cannot be
-// defaulted). `quantization` is not compared: it describes how a checkpoint stores the weights, and
+// defaulted). `lora` is not compared (it is no part of config.json); `quantization` is not compared: it describes how a checkpoint stores the weights, and
 // to_hf_json does not write it, so a saved config must equal the quantized one it came from.
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 

@@ -25,19 +25,32 @@
 
 namespace shardlm::model {
 
-enum class Init { Normal, Ones, Zeros };
+// LoraKaiming / LoraGaussian: an adapter's A as PEFT initializes it (model/lora_spec.h LoraInit);
+// B is Zeros.
+enum class Init { Normal, Ones, Zeros, LoraKaiming, LoraGaussian };
 
 struct ParamInfo {
   std::string name;              // Hugging Face name, e.g. "model.layers.3.self_attn.q_proj.weight"
+                                 // (PEFT's for adapters: "base_model.model.model.layers.3...lora_A.weight")
   std::vector<int64_t> shape;
   Init init = Init::Normal;
   bool weight_decay = true;      // false for norms and biases, as Hugging Face's Trainer does
+  // False for a LoRA run's base weights: no gradient, no optimizer state, kept in the compute dtype
+  // in a flat buffer of their own (shard/plan.h).
+  bool trainable = true;
   int64_t numel() const;
 };
+
+// The Linear layers of a decoder layer a LoRA adapter may target, in kLayerTensors order; their
+// Hugging Face module names are model/lora.h's kLoraModules.
+enum class LoraModule : uint8_t { Q, K, V, O, Gate, Up, Down };
+inline constexpr int kNumLoraModules = 7;
 
 // Views by role. Biases are undefined tensors when the architecture has none.
 struct LayerWeights {
   Tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm, w_gate, w_up, w_down;
+  // LoRA adapters by LoraModule (undefined when the module is not adapted): A [r, in], B [out, r].
+  Tensor lora_a[kNumLoraModules], lora_b[kNumLoraModules];
 };
 struct LlamaWeights {
   Tensor embed, final_norm, lm_head;  // lm_head is embed when the embeddings are tied
@@ -122,6 +135,8 @@ struct Batch {
   const int32_t* targets = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* segment_ids = nullptr;
+  // LoRA dropout's mask stream for this micro-batch (ops::dropout); 0 = no dropout (evaluation).
+  uint64_t dropout_key = 0;
 };
 
 // Activations one decoder block keeps for its backward (all [N, *] with N = B*T rows).
@@ -133,6 +148,8 @@ struct BlockActivations {
   Tensor h1;                // x_in + o_proj(att)
   Tensor xn2, rstd2;        // MLP norm output and its 1/rms
   Tensor gate, up, act;     // [N, F]: projections and silu(gate) * up
+  // LoRA: u = dropout(x) A^T [N, r] of each adapted module (the backward's input to dB), by LoraModule.
+  Tensor lora_u[kNumLoraModules];
 };
 
 // The widths of LlamaCompute's arena, per token row: one table for the arena and for the memory
@@ -142,9 +159,12 @@ struct ArenaBuffer {
   int64_t width;
 };
 struct ArenaWidths {
-  std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first)
+  std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first; then
+                                       // lora_u of each adapted module)
   std::vector<ArenaBuffer> top;        // h_final, xnf, rstdf, ids, positions, segments (+ targets on a GPU)
-  std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup
+  std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup;
+                                       // with LoRA also du [r] (f32), and with LoRA dropout the
+                                       // dropped input and its gradient [widest input] (f32)
 };
 ArenaWidths arena_widths(const ModelConfig& cfg, DType act_dtype, Device device);
 // Bytes of those buffers for N rows.

@@ -14,6 +14,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/lora_spec.h"
 
 namespace shardlm::model {
 
@@ -24,18 +25,7 @@ inline constexpr const char* kLoraModules[] = {"q_proj", "k_proj", "v_proj", "o_
                                                "gate_proj", "up_proj", "down_proj"};
 inline constexpr const char* kLoraAllLinear = "all-linear";
 
-struct LoraSpec {
-  int64_t rank = 8;              // PEFT's r
-  double alpha = 16;             // PEFT's lora_alpha
-  double dropout = 0.0;          // PEFT's lora_dropout (training only; no effect on merge or inference)
-  std::vector<std::string> target_modules;  // HF names (kLoraModules) or "all-linear"
-  bool use_rslora = false;       // scale alpha / sqrt(r) instead of alpha / r
-  std::string base_model_name_or_path;      // informative: where the base model came from
-  std::string task_type = "CAUSAL_LM";      // written to adapter_config.json
 
-  // alpha / rank, or alpha / sqrt(rank) with use_rslora.
-  double scale() const;
-};
 
 // target_modules with "all-linear" expanded, duplicates removed, in kLoraModules order. Throws an
 // Error naming the unknown module (and listing the known ones) for anything else, or when empty.

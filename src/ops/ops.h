@@ -47,7 +47,7 @@ void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor&
 // y = x / sqrt(mean(x^2) + eps) * w, computed in f32.  x, y [N, D] f32|bf16; w [D] f32|bf16;
 // rstd [N] f32 receives 1/sqrt(mean(x^2) + eps) for the backward.
 void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
-// dx written; dw [D] f32 accumulated.
+// dx written; dw [D] f32 accumulated, or undefined for a frozen weight (LoRA): then not computed.
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd);
 
@@ -99,7 +99,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 // and dlogits are rounded to bf16 for the dx and dw GEMMs (the CPU keeps them in f32).
 // Returns the sum of -log softmax(logits)[target] over non-ignored rows and their count.
 // When dx is defined: dx [N, D] f32 is written with grad_scale * dLoss/dx and dw [V, D] f32 is
-// accumulated with grad_scale * dLoss/dw. For a mean over the global batch, pass
+// accumulated with grad_scale * dLoss/dw (dw may be undefined with dx defined: a frozen head, whose
+// gradient is not computed). For a mean over the global batch, pass
 // grad_scale = 1 / (non-ignored tokens in the whole batch).
 struct CrossEntropyResult {
   double loss_sum = 0.0;
@@ -108,6 +109,13 @@ struct CrossEntropyResult {
 CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
                                         const Tensor& dx, const Tensor& dw, float grad_scale,
                                         int64_t chunk_rows = 256);
+
+// ---- Dropout (LoRA's, on an adapter's input) ------------------------------------------------
+// out[i] = x[i] / (1 - p) if rng_uniform(key, stream, i) >= p, else 0 (core/rng.h; i is the flat
+// element index). The mask is a function of (key, stream, i) alone, so the backward applies the
+// same call to the gradient, and a recomputed forward (activation checkpointing) gets the same
+// mask: nothing is stored. x, out [N, D] f32|bf16 (out may alias x; dtypes may differ); 0 <= p < 1.
+void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
 
 // ---- Optimizer -------------------------------------------------------------------------------
 // Hyperparameters are doubles, as in Python: torch derives scalars such as 1 - beta2 in double
