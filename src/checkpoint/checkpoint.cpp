@@ -16,6 +16,7 @@
 #include "io/model_files.h"
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
+#include "model/peft_adapter.h"
 #include "ops/ops.h"
 #include "shard/engine.h"
 
@@ -174,7 +175,7 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
         tensors.push_back({{"name", e.info.name}, {"shape", e.info.shape}, {"offset", e.offset}});
       units.push_back({{"unit", k}, {"name", l.unit_name}, {"padded_numel", l.padded_numel}, {"tensors", tensors}});
     }
-    const json meta = {{"format", kFormat},
+    json meta = {{"format", kFormat},
                        {"format_version", kFormatVersion},
                        {"step", opt.step},
                        {"model", to_hf_json(cfg)},
@@ -183,6 +184,9 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
                        {"files", files},
                        {"training", opt.training},
                        {"run", opt.run}};
+    // A LoRA run's checkpoint holds only the adapters' state; the frozen base is identified by
+    // its config (above) and where it came from, and is read from there again on resume.
+    if (cfg.lora) meta["lora"] = peft_config_json(*cfg.lora);
     write_json(dir / kMetadataName, meta);
     write_hf_side_files(dir.string(), cfg, DType::F32, opt.tokenizer_source);
     // Last: the marker that makes this a checkpoint.
@@ -278,6 +282,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
       throw bad("unsupported checksum block size");
     step_ = meta_.at("step").get<int64_t>();
     model_ = model_config_from_json(meta_.at("model"));
+    if (meta_.contains("lora")) model_.lora = lora_spec_from_peft_json(meta_.at("lora"), meta_path);
     for (const json& u : meta_.at("units")) {
       const int unit = u.at("unit").get<int>();
       for (const json& t : u.at("tensors")) {
@@ -434,7 +439,29 @@ uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) 
 
 // ---- converting -----------------------------------------------------------------------------------
 
+namespace {
+// A LoRA run's adapters, all of them in host memory (they are small), as a PEFT adapter directory.
+void write_adapter(const ModelConfig& cfg, const ConvertOptions& opt,
+                   const std::function<void(const std::string& name, float* out)>& read) {
+  std::map<std::string, OwnedTensor> owned;
+  std::map<std::string, Tensor> views;
+  for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(cfg, *cfg.lora)) {
+    OwnedTensor x(DType::F32, t.shape.data(), int(t.shape.size()), MemCategory::Workspace, false);
+    read(t.name, x.t.f32());
+    views[t.name] = x.t;
+    owned[t.name] = std::move(x);
+  }
+  write_peft_adapter(opt.out, *cfg.lora, cfg, views, opt.dtype);
+}
+}  // namespace
+
 void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
+  if (reader.model().lora) {
+    write_adapter(reader.model(), opt, [&](const std::string& name, float* out) {
+      reader.read(name, Field::Master, 0, reader.tensor(name).numel(), out);
+    });
+    return;
+  }
   std::vector<io::PlannedTensor> plan;
   for (const StoredTensor& t : reader.tensors()) plan.emplace_back(t.name, opt.dtype, t.shape);
   // Staging: one f32 chunk and its converted copy. 4 Mi elements keep peak memory near 24 MiB
@@ -467,12 +494,30 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
   int current = -1;
   auto gather = [&](int k) {
     unit = OwnedTensor();  // free the previous unit first
+    current = k;
+    if (engine.layout(k).padded_numel == 0) return;  // nothing trained in it (LoRA's frozen units)
     unit = OwnedTensor(DType::F32, {engine.layout(k).padded_numel}, MemCategory::Communication, false);
     engine.gather_unit(k, unit.t);
-    current = k;
   };
   if (world.rank() != 0) {
     for (int k = 0; k < engine.num_units(); ++k) gather(k);
+    world.barrier();
+    return;
+  }
+  if (cfg.lora) {  // the adapters, gathered unit by unit, as a PEFT adapter directory
+    std::map<std::string, std::vector<float>> values;
+    for (int k = 0; k < engine.num_units(); ++k) {
+      gather(k);
+      for (const shard::FlatEntry& e : engine.layout(k).entries) {
+        const float* p = unit.t.f32() + e.offset;
+        values[e.info.name].assign(p, p + e.info.numel());
+      }
+    }
+    unit = OwnedTensor();
+    write_adapter(cfg, opt, [&](const std::string& name, float* out) {
+      const std::vector<float>& v = values.at(name);
+      std::copy(v.begin(), v.end(), out);
+    });
     world.barrier();
     return;
   }

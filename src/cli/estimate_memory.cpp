@@ -8,6 +8,7 @@
 #include "io/model_files.h"
 #include "memory/estimator.h"
 #include "model/config.h"
+#include "model/lora.h"
 
 namespace shardlm::cli {
 
@@ -19,6 +20,7 @@ struct Opts {
   int world = 1, nproc = 0, shard_group = 0;
   int64_t micro_batch = 8, seq_len = 256, accum = 1, lora_rank = 0, min_num_params = 100000000;
   bool forward_prefetch = false, no_sync = false, offload = false, qlora = false, sweep = false;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default, as the lora: section's
 };
 
 // A directory or config.json when one exists at that path, else a preset name.
@@ -71,8 +73,8 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
   for (int i = 0; i < memory::kNumTerms; ++i) {
     const memory::Term t = memory::Term(i);
     const bool on_host = host && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard || t == memory::Term::Optimizer);
-    const char* name = t == memory::Term::ParamsAtRest && in.lora_rank > 0 ? "parameters at rest (frozen base, f32 LoRA)"
-                                                                            : memory::term_name(t);
+    const char* name = t == memory::Term::ParamsAtRest && in.model.lora ? "parameters at rest (f32 LoRA master)"
+                                                                         : memory::term_name(t);
     fmt::print("  {:<44} {:>12} {:>12}  {}\n", name, format_bytes(e.at_peak[size_t(i)]),
                format_bytes(e.peak[size_t(i)]), host ? (on_host ? "host" : "device") : mem_category_name(memory::term_category(t)));
   }
@@ -144,7 +146,15 @@ void run(const Opts& o) {
   in.offload = o.offload;
   if (o.lora_rank < 0) throw Error(fmt::format("--lora-rank {}: must be >= 1", o.lora_rank));
   if (o.qlora && o.lora_rank == 0) throw Error("--qlora needs --lora-rank R (e.g. 16)");
-  in.lora_rank = o.lora_rank;
+  if (o.lora_rank > 0) {
+    model::LoraSpec spec{.rank = o.lora_rank, .target_modules = o.target_modules};
+    try {
+      model::expand_lora_targets(spec.target_modules);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--target-modules: {}", e.message()));
+    }
+    in.model.lora = spec;
+  }
   in.qlora = o.qlora;
   int64_t budget = 0;
   if (!o.device_memory.empty()) {
@@ -249,8 +259,10 @@ void register_estimate_memory(CLI::App& app) {
   cmd->add_flag("--no-sync", o->no_sync, "Keep full gradients over the micro-batches, reduce once");
   cmd->add_flag("--offload", o->offload,
                 "Estimate only (not built yet): master weights, gradient shard and AdamW state in host memory");
-  cmd->add_option("--lora-rank", o->lora_rank,
-                  "Estimate only: LoRA adapters of rank R on a frozen bf16 base (LoRA training itself is not built yet)");
+  cmd->add_option("--lora-rank", o->lora_rank, "A LoRA fine-tune: adapters of rank R on a frozen base in --param-dtype");
+  cmd->add_option("--target-modules", o->target_modules,
+                  "With --lora-rank: the adapted modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)")
+      ->capture_default_str();
   cmd->add_flag("--qlora", o->qlora, "Estimate only: with --lora-rank, the frozen base's linear weights in 4-bit NF4");
   cmd->add_option("--device-memory", o->device_memory, "Memory per rank to fit, e.g. 80GB or 24GiB");
   cmd->add_flag("--sweep", o->sweep, "Every strategy at world sizes 1..--world-size, marking what fits --device-memory");

@@ -50,10 +50,9 @@ std::vector<float> Generator::run(const std::vector<int32_t>& tokens, bool all_l
     const Tensor kc = k_cache_[size_t(l)].t, vc = v_cache_[size_t(l)].t;
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, kc.slice(length_, Tk), vc.slice(length_, Tk), att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t};
+    // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
     model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kc.slice(0, Tk), vc.slice(0, Tk), pos.t, Tensor{},
-                                 inv, 1, Tq, Tk);
-    ops::cast(x.t, h1.t);  // x = h1 + down(act): the next block's input
-    ops::matmul(x.t, act.t, w_.layers[size_t(l)].w_down, false, true, 1.0f, 1.0f);
+                                 inv, 1, Tq, Tk, x.t, l);
   }
   length_ = Tk;
   // Final norm and logits: of every row for forward_all, else of the last row only.

@@ -1,11 +1,13 @@
 #include "memory/estimator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "model/llama.h"
+#include "model/lora.h"
 #include "shard/flat_layout.h"
 #include "shard/engine.h"
 
@@ -14,6 +16,7 @@ namespace shardlm::memory {
 const char* term_name(Term t) {
   switch (t) {
     case Term::ParamsAtRest: return "parameters at rest (f32 master)";
+    case Term::FrozenBase: return "frozen base (LoRA)";
     case Term::FullParams: return "full parameters (gathered units, prefetch)";
     case Term::GradShard: return "gradients: reduced shard";
     case Term::FullGrads: return "gradients: full-unit accumulators";
@@ -29,6 +32,7 @@ const char* term_name(Term t) {
 MemCategory term_category(Term t) {
   switch (t) {
     case Term::ParamsAtRest:
+    case Term::FrozenBase:
     case Term::FullParams: return MemCategory::Parameters;
     case Term::GradShard:
     case Term::FullGrads: return MemCategory::Gradients;
@@ -91,6 +95,7 @@ Term role_term(shard::BufferRole r) {
     case shard::BufferRole::FullParams: return Term::FullParams;
     case shard::BufferRole::FullGrad: return Term::FullGrads;
     case shard::BufferRole::Staging: return Term::Communication;
+    case shard::BufferRole::Frozen: return Term::FrozenBase;
   }
   return Term::OtherWorkspace;
 }
@@ -255,46 +260,33 @@ Estimate estimate(const EstimateInput& in) {
   // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
   est.save_gather_bytes = largest_unit * 4;
 
-  // ---- estimate-only variants ----
-  if (in.lora_rank > 0) {
-    est.approximate = true;
-    const int64_t r = in.lora_rank;
-    const int64_t L = cfg.num_hidden_layers;
-    // Adapters on every linear layer of every block: q, k, v, o, gate, up, down (r x (in + out) each).
-    const int64_t lora = L * r * ((D + qd) + 2 * (D + kvd) + (qd + D) + 2 * (D + F) + (F + D));
-    const int64_t linear = L * (qd * D + 2 * kvd * D + D * qd + 3 * D * F);
-    const double base_bytes = in.qlora ? double(linear) * kNf4BytesPerParam + double(est.parameters - linear) * 2
-                                       : double(est.parameters) * 2;
-    const bool persistent_full = !shard_grads;  // NO_SHARD, ZERO1: every rank holds the whole base
-    const int64_t lora_own = sharded ? (lora + S - 1) / S : lora;
-    const double ratio = base_bytes / (double(est.padded_params) * double(pd));
-    std::array<int64_t, kNumTerms> t{};
-    t[size_t(Term::ParamsAtRest)] = int64_t(persistent_full ? base_bytes : base_bytes / S) + lora_own * 4;
-    t[size_t(Term::FullParams)] = persistent_full ? 0 : int64_t(double(est.at_peak[size_t(Term::FullParams)]) * ratio);
-    t[size_t(Term::GradShard)] = sharded ? lora_own * 4 : 0;
-    t[size_t(Term::FullGrads)] = lora * 4;
-    t[size_t(Term::Optimizer)] = lora_own * 8;
-    // Each adapter saves its rank-r intermediate (x A) for the backward.
-    t[size_t(Term::Activations)] = est.at_peak[size_t(Term::Activations)] + L * 7 * N * r * a;
-    t[size_t(Term::LossWorkspace)] = est.at_peak[size_t(Term::LossWorkspace)];
-    t[size_t(Term::OtherWorkspace)] = est.at_peak[size_t(Term::OtherWorkspace)];
-    // The frozen shard is gathered as stored (no param_dtype send copy); only the adapters'
-    // gradients are reduced.
-    t[size_t(Term::Communication)] = sharded && S > 1 ? lora_own * 4 : 0;
-    est.at_peak = t;
-    est.peak = t;
-    est.peak_total = 0;
-    for (int64_t v : t) est.peak_total += v;
-    est.category_peak = {};
-    for (int i = 0; i < kNumTerms; ++i) est.category_peak[size_t(term_category(Term(i)))] += t[size_t(i)];
-    est.notes.push_back(fmt::format(
-        "LoRA{} is an estimate only: shardlm does not train LoRA adapters yet. Rank {} on q/k/v/o/gate/up/down: "
-        "{:.2f}M trainable parameters; frozen base in {} ({:.2f} bytes/param on average)",
-        in.qlora ? " (QLoRA)" : "", r, double(lora) / 1e6, in.qlora ? "NF4 (linear weights) + bf16 (embeddings, norms)" : "bf16",
-        base_bytes / double(est.parameters)));
+  for (const shard::PlannedUnit& u : engine.plan().units) est.trainable_params += u.layout.numel;
+  if (cfg.lora) {
+    const int64_t base = est.parameters - est.trainable_params;
+    est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}",
+                                    cfg.lora->rank, fmt::join(model::expand_lora_targets(cfg.lora->target_modules), " "),
+                                    est.trainable_params, 100.0 * double(est.trainable_params) / double(est.parameters),
+                                    est.parameters, dtype_name(sc.param_dtype)));
+    if (in.qlora) {
+      // QLoRA, estimated: the frozen base's Linear weights in NF4 at rest instead of param_dtype.
+      est.approximate = true;
+      int64_t linear = 0;
+      for (const model::LoraTarget& t : model::lora_targets(cfg, model::LoraSpec{.target_modules = {"all-linear"}}))
+        linear += t.in_features * t.out_features;
+      const double at_rest = double(est.at_peak[size_t(Term::FrozenBase)]);
+      const double quantized = at_rest * (double(linear) * kNf4BytesPerParam + double(base - linear) * double(pd)) /
+                               (double(base) * double(pd));
+      const int64_t saved = int64_t(at_rest - quantized);
+      for (std::array<int64_t, kNumTerms>* t : {&est.at_peak, &est.peak}) (*t)[size_t(Term::FrozenBase)] -= saved;
+      est.category_peak[size_t(MemCategory::Parameters)] -= saved;
+      est.peak_total -= saved;
+      est.notes.push_back(fmt::format(
+          "QLoRA is an estimate only: the engine does not quantize the base yet; this is the LoRA run with the "
+          "frozen Linear weights at rest in NF4 ({:.4f} bytes/param with double quantization)", kNf4BytesPerParam));
+    }
   }
   est.device_bytes = est.peak_total;
-  if (in.offload && in.lora_rank == 0) {
+  if (in.offload) {
     // What the dry run allocated in pinned host memory at the peak.
     est.host_bytes = tr.host_at_peak;
     est.device_bytes = est.peak_total - est.host_bytes;

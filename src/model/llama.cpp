@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "model/lora.h"
 
 namespace shardlm::model {
 
@@ -52,6 +53,12 @@ ParamInfo param_info(const ModelConfig& c, const TensorSpec& s, const std::strin
 
 std::string layer_prefix(int64_t l) { return fmt::format("model.layers.{}.", l); }
 
+int lora_module_index(const std::string& module) {
+  for (int m = 0; m < kNumLoraModules; ++m)
+    if (module == kLoraModules[m]) return m;
+  throw Error(fmt::format("unknown LoRA module '{}'", module));
+}
+
 }  // namespace
 
 std::vector<ModelPart> llama_parts(const ModelConfig& c) {
@@ -62,6 +69,17 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
     for (const LayerTensorSpec& t : kLayerTensors)
       if (present(c, t.spec.presence)) p.params.push_back(param_info(c, t.spec, layer_prefix(l)));
     parts.push_back(std::move(p));
+  }
+  if (c.lora) {
+    // LoRA: the base is frozen; each layer's adapters follow its base tensors, A then B per module.
+    for (ModelPart& p : parts)
+      for (ParamInfo& info : p.params) info.trainable = false;
+    const Init a_init = c.lora->init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
+    for (const LoraTarget& t : lora_targets(c, *c.lora)) {
+      std::vector<ParamInfo>& params = parts[size_t(1 + t.layer)].params;
+      params.push_back({t.a_name, {c.lora->rank, t.in_features}, a_init, true, true});
+      params.push_back({t.b_name, {t.out_features, c.lora->rank}, Init::Zeros, true, true});
+    }
   }
   ModelPart head{PartKind::Head, -1, "lm_head", {}};
   for (const TopTensorSpec& t : kHeadTensors)
@@ -83,6 +101,13 @@ void bind_part(const ModelConfig& c, const ModelPart& part, LlamaWeights& w, con
       if (w.layers.size() != size_t(c.num_hidden_layers)) w.layers.resize(size_t(c.num_hidden_layers));
       LayerWeights& L = w.layers[size_t(part.layer)];
       for (const LayerTensorSpec& t : kLayerTensors) L.*t.slot = get(t.spec, layer_prefix(part.layer));
+      if (c.lora)
+        for (const LoraTarget& t : lora_targets(c, *c.lora)) {
+          if (t.layer != part.layer) continue;
+          const int m = lora_module_index(t.module);
+          L.lora_a[m] = lookup ? lookup(t.a_name) : Tensor{};
+          L.lora_b[m] = lookup ? lookup(t.b_name) : Tensor{};
+        }
       return;
     }
     case PartKind::Head:
@@ -120,17 +145,43 @@ void linear(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) 
 }
 // Copy src into dst (same element count, any float dtypes).
 void copy(const Tensor& dst, const Tensor& src) { ops::cast(dst, src); }
+
+// LoRA dropout's mask stream of one adapter: the same in its forward, its backward and a
+// recomputed forward.
+uint64_t dropout_stream(int64_t layer, int module) { return uint64_t(layer) * kNumLoraModules + uint64_t(module) + 1; }
+
+// PEFT's lora.Linear on top of a base projection already in y [N, out]:
+//   u = dropout(x) A^T  [N, r] (saved for the backward),   y += scale * u B^T.
+// x [N, in]; A [r, in]; B [out, r]. Nothing when the module has no adapter; only u when y is
+// undefined (a recomputed forward that does not rewrite the block's output).
+void lora_forward(const ModelConfig& c, const LayerWeights& w, int m, const Tensor& y, const Tensor& x,
+                  const Tensor& u, int64_t layer, const LoraDropout& drop) {
+  if (!w.lora_a[m].defined()) return;
+  Tensor in = x;
+  if (drop.key != 0 && c.lora->dropout > 0) {
+    in = Tensor::view(drop.scratch.data, DType::F32, {x.shape[0], x.shape[1]}, drop.scratch.device);
+    ops::dropout(in, x, float(c.lora->dropout), drop.key, dropout_stream(layer, m));
+  }
+  ops::matmul(u, in, w.lora_a[m], false, true);
+  if (y.defined()) ops::matmul(y, u, w.lora_b[m], false, true, float(c.lora->scale()), 1.0f);
+}
 }  // namespace
 
 void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const BlockActivations& a,
                            const Tensor& k_all, const Tensor& v_all, const Tensor& positions,
-                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk) {
+                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk,
+                           const Tensor& out, int64_t layer, const LoraDropout& drop) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
+  using M = LoraModule;
+  auto lora = [&](M m, const Tensor& y, const Tensor& x) { lora_forward(c, w, int(m), y, x, a.lora_u[int(m)], layer, drop); };
   ops::rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, eps);
   linear(a.q, a.xn1, w.wq, w.bq);
+  lora(M::Q, a.q, a.xn1);
   linear(a.k, a.xn1, w.wk, w.bk);
+  lora(M::K, a.k, a.xn1);
   linear(a.v, a.xn1, w.wv, w.bv);
+  lora(M::V, a.v, a.xn1);
   const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
   ops::rope_forward(q4, q4, positions, inv_freq);
   ops::rope_forward(k4, k4, positions, inv_freq);
@@ -140,10 +191,19 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   copy(a.h1, a.x_in);
   ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, 1.0f);
   if (w.bo.defined()) ops::add_bias(a.h1, w.bo);
+  lora(M::O, a.h1, a.att);
   ops::rmsnorm_forward(a.xn2, a.rstd2, a.h1, w.mlp_norm, eps);
   ops::matmul(a.gate, a.xn2, w.w_gate, false, true);
+  lora(M::Gate, a.gate, a.xn2);
   ops::matmul(a.up, a.xn2, w.w_up, false, true);
+  lora(M::Up, a.up, a.xn2);
   ops::swiglu_forward(a.act, a.gate, a.up);
+  // out = h1 + down_proj(act).
+  if (out.defined()) {
+    copy(out, a.h1);
+    ops::matmul(out, a.act, w.w_down, false, true, 1.0f, 1.0f);
+  }
+  lora(M::Down, out, a.act);
 }
 
 // ---- LlamaCompute --------------------------------------------------------------------------
@@ -160,10 +220,28 @@ struct LlamaCompute::Arena {
   OwnedTensor h_final, xnf, rstdf, ids, positions, segments;
   OwnedTensor targets;  // CUDA only: the batch's targets uploaded (a CPU run reads the batch's own array)
   OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
+  OwnedTensor du, drop_x, drop_dx;  // LoRA: du [r]; with dropout the dropped input and its gradient
   // Views for the current batch shape.
   Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments, v_targets;
   Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
+  Tensor v_du, v_drop_x, v_drop_dx;
 };
+
+namespace {
+// The LoraModule indices a layer adapts (every layer adapts the same), ascending.
+std::vector<int> lora_layer_modules(const ModelConfig& c) {
+  std::vector<int> out;
+  for (const std::string& m : expand_lora_targets(c.lora->target_modules)) out.push_back(lora_module_index(m));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+// The widest input of an adapted module (the dropout scratch's width).
+int64_t lora_widest_input(const ModelConfig& c) {
+  int64_t w = 0;
+  for (const LoraTarget& t : lora_targets(c, *c.lora)) w = std::max(w, t.in_features);
+  return w;
+}
+}  // namespace
 
 ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
   const int64_t D = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
@@ -176,6 +254,16 @@ ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
   w.top = {{a, D}, {a, D}, {f32, 1}, {i32, 1}, {i32, 1}, {i32, 1}};
   if (device != Device::CPU) w.top.push_back({i32, 1});  // the batch's targets uploaded (a CPU run reads the batch's)
   w.workspace = {{f32, D}, {f32, D}, {f32, D}, {f32, qd}, {f32, qd}, {f32, kvd}, {f32, kvd}, {f32, F}, {f32, F}, {f32, F}};
+  if (c.lora) {
+    const std::vector<int> modules = lora_layer_modules(c);
+    for (size_t i = 0; i < modules.size(); ++i) w.layer.push_back({a, c.lora->rank});  // lora_u
+    w.workspace.push_back({f32, c.lora->rank});                                          // du
+    if (c.lora->dropout > 0) {
+      const int64_t widest = lora_widest_input(c);
+      w.workspace.push_back({f32, widest});  // drop_x
+      w.workspace.push_back({f32, widest});  // drop_dx
+    }
+  }
   return w;
 }
 
@@ -231,8 +319,9 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   OwnedTensor* top[] = {&arena->h_final, &arena->xnf, &arena->rstdf, &arena->ids, &arena->positions, &arena->segments,
                         &arena->targets};
   for (size_t i = 0; i < widths.top.size(); ++i) *top[i] = make(widths.top[i], act);
-  OwnedTensor* work[] = {&arena->dh, &arena->dtmp, &arena->dxn, &arena->datt, &arena->dq,
-                         &arena->dk, &arena->dv,   &arena->d_act, &arena->dgate, &arena->dup};
+  OwnedTensor* work[] = {&arena->dh, &arena->dtmp,  &arena->dxn,   &arena->datt, &arena->dq,
+                         &arena->dk, &arena->dv,    &arena->d_act, &arena->dgate, &arena->dup,
+                         &arena->du, &arena->drop_x, &arena->drop_dx};
   for (size_t i = 0; i < widths.workspace.size(); ++i) *work[i] = make(widths.workspace[i], ws);
   arena_ = std::move(arena);
   B_ = T_ = 0;  // views must be rebuilt
@@ -247,14 +336,17 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   Arena& r = *arena_;
   auto rows = [N](const OwnedTensor& t) { return t.t.slice(0, N); };
   acts_.assign(size_t(cfg_.num_hidden_layers), {});
+  const std::vector<int> lora_modules = cfg_.lora ? lora_layer_modules(cfg_) : std::vector<int>{};
+  const size_t per_layer = 14 + lora_modules.size();
   for (size_t l = 0; l < acts_.size(); ++l) {
     // A checkpointed layer: its own input, the shared recompute set for the rest.
     std::vector<const OwnedTensor*> src;
-    for (size_t i = 0; i < 14; ++i) src.push_back(i < r.layer[l].size() ? &r.layer[l][i] : &r.recompute[i]);
+    for (size_t i = 0; i < per_layer; ++i) src.push_back(i < r.layer[l].size() ? &r.layer[l][i] : &r.recompute[i]);
     auto t = [&](size_t i) -> const OwnedTensor& { return *src[i]; };
     acts_[l] = {rows(t(0)),  rows(t(1)),  rows(t(2)).reshape({N}), rows(t(3)), rows(t(4)),  rows(t(5)),
                 rows(t(6)),  rows(t(7)).reshape({B, H, T}),          rows(t(8)), rows(t(9)),  rows(t(10)).reshape({N}),
                 rows(t(11)), rows(t(12)), rows(t(13))};
+    for (size_t i = 0; i < lora_modules.size(); ++i) acts_[l].lora_u[lora_modules[i]] = rows(t(14 + i));
   }
   r.v_h_final = rows(r.h_final);
   r.v_xnf = rows(r.xnf);
@@ -273,6 +365,11 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   r.v_d_act = rows(r.d_act);
   r.v_dgate = rows(r.dgate);
   r.v_dup = rows(r.dup);
+  if (r.du.t.defined()) r.v_du = rows(r.du);
+  if (r.drop_x.t.defined()) {
+    r.v_drop_x = rows(r.drop_x);
+    r.v_drop_dx = rows(r.drop_dx);
+  }
 }
 
 void LlamaCompute::bind_positions(const Batch& batch) {
@@ -307,11 +404,14 @@ void LlamaCompute::embed_forward(const Batch& batch) {
   ops::embedding_forward(out, w_.embed, arena_->v_ids);
 }
 
-void LlamaCompute::block_activations(int layer) {
+void LlamaCompute::block_activations(int layer, bool write_output) {
   const BlockActivations& a = acts_[size_t(layer)];
   const Tensor seg = batch_.segment_ids ? arena_->v_segments : Tensor{};
+  // The block's output is the next block's input (or the final hidden state).
+  Tensor out;
+  if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv_freq_t_, B_, T_,
-                        T_);
+                        T_, out, layer, {batch_.dropout_key, arena_->v_drop_x});
 }
 
 void LlamaCompute::set_checkpointing(int every) {
@@ -324,14 +424,7 @@ void LlamaCompute::set_checkpointing(int every) {
 
 bool LlamaCompute::checkpointed(int layer) const { return checkpoint_every_ > 0 && layer % checkpoint_every_ == 0; }
 
-void LlamaCompute::block_forward(int layer) {
-  block_activations(layer);
-  const BlockActivations& a = acts_[size_t(layer)];
-  // out = h1 + down_proj(act), written straight into the next block's input.
-  const Tensor out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
-  copy(out, a.h1);
-  ops::matmul(out, a.act, w_.layers[size_t(layer)].w_down, false, true, 1.0f, 1.0f);
-}
+void LlamaCompute::block_forward(int layer) { block_activations(layer, true); }
 
 ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
   SHARDLM_CHECK(batch.targets, "the batch has no targets");
@@ -349,33 +442,74 @@ ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_s
   return r;
 }
 
+// The backward of lora_forward: with dy = dL/dy [N, out] (f32) and x the module's input,
+//   dB += scale dy^T u,   du = scale dy B  [N, r],   dA += du^T dropout(x),   dx += dropout(du A),
+// the dropout's mask regenerated from its key. Nothing when the module has no adapter or its
+// adapter is not being trained (no gradient bound).
+void LlamaCompute::lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  const LayerWeights& w = w_.layers[size_t(layer)];
+  const LayerWeights& g = g_.layers[size_t(layer)];
+  if (!w.lora_a[m].defined() || !g.lora_a[m].defined()) return;
+  const Arena& r = *arena_;
+  const float scale = float(cfg_.lora->scale());
+  const Tensor& u = acts_[size_t(layer)].lora_u[m];
+  ops::matmul(g.lora_b[m], dy, u, true, false, scale, 1.0f);
+  ops::matmul(r.v_du, dy, w.lora_b[m], false, false, scale, 0.0f);
+  const bool drop = batch_.dropout_key != 0 && cfg_.lora->dropout > 0;
+  if (!drop) {
+    ops::matmul(g.lora_a[m], r.v_du, x, true, false, 1.0f, 1.0f);
+    ops::matmul(dx, r.v_du, w.lora_a[m], false, false, 1.0f, 1.0f);
+    return;
+  }
+  const float p = float(cfg_.lora->dropout);
+  const uint64_t stream = dropout_stream(layer, m);
+  const int64_t N = x.shape[0], in = x.shape[1];
+  const Tensor xd = Tensor::view(r.v_drop_x.data, DType::F32, {N, in}, device_);
+  const Tensor dxd = Tensor::view(r.v_drop_dx.data, DType::F32, {N, in}, device_);
+  ops::dropout(xd, x, p, batch_.dropout_key, stream);
+  ops::matmul(g.lora_a[m], r.v_du, xd, true, false, 1.0f, 1.0f);
+  ops::matmul(dxd, r.v_du, w.lora_a[m]);
+  ops::dropout(dxd, dxd, p, batch_.dropout_key, stream);
+  ops::add_inplace(dx, dxd);
+}
+
 void LlamaCompute::block_backward(int layer) {
   // On entry dh holds d(block output); on exit d(block input). A checkpointed layer first
   // recomputes its activations from its saved input (the same kernels on the same input give the
-  // same bits, so gradients equal the non-checkpointed run's exactly).
-  if (checkpointed(layer)) block_activations(layer);
+  // same bits, so gradients equal the non-checkpointed run's exactly). Frozen weights (a LoRA
+  // run's base) have no gradient bound: their dW is not computed, only what flows through them.
+  if (checkpointed(layer)) block_activations(layer, false);
   const ModelConfig& c = cfg_;
   const BlockActivations& a = acts_[size_t(layer)];
   const LayerWeights& w = w_.layers[size_t(layer)];
   const LayerWeights& g = g_.layers[size_t(layer)];
   Arena& r = *arena_;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
+  using M = LoraModule;
+  // dW += dy^T x, for a trained weight.
+  auto weight_grad = [](const Tensor& dw, const Tensor& dy, const Tensor& x) {
+    if (dw.defined()) ops::matmul(dw, dy, x, true, false, 1.0f, 1.0f);
+  };
 
   // MLP branch: out = h1 + down(silu(gate) * up), gate/up = xn2 W^T, xn2 = norm(h1).
   ops::matmul(r.v_d_act, r.v_dh, w.w_down);
-  ops::matmul(g.w_down, r.v_dh, a.act, true, false, 1.0f, 1.0f);
+  weight_grad(g.w_down, r.v_dh, a.act);
+  lora_backward(layer, int(M::Down), r.v_d_act, r.v_dh, a.act);
   ops::swiglu_backward(r.v_dgate, r.v_dup, r.v_d_act, a.gate, a.up);
   ops::matmul(r.v_dxn, r.v_dgate, w.w_gate);
   ops::matmul(r.v_dxn, r.v_dup, w.w_up, false, false, 1.0f, 1.0f);
-  ops::matmul(g.w_gate, r.v_dgate, a.xn2, true, false, 1.0f, 1.0f);
-  ops::matmul(g.w_up, r.v_dup, a.xn2, true, false, 1.0f, 1.0f);
+  weight_grad(g.w_gate, r.v_dgate, a.xn2);
+  weight_grad(g.w_up, r.v_dup, a.xn2);
+  lora_backward(layer, int(M::Gate), r.v_dxn, r.v_dgate, a.xn2);
+  lora_backward(layer, int(M::Up), r.v_dxn, r.v_dup, a.xn2);
   ops::rmsnorm_backward(r.v_dtmp, g.mlp_norm, r.v_dxn, a.h1, w.mlp_norm, a.rstd2);
   ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d h1
 
   // Attention branch: h1 = x_in + o(att), att = attention(rope(q), rope(k), v), q/k/v = xn1 W^T + b.
   ops::matmul(r.v_datt, r.v_dh, w.wo);
-  ops::matmul(g.wo, r.v_dh, a.att, true, false, 1.0f, 1.0f);
+  weight_grad(g.wo, r.v_dh, a.att);
   if (g.bo.defined()) ops::bias_backward(g.bo, r.v_dh);
+  lora_backward(layer, int(M::O), r.v_datt, r.v_dh, a.att);
   const Tensor seg = batch_.segment_ids ? r.v_segments : Tensor{};
   const Tensor dq4 = r.v_dq.reshape({B_, T_, H, Dh}), dk4 = r.v_dk.reshape({B_, T_, Hkv, Dh});
   ops::attention_backward(dq4, dk4, r.v_dv.reshape({B_, T_, Hkv, Dh}), r.v_datt.reshape({B_, T_, H, Dh}),
@@ -392,16 +526,19 @@ void LlamaCompute::block_backward(int layer) {
   ops::matmul(r.v_dxn, r.v_dq, w.wq);
   ops::matmul(r.v_dxn, r.v_dk, w.wk, false, false, 1.0f, 1.0f);
   ops::matmul(r.v_dxn, r.v_dv, w.wv, false, false, 1.0f, 1.0f);
-  ops::matmul(g.wq, r.v_dq, a.xn1, true, false, 1.0f, 1.0f);
-  ops::matmul(g.wk, r.v_dk, a.xn1, true, false, 1.0f, 1.0f);
-  ops::matmul(g.wv, r.v_dv, a.xn1, true, false, 1.0f, 1.0f);
+  weight_grad(g.wq, r.v_dq, a.xn1);
+  weight_grad(g.wk, r.v_dk, a.xn1);
+  weight_grad(g.wv, r.v_dv, a.xn1);
+  lora_backward(layer, int(M::Q), r.v_dxn, r.v_dq, a.xn1);
+  lora_backward(layer, int(M::K), r.v_dxn, r.v_dk, a.xn1);
+  lora_backward(layer, int(M::V), r.v_dxn, r.v_dv, a.xn1);
   ops::rmsnorm_backward(r.v_dtmp, g.attn_norm, r.v_dxn, a.x_in, w.attn_norm, a.rstd1);
   ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d x_in
 }
 
 void LlamaCompute::embed_backward(const Batch& batch) {
   (void)batch;
-  ops::embedding_backward(g_.embed, arena_->v_dh, arena_->v_ids);
+  if (g_.embed.defined()) ops::embedding_backward(g_.embed, arena_->v_dh, arena_->v_ids);  // frozen: nothing to do
 }
 
 void LlamaCompute::head_logits(const Tensor& out) {

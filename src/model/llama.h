@@ -238,7 +238,11 @@ class LlamaCompute final : public StagedModel {
   struct Arena;
   void bind_positions(const Batch& batch);
   void bind_shape(int64_t B, int64_t T);
-  void block_activations(int layer);  // the block's forward, without writing its output
+  // The block's forward; its output (the next block's input) only with write_output (a
+  // recomputing backward must not rewrite it).
+  void block_activations(int layer, bool write_output);
+  // Adds module m's LoRA gradients of layer `layer` and its input gradient into dx (see llama.cpp).
+  void lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
   ModelConfig cfg_;
   DType act_dtype_;
@@ -253,13 +257,23 @@ class LlamaCompute final : public StagedModel {
   Batch batch_;
 };
 
+// LoRA dropout in a block's forward: the micro-batch's mask key (0: none, as in evaluation) and
+// f32 scratch for a dropped input (at least rows x the widest adapted input).
+struct LoraDropout {
+  uint64_t key = 0;
+  Tensor scratch;
+};
+
 // The forward of one decoder block on rows x_in (B*Tq rows), writing into `a` (whose tensors
-// must already be sized). k_all / v_all are the keys and values attention reads
-// ([B, Tk, Hkv, Dh]); the new rows' keys and values are written into a.k / a.v first, which
-// for training are k_all / v_all themselves and for generation the tail of a KV cache.
+// must already be sized) and, when `out` is defined, the block's output out = h1 + down(act)
+// [B*Tq, D] (a recomputing backward leaves it undefined). k_all / v_all are the keys and values
+// attention reads ([B, Tk, Hkv, Dh]); the new rows' keys and values are written into a.k / a.v
+// first, which for training are k_all / v_all themselves and for generation the tail of a KV cache.
+// Adapters bound in `w` (w.lora_a) are applied as PEFT does, their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.
 void decoder_block_forward(const ModelConfig& cfg, const LayerWeights& w, const BlockActivations& a,
                            const Tensor& k_all, const Tensor& v_all, const Tensor& positions,
-                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk);
+                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk,
+                           const Tensor& out, int64_t layer = 0, const LoraDropout& dropout = {});
 
 }  // namespace shardlm::model

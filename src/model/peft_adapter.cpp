@@ -64,7 +64,7 @@ json peft_config_json(const model::LoraSpec& spec) {
   j["bias"] = "none";
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
-  j["init_lora_weights"] = true;
+  j["init_lora_weights"] = spec.init == model::LoraInit::Gaussian ? json("gaussian") : json(true);
   j["layer_replication"] = nullptr;
   j["layers_pattern"] = nullptr;
   j["layers_to_transform"] = nullptr;

@@ -124,9 +124,14 @@ struct ShardedModel::Unit {
   FlatBuffer full_grad;    // f32 [padded]: the backward's accumulator
   FlatBuffer send;         // param dtype [shard]: the cast or uploaded shard of a gather in flight
   std::unique_ptr<comm::Request> pending;  // the gather in flight (Gathering)
+  // A LoRA run's frozen base (plan.h PlannedUnit::frozen), param dtype: [frozen padded] where
+  // parameters persist, else [frozen shard], gathered into frozen_full beside full_params.
+  FlatBuffer frozen, frozen_full;
+  std::unique_ptr<comm::Request> frozen_pending;
   // What the model binds: views of full_params or, where no copy is needed, of the master
-  // (f32 NO_SHARD, f32 solo); of full_grad or, for a solo unit, of the gradient shard.
-  Tensor params, grads;
+  // (f32 NO_SHARD, f32 solo); of full_grad or, for a solo unit, of the gradient shard; of the
+  // frozen base (frozen or frozen_full).
+  Tensor params, grads, frozen_params;
 };
 
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
@@ -152,6 +157,15 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
   for (const PlannedUnit& p : plan_.units) {
     auto u = std::make_unique<Unit>();
     u->plan = &p;
+    if (p.frozen.numel > 0) {
+      u->frozen = buffer(BufferRole::Frozen, plan_.precision.param,
+                         p.persistent ? p.frozen.padded_numel : p.frozen_shard_numel, true);
+      if (p.persistent) u->frozen_params = u->frozen.view();
+    }
+    if (!p.trains()) {  // a frozen unit (LoRA): no master, no optimizer state, no gradients
+      units_.push_back(std::move(u));
+      continue;
+    }
     u->master = state_buffer(BufferRole::Master, p.own_numel);
     u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel);
     u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel);
@@ -197,26 +211,57 @@ void ShardedModel::fill_master(Unit& u, Fill fill) {
   device::copy(m, host.t);
 }
 
+// The frozen base is stored in the param dtype: what this rank keeps of it is made in f32 on the
+// host and cast (and copied to the device) once.
+template <class Fill>
+void ShardedModel::fill_frozen(Unit& u, Fill fill) {
+  if (ledger_ || !u.frozen.live()) return;
+  const PlannedUnit& p = *u.plan;
+  const int64_t begin = p.persistent ? 0 : plan_.shard_rank * p.frozen_shard_numel;
+  const Tensor& dst = u.frozen.view();
+  if (dst.dtype == DType::F32 && dst.device == Device::CPU) {
+    fill(begin, begin + dst.numel(), dst.f32());
+    return;
+  }
+  OwnedTensor host(DType::F32, {dst.numel()}, MemCategory::Communication, true);
+  fill(begin, begin + dst.numel(), host.t.f32());
+  if (dst.device == Device::CPU) {
+    ops::cast(dst, host.t);
+    return;
+  }
+  OwnedTensor low(dst.dtype, {dst.numel()}, MemCategory::Communication, false);
+  ops::cast(low.t, host.t);
+  device::copy(dst, low.t);
+}
+
 void ShardedModel::init_random(uint64_t seed) {
+  const float std = float(cfg_.initializer_range);
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
-    fill_master(u, [&](float* out) {
-      init_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, seed, float(cfg_.initializer_range), out);
-    });
+    fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { init_flat_range(p.frozen, begin, end, seed, std, out); });
+    if (p.trains())
+      fill_master(u, [&](float* out) { init_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, seed, std, out); });
     refresh_params(u);
   }
 }
 
-void ShardedModel::load(const io::ModelWeights& weights, const std::string& source) {
+void ShardedModel::load(const io::ModelWeights& weights, const std::string& source, uint64_t seed) {
   std::vector<const FlatLayout*> layouts;
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
-    fill_master(u, [&](float* out) {
-      load_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, weights, source, out);
-    });
-    layouts.push_back(&p.layout);
+    // A LoRA run: the file holds the frozen base, and the adapters are new.
+    fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { load_flat_range(p.frozen, begin, end, weights, source, out); });
+    layouts.push_back(cfg_.lora ? &p.frozen : &p.layout);
+    if (p.trains())
+      fill_master(u, [&](float* out) {
+        const int64_t begin = p.own_begin, end = p.own_begin + p.own_numel;
+        if (cfg_.lora)
+          init_flat_range(p.layout, begin, end, seed, float(cfg_.initializer_range), out);
+        else
+          load_flat_range(p.layout, begin, end, weights, source, out);
+      });
     refresh_params(u);
   }
   check_no_extra_tensors(layouts, weights, source);
@@ -229,6 +274,8 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
 void ShardedModel::refresh_params(Unit& u) {
   const PlannedUnit& p = *u.plan;
   if (!p.persistent) return;
+  u.state = ParamState::Gathered;
+  if (!p.trains()) return;  // only a frozen base, which persists as it is
   const Arith a{ledger_ != nullptr};
   const DType pd = plan_.precision.param;
   if (p.solo || plan_.sharding.strategy == Strategy::NoShard) {
@@ -275,40 +322,59 @@ const Tensor& ShardedModel::gather_source(Unit& u) {
 
 void ShardedModel::gather_start(Unit& u) {
   if (u.state != ParamState::Sharded) return;
-  u.full_params = buffer(BufferRole::FullParams, plan_.precision.param, u.plan->layout.padded_numel, false);
-  u.pending = shard_comm_.all_gather_async(u.full_params.view(), gather_source(u));
+  const PlannedUnit& p = *u.plan;
+  if (p.trains()) {
+    u.full_params = buffer(BufferRole::FullParams, plan_.precision.param, p.layout.padded_numel, false);
+    u.pending = shard_comm_.all_gather_async(u.full_params.view(), gather_source(u));
+  }
+  if (u.frozen.live()) {
+    u.frozen_full = buffer(BufferRole::FullParams, plan_.precision.param, p.frozen.padded_numel, false);
+    u.frozen_pending = shard_comm_.all_gather_async(u.frozen_full.view(), u.frozen.view());
+  }
   u.state = ParamState::Gathering;
 }
 
 void ShardedModel::wait_gathered(Unit& u, model::StagedModel& m) {
   if (u.state == ParamState::Sharded) gather_start(u);
   if (u.state == ParamState::Gathering) {
-    u.pending->wait();
-    u.pending.reset();
-    u.send.reset();
-    u.params = u.full_params.view();
+    if (u.pending) {
+      u.pending->wait();
+      u.pending.reset();
+      u.send.reset();
+      u.params = u.full_params.view();
+    }
+    if (u.frozen_pending) {
+      u.frozen_pending->wait();
+      u.frozen_pending.reset();
+      u.frozen_params = u.frozen_full.view();
+    }
     u.state = ParamState::Gathered;
   }
-  bind(u, m.weights(), u.params);
+  bind(u, m.weights(), u.params, u.frozen_params);
 }
 
 void ShardedModel::release(Unit& u, model::StagedModel& m) {
   if (u.plan->persistent || u.state != ParamState::Gathered) return;
   u.full_params.reset();
-  u.params = Tensor{};
+  u.frozen_full.reset();
+  u.params = u.frozen_params = Tensor{};
   u.state = ParamState::Sharded;
   unbind(u, m.weights());  // any use of a freed unit fails loudly instead of reading freed memory
 }
 
-void ShardedModel::bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat) const {
-  const FlatLayout& layout = u.plan->layout;
+// Binds the unit's tensors to views of `flat` (its trained layout) and `frozen` (its frozen one).
+// An undefined `frozen` leaves the frozen tensors unbound: that is how gradients are bound, since
+// a frozen weight has none.
+void ShardedModel::bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, const Tensor& frozen) const {
   auto lookup = [&](const std::string& name) -> Tensor {
-    for (const FlatEntry& e : layout.entries) {
-      if (e.info.name != name) continue;
-      char* base = flat.data ? static_cast<char*>(flat.data) + size_t(e.offset) * dtype_size(flat.dtype) : nullptr;
-      // The view carries the buffer's device: ops dispatch on it.
-      return Tensor::view(base, flat.dtype, e.info.shape.data(), int(e.info.shape.size()), flat.device);
-    }
+    for (const auto& [layout, buf] : {std::pair{&u.plan->layout, &flat}, std::pair{&u.plan->frozen, &frozen}})
+      for (const FlatEntry& e : layout->entries) {
+        if (e.info.name != name) continue;
+        if (!buf->defined() && layout == &u.plan->frozen) return Tensor{};
+        char* base = buf->data ? static_cast<char*>(buf->data) + size_t(e.offset) * dtype_size(buf->dtype) : nullptr;
+        // The view carries the buffer's device: ops dispatch on it.
+        return Tensor::view(base, buf->dtype, e.info.shape.data(), int(e.info.shape.size()), buf->device);
+      }
     throw Error("not in this unit", {.tensor = name});
   };
   for (int part : u.plan->parts) model::bind_part(cfg_, plan_.parts[size_t(part)], w, lookup);
@@ -321,11 +387,12 @@ void ShardedModel::unbind(const Unit& u, model::LlamaWeights& w) const {
 // ---- gradients -------------------------------------------------------------------------------------
 
 void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
+  if (!u.plan->trains()) return;
   if (!u.plan->solo && !u.full_grad.live()) {
     u.full_grad = buffer(BufferRole::FullGrad, DType::F32, u.plan->layout.padded_numel, true);  // zeroed
     u.grads = u.full_grad.view();
   }
-  bind(u, m.grads(), u.grads);
+  bind(u, m.grads(), u.grads, Tensor{});
 }
 
 // Hands a unit's accumulated gradients to their owners. NO_SHARD all-reduces the full buffer in
@@ -335,7 +402,7 @@ void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
 // 1 / (global batch tokens).
 void ShardedModel::reduce_grad(Unit& u, model::StagedModel& m) {
   const PlannedUnit& p = *u.plan;
-  if (p.solo) return;  // the gradients are already in the shard
+  if (p.solo || !p.trains()) return;  // the gradients are already in the shard, or there are none
   const Arith a{ledger_ != nullptr};
   const DType wire = plan_.precision.reduce;
   const Staging staging = [&](DType d, int64_t n) { return buffer(BufferRole::Staging, d, n, false); };
@@ -438,7 +505,8 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   // hold copies), so sum over the shard group. NO_SHARD: every rank holds all of it.
   const bool sharded = plan_.sharding.shard_optimizer();
   double sumsq = 0.0;
-  for (auto& u : units_) sumsq += a.sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
+  for (auto& u : units_)
+    if (u->plan->trains()) sumsq += a.sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
   if (sharded) sumsq = host_sum(sumsq, false);
   st.grad_norm = std::sqrt(sumsq);
   if (!ledger_ && !(std::isfinite(st.loss) && std::isfinite(st.grad_norm))) {
@@ -525,6 +593,7 @@ void ShardedModel::forward_logits(model::StagedModel& m, const model::Batch& b, 
 void ShardedModel::gather_unit(int k, const Tensor& out) {
   Unit& u = *units_.at(size_t(k));
   const PlannedUnit& p = *u.plan;
+  if (!p.trains()) return;  // nothing trained in it (a LoRA run's frozen unit)
   SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == p.layout.padded_numel && out.device == Device::CPU,
                 "gather_unit {}: expected host f32[{}], got {}", p.name, p.layout.padded_numel, out.describe());
   const Arith a{ledger_ != nullptr};
@@ -551,6 +620,7 @@ void ShardedModel::gather_unit(int k, const Tensor& out) {
 
 ShardedModel::StateRange ShardedModel::owned_state(int k) {
   Unit& u = *units_.at(size_t(k));
+  if (!u.plan->trains()) return {};
   // Checkpoints read and write these views as host memory.
   SHARDLM_CHECK(u.master.view().device == Device::CPU,
                 "checkpoints of GPU-resident optimizer state are not implemented yet");
@@ -564,6 +634,7 @@ Tensor ShardedModel::owned_grad(int k) const {
 
 ShardedModel::StateRange ShardedModel::checkpoint_state(int k) {
   StateRange s = owned_state(k);
+  if (s.numel == 0) return s;
   int copies = 1, index = 0;
   if (plan_.sharding.strategy == Strategy::NoShard) {
     copies = mesh_.shard->size();  // the data-parallel group: every rank holds everything

@@ -90,9 +90,10 @@ class ShardedModel {
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger);
   ~ShardedModel();
 
-  // Each rank initializes / reads only the elements it optimizes.
+  // Each rank initializes / reads only the elements it keeps. A LoRA run reads its frozen base
+  // from the weights and initializes the new adapters from `seed` (A as PEFT does, B zero).
   void init_random(uint64_t seed);
-  void load(const io::ModelWeights& weights, const std::string& source);
+  void load(const io::ModelWeights& weights, const std::string& source, uint64_t seed = 0);
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
   // over the non-ignored targets of the whole global batch (all micro-batches of all ranks).
@@ -144,6 +145,8 @@ class ShardedModel {
   FlatBuffer state_buffer(BufferRole role, int64_t numel) const { return buffer(role, DType::F32, numel, true, plan_.offload.params); }
   template <class Fill>
   void fill_master(Unit& u, Fill fill);
+  template <class Fill>
+  void fill_frozen(Unit& u, Fill fill);
   void refresh_params(Unit& u);
   const Tensor& gather_source(Unit& u);
   void gather_start(Unit& u);
@@ -151,7 +154,7 @@ class ShardedModel {
   void release(Unit& u, model::StagedModel& m);
   void acquire_grad(Unit& u, model::StagedModel& m);
   void reduce_grad(Unit& u, model::StagedModel& m);
-  void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat) const;
+  void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, const Tensor& frozen) const;
   void unbind(const Unit& u, model::LlamaWeights& w) const;
   // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.
   template <class Compute>

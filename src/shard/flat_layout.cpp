@@ -40,6 +40,14 @@ void init_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, uint6
       case model::Init::Zeros:
         std::fill(p, p + n, 0.0f);
         break;
+      case model::Init::LoraKaiming: {  // A [r, in]: kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in))
+        const float bound = 1.0f / std::sqrt(float(e.info.shape.at(1)));
+        fill_uniform(p, n, seed, e.info.name, uint64_t(lo - e.offset), -bound, bound);
+        break;
+      }
+      case model::Init::LoraGaussian:  // A [r, in]: normal_(std = 1 / r)
+        fill_normal(p, n, seed, e.info.name, uint64_t(lo - e.offset), 0.0f, 1.0f / float(e.info.shape.at(0)));
+        break;
     }
   });
 }

@@ -9,6 +9,7 @@ namespace shardlm::shard {
 MemCategory role_category(BufferRole r) {
   switch (r) {
     case BufferRole::Master:
+    case BufferRole::Frozen:
     case BufferRole::FullParams: return MemCategory::Parameters;
     case BufferRole::GradShard:
     case BufferRole::FullGrad: return MemCategory::Gradients;
@@ -112,17 +113,19 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
   for (const std::vector<int>& g : wrap_parts(p.parts, cfg, sc)) {
     PlannedUnit u;
     u.parts = g;
-    std::vector<model::ParamInfo> params;
+    std::vector<model::ParamInfo> params, frozen;
     for (int part : g) {
       part_unit[size_t(part)] = int(p.units.size());
       const model::ModelPart& mp = p.parts[size_t(part)];
       u.name += (u.name.empty() ? "" : "+") + mp.name;
-      params.insert(params.end(), mp.params.begin(), mp.params.end());
+      for (const model::ParamInfo& info : mp.params) (info.trainable ? params : frozen).push_back(info);
     }
     if (g.size() >= 2 && p.parts[size_t(g[0])].kind == model::PartKind::Layer)
       u.name = fmt::format("model.layers.{}..{}", p.parts[size_t(g.front())].layer, p.parts[size_t(g.back())].layer);
     u.layout = make_flat_layout(u.name, params, S);
     u.shard_numel = u.layout.padded_numel / S;
+    u.frozen = make_flat_layout(u.name, frozen, S);
+    u.frozen_shard_numel = u.frozen.padded_numel / S;
     const bool sharded = sc.shard_optimizer();
     u.own_begin = sharded ? shard_rank * u.shard_numel : 0;
     u.own_numel = sharded ? u.shard_numel : u.layout.padded_numel;
@@ -136,7 +139,10 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
   train.push_back({StageKind::Head});
   eval.push_back({StageKind::Head});
   for (int l = L - 1; l >= 0; --l) train.push_back({StageKind::BlockBackward, l});
-  train.push_back({StageKind::EmbedBackward});
+  // A frozen embedding (LoRA) needs no backward: nothing flows further.
+  bool embedding_trains = false;
+  for (const model::ParamInfo& info : p.parts[0].params) embedding_trains = embedding_trains || info.trainable;
+  if (embedding_trains) train.push_back({StageKind::EmbedBackward});
   p.train = make_visits(train, part_unit, L, sc, true, int(p.units.size()));
   p.eval = make_visits(eval, part_unit, L, sc, false, int(p.units.size()));
   return p;

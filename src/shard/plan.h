@@ -46,13 +46,21 @@ enum class BufferRole : uint8_t {
   FullParams,  // param dtype [padded]: the gathered unit (or the persistent copy)
   FullGrad,    // f32 [padded]: the unit's gradient accumulator during the backward
   Staging,     // communication staging: casts for a gather or a reduction, host/device copies
+  Frozen,      // param dtype [frozen shard] or [frozen padded]: a LoRA run's base weights
 };
 MemCategory role_category(BufferRole r);
 
 struct PlannedUnit {
   std::string name;        // the parts' names joined: "model.layers.3", "model.layers.0..1", ...
   std::vector<int> parts;  // indices into model::llama_parts, consecutive
-  FlatLayout layout;       // padded to a multiple of the shard group size
+  FlatLayout layout;       // the trained parameters, padded to a multiple of the shard group size
+                           // (a LoRA run: the unit's adapters only; may be empty)
+  // A LoRA run's frozen base weights (model::ParamInfo::trainable false), a flat buffer of their own
+  // as fsdp_qlora keeps them: no gradient, no master copy, no optimizer state, stored in the param
+  // dtype. Whole on every rank where parameters persist (persistent below), else sharded like
+  // `layout` and gathered beside it. Empty for full fine-tuning.
+  FlatLayout frozen;
+  int64_t frozen_shard_numel = 0;  // frozen.padded_numel / shard group size
   int64_t shard_numel = 0; // padded / shard group size
   int64_t own_begin = 0;   // first flat element this rank optimizes (0 when the optimizer is replicated)
   int64_t own_numel = 0;   // shard_numel, or padded when the optimizer is replicated (NO_SHARD)
@@ -62,6 +70,7 @@ struct PlannedUnit {
   bool solo = false;
   // NO_SHARD, ZERO1 and solo units keep their full parameters between steps.
   bool persistent = false;
+  bool trains() const { return layout.numel > 0; }
 };
 
 enum class StageKind : uint8_t { EmbedForward, BlockForward, Head, BlockBackward, EmbedBackward };

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/device.h"
+#include "core/rng.h"
 #include "data/run_data.h"
 #include "data/sampler.h"
 #include "io/model_files.h"
@@ -19,8 +21,8 @@
 #include "memory/usage.h"
 #include "model/hf_dir.h"
 #include "model/llama.h"
+#include "model/peft_adapter.h"
 #include "shard/engine.h"
-#include "model/hf_dir.h"
 #include "train/progress.h"
 
 namespace shardlm::train {
@@ -93,6 +95,10 @@ std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig
     dir = *found;
   }
   auto reader = std::make_unique<ckpt::CheckpointReader>(dir);
+  if (reader->model().lora.has_value() != mcfg.lora.has_value())
+    throw Error(reader->model().lora ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
+                                     : "a full fine-tune's checkpoint, but this config trains LoRA adapters",
+                {.file = dir, .key = "lora"});
   nlohmann::json saved = to_hf_json(reader->model()), here = to_hf_json(mcfg);
   saved.erase("torch_dtype");
   here.erase("torch_dtype");
@@ -177,6 +183,11 @@ struct Inputs {
 Inputs load_inputs(const TrainConfig& c) {
   Inputs in;
   in.model = load_hf_config(c.model);
+  in.model.lora = c.lora;
+  if (c.lora_quantize_base)
+    throw Error("quantize_base: nf4 (QLoRA) is not implemented in the training engine yet; train LoRA on the "
+                "bf16 or f32 base (remove quantize_base)",
+                {.file = c.source, .key = "lora.quantize_base"});
   in.tok = data::load_tokenizer(c.model);
   if (in.tok->vocab_size() > in.model.vocab_size)
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
@@ -389,11 +400,12 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
 // rank reads only the ranges it owns.
 void Trainer::load_or_resume() {
   resume_ = open_resume_checkpoint(c_, in_.model, resume_notes_);
-  if (!resume_) {
+  // A LoRA run's checkpoint holds only the adapters: the frozen base always comes from the model.
+  if (!resume_ || in_.model.lora) {
     const io::ModelWeights weights(c_.model);
-    engine_.load(weights, c_.model);
-    return;
+    engine_.load(weights, c_.model, c_.seed);
   }
+  if (!resume_) return;
   const auto t0 = Clock::now();
   const uint64_t bytes = ckpt::load_checkpoint(*resume_, engine_);
   const double s = seconds_since(t0);
@@ -412,6 +424,14 @@ void Trainer::print_setup() {
   out_.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
                          shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", mesh_.shard->size(), units,
                          units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
+  if (m.lora) {
+    const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m);
+    out_.print(fmt::format("LoRA: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
+                           "params: {} || trainable%: {:.4f}",
+                           m.lora->rank, m.lora->alpha, m.lora->scale(), m.lora->use_rslora ? ", rsLoRA" : "",
+                           m.lora->dropout, fmt::join(model::expand_lora_targets(m.lora->target_modules), " "),
+                           trainable, all, 100.0 * double(trainable) / double(all)));
+  }
   if (c_.device == Device::CUDA)
     out_.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
                            sc.offload_params ? "; master weights, gradient shard and AdamW state offloaded to pinned "
@@ -452,6 +472,9 @@ TrainResult Trainer::run() {
     const data::StepBatch sb = prefetch.next();
     std::vector<model::Batch> micro;
     for (const data::BatchBuffers& mb : sb.micro) micro.push_back(mb.batch());
+    if (in_.model.lora && in_.model.lora->dropout > 0)  // LoRA dropout: a mask stream per micro-batch and rank
+      for (size_t i = 0; i < micro.size(); ++i)
+        micro[i].dropout_key = stream_id(fmt::format("lora_dropout/{}/{}/{}/{}", c_.seed, step, i, world_.rank())) | 1;
     ops::AdamWConfig opt = c_.optimizer;
     opt.lr = c_.schedule.at(step);
     const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
@@ -606,8 +629,10 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
 // when there is one, else gathered from the engine one unit at a time. No rank ever holds the
 // whole model.
 void Trainer::save_model() {
-  const ckpt::ConvertOptions opt{.out = c_.output_dir, .dtype = c_.save_dtype,
-                                 .max_shard_bytes = io::parse_size(c_.max_shard_size)};
+  // A LoRA run writes its adapters as a PEFT directory, output_dir/adapter, and with merge_on_save
+  // also the merged model, output_dir/merged.
+  const std::string out = in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir;
+  const ckpt::ConvertOptions opt{.out = out, .dtype = c_.save_dtype, .max_shard_bytes = io::parse_size(c_.max_shard_size)};
   if (c_.saves_checkpoints()) {
     if (lead_) {
       ckpt::CheckpointReader final_ckpt((fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(c_.max_steps)).string());
@@ -616,6 +641,16 @@ void Trainer::save_model() {
     world_.barrier();
   } else {
     ckpt::export_model(engine_, in_.model, opt, c_.model, world_);
+  }
+  if (in_.model.lora && c_.merge_on_save) {
+    if (lead_) {
+      const MergeReport r = merge_peft_adapter({.base = c_.model, .adapter = out,
+                                                .out = (fs::path(c_.output_dir) / "merged").string(),
+                                                .dtype = c_.save_dtype, .max_shard_bytes = opt.max_shard_bytes});
+      out_.print(fmt::format("merge_on_save: merged {} weights (W + {:.4g} B A) into {}/merged", r.merged,
+                             r.spec.scale(), c_.output_dir));
+    }
+    world_.barrier();
   }
 }
 
@@ -652,8 +687,10 @@ void Trainer::report_memory() {
                          c_.saves_checkpoints() ? "streamed from the last checkpoint by rank 0, read"
                                                 : "gathered from the shards",
                          format_bytes(mem_.estimate.save_gather_bytes)));
-  out_.print(fmt::format("saved the trained model to {} ({} total {:.1f}s)", c_.output_dir, dtype_name(c_.save_dtype),
-                         seconds_since(t_start_)));
+  out_.print(fmt::format("saved the trained {} to {} ({} total {:.1f}s)",
+                         in_.model.lora ? "LoRA adapter (PEFT format)" : "model",
+                         in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir,
+                         dtype_name(c_.save_dtype), seconds_since(t_start_)));
 }
 
 }  // namespace
