@@ -72,6 +72,32 @@ std::map<std::string, std::vector<float>> gather_weights(shard::ShardedModel& en
   return out;
 }
 
+void set_weights(shard::ShardedModel& engine, const std::map<std::string, std::vector<float>>& values) {
+  std::map<std::string, int> found;
+  for (int k = 0; k < engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : engine.layout(k).entries) {
+      const auto it = values.find(e.info.name);
+      if (it == values.end()) continue;
+      SHARDLM_CHECK(int64_t(it->second.size()) == e.info.numel(), "set_weights: {} has {} values, the engine's tensor {}",
+                    e.info.name, it->second.size(), e.info.numel());
+      ++found[e.info.name];
+    }
+  for (const auto& kv : values)
+    if (!found.count(kv.first)) throw Error("set_weights: the engine has no such parameter", {.tensor = kv.first});
+  for (int k = 0; k < engine.num_units(); ++k) {
+    const shard::ShardedModel::StateRange st = engine.owned_state(k);
+    float* master = st.master.f32();
+    shard::for_each_overlap(engine.layout(k), st.begin, st.begin + st.numel,
+                            [&](const shard::FlatEntry& e, int64_t lo, int64_t hi) {
+                              const auto it = values.find(e.info.name);
+                              if (it == values.end()) return;
+                              std::copy(it->second.begin() + (lo - e.offset), it->second.begin() + (hi - e.offset),
+                                        master + (lo - st.begin));
+                            });
+  }
+  engine.master_weights_changed();
+}
+
 std::vector<float> randn(int64_t n, uint64_t seed, const std::string& name, float std) {
   std::vector<float> v(static_cast<size_t>(n));
   fill_normal(v.data(), n, seed, name, 0, 0.0f, std);

@@ -53,6 +53,12 @@ struct LocalEngine {
 // (collective: every rank calls it).
 std::map<std::string, std::vector<float>> gather_weights(shard::ShardedModel& engine);
 
+// Sets the f32 master values of the named tensors: every rank passes the whole map and writes the
+// part of each tensor it owns (CPU-resident master weights), then the engine refreshes its
+// parameters (master_weights_changed; collective). Tensors not in the map keep their values.
+// Throws an Error naming a tensor the engine does not have or whose size differs.
+void set_weights(shard::ShardedModel& engine, const std::map<std::string, std::vector<float>>& values);
+
 // Passes when |got - want| <= atol + rtol * |want| for every element and nothing is NaN/Inf
 // where `want` is finite. The failure message names `label`, the worst element and its values.
 ::testing::AssertionResult all_close(const float* got, const float* want, int64_t n, double atol, double rtol,
