@@ -1,10 +1,13 @@
 #include "train/train_config.h"
 
+#include <algorithm>
+#include <initializer_list>
 #include <utility>
 
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "io/model_files.h"
+#include "model/lora.h"
 #include "train/sharding_config.h"
 
 namespace shardlm::train {
@@ -108,6 +111,204 @@ std::vector<ConfigField<LrSchedule>> schedule_fields() {
       F::field("min_lr_ratio", &LrSchedule::min_lr_ratio, "the floor, as a fraction of lr",
                [](double v) { return v >= 0 && v <= 1 ? std::string() : "must be in [0, 1]"; }),
   };
+}
+
+// ---- the lora: section -------------------------------------------------------------------------
+//
+// PEFT's LoraConfig names (r, lora_alpha, lora_dropout, target_modules, use_rslora) and torchtune's
+// LoRA model arguments (lora_rank, lora_attn_modules, apply_lora_to_mlp, quantize_base, ...) are
+// both accepted inside `lora:`. The spec is created with its defaults by the first lora key read.
+
+const std::vector<std::string> kDefaultLoraTargets = {"q_proj", "v_proj"};  // PEFT's default for Llama
+const char* const kMlpModules[] = {"gate_proj", "up_proj", "down_proj"};   // torchtune's w1, w3, w2
+
+model::LoraSpec& lora_spec(TrainConfig& c) {
+  if (!c.lora) {
+    c.lora.emplace();
+    c.lora->target_modules = kDefaultLoraTargets;
+  }
+  return *c.lora;
+}
+
+// A module name or a list of them.
+std::optional<std::vector<std::string>> module_list(const ConfigTree& t, const std::string& k) {
+  detail::check_parent_section(t, k);
+  if (!t.has(k)) return std::nullopt;
+  try {
+    return t.get_optional<std::vector<std::string>>(k);
+  } catch (const Error&) {
+  }
+  try {
+    return std::vector<std::string>{*t.get_optional<std::string>(k)};
+  } catch (const Error&) {
+    throw t.error_at(k, "expected a module name or a list of them, e.g. [q_proj, v_proj]");
+  }
+}
+
+// PEFT's target_modules and torchtune's lora_attn_modules/apply_lora_to_mlp say the same thing.
+void refuse_both_target_forms(const ConfigTree& t, const std::string& k) {
+  if (t.has("lora.target_modules"))
+    throw t.error_at(k, fmt::format("lora.target_modules is also set ({}); name the adapted modules one way: "
+                                    "target_modules (PEFT's) or lora_attn_modules/apply_lora_to_mlp (torchtune's)",
+                                    t.source_of("lora.target_modules")));
+}
+
+std::vector<ConfigField<TrainConfig>> lora_fields() {
+  using F = ConfigFields<TrainConfig>;
+  return {
+      F::custom(
+          "lora",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            (void)t.section(k);  // `lora: true` is an error: expected a map
+            // `lora:` (null: no LoRA) and `lora: {}` (every default) hold no key that reading would
+            // mark as known: reading the section itself as a value marks it (a map then fails, as
+            // it is no string).
+            try {
+              (void)t.get_optional<std::string>(k);
+            } catch (const Error&) {
+            }
+            if (t.has(k)) lora_spec(c);
+          },
+          "the section: present (even `lora: {}`) turns LoRA on"),
+      F::setter<int64_t>(
+           "lora.rank", [](TrainConfig& c, int64_t v) { lora_spec(c).rank = v; }, "the adapters' rank (PEFT's r)")
+          .alias("lora.r")
+          .alias("lora.lora_rank"),
+      F::setter<double>(
+           "lora.alpha", [](TrainConfig& c, double v) { lora_spec(c).alpha = v; }, "scale = alpha / rank")
+          .alias("lora.lora_alpha"),
+      F::setter<double>(
+           "lora.dropout", [](TrainConfig& c, double v) { lora_spec(c).dropout = v; },
+           "dropout on the adapters' input, training only")
+          .alias("lora.lora_dropout"),
+      F::custom(
+          "lora.target_modules",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            std::optional<std::vector<std::string>> v = module_list(t, k);
+            if (!v) return;
+            try {
+              lora_spec(c).target_modules = model::expand_lora_targets(*v);
+            } catch (const Error& e) {
+              throw t.error_at(k, e.message());
+            }
+          },
+          "PEFT's: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear"),
+      F::custom(
+          "lora.lora_attn_modules",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            std::optional<std::vector<std::string>> v = module_list(t, k);
+            if (!v) return;
+            refuse_both_target_forms(t, k);
+            std::vector<std::string> modules;
+            for (const std::string& m : *v) {
+              if (m == "q_proj" || m == "k_proj" || m == "v_proj") modules.push_back(m);
+              else if (m == "output_proj") modules.emplace_back("o_proj");
+              else
+                throw t.error_at(k, fmt::format("unknown attention module '{}' (torchtune's are q_proj k_proj v_proj "
+                                                "output_proj; the MLP's: apply_lora_to_mlp: true)",
+                                                m));
+            }
+            lora_spec(c).target_modules = std::move(modules);
+          },
+          "torchtune's: attention modules among q_proj k_proj v_proj output_proj"),
+      F::custom(
+          "lora.apply_lora_to_mlp",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            detail::check_parent_section(t, k);
+            const std::optional<bool> v = t.get_optional<bool>(k);
+            if (!v) return;
+            refuse_both_target_forms(t, k);
+            model::LoraSpec& s = lora_spec(c);
+            if (*v) s.target_modules.insert(s.target_modules.end(), std::begin(kMlpModules), std::end(kMlpModules));
+          },
+          "torchtune's: true adapts gate_proj up_proj down_proj too"),
+      F::custom(
+          "lora.apply_lora_to_output",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            detail::check_parent_section(t, k);
+            const std::optional<bool> v = t.get_optional<bool>(k);
+            if (!v) return;
+            if (*v) throw t.error_at(k, "adapting the output projection (lm_head) is not supported; set it to false");
+            lora_spec(c);
+          },
+          "torchtune's: must be false (lm_head is not adapted)"),
+      F::setter<bool>(
+          "lora.use_rslora", [](TrainConfig& c, bool v) { lora_spec(c).use_rslora = v; },
+          "rank-stabilized: scale = alpha / sqrt(rank)"),
+      F::custom(
+          "lora.init",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            detail::check_parent_section(t, k);
+            const std::optional<std::string> v = t.get_optional<std::string>(k);
+            if (!v) return;
+            if (*v == "kaiming") lora_spec(c).init = model::LoraInit::Kaiming;
+            else if (*v == "gaussian") lora_spec(c).init = model::LoraInit::Gaussian;
+            else throw t.error_at(k, fmt::format("expected kaiming or gaussian, got '{}'", *v));
+          },
+          "A's initialization: kaiming or gaussian (B starts at zero)"),
+      // nf4, or torchtune's boolean.
+      F::custom(
+           "lora.quantize_base",
+           [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+             detail::check_parent_section(t, k);
+             const std::optional<std::string> v = t.get_optional<std::string>(k);
+             if (!v) return;
+             const auto is = [&](std::initializer_list<const char*> names) {
+               return std::find(names.begin(), names.end(), *v) != names.end();
+             };
+             if (is({"nf4", "NF4", "true", "True", "TRUE"})) c.lora_quantize_base = true;
+             else if (is({"none", "None", "false", "False", "FALSE"})) c.lora_quantize_base = false;
+             else
+               throw t.error_at(
+                   k, fmt::format("only nf4 is supported (or false/none for a base in compute_dtype), got '{}'", *v));
+           },
+           "nf4 (QLoRA: the frozen base in 4-bit NormalFloat) or none")
+          .alias("lora.qlora"),
+      F::field("lora.double_quant", &TrainConfig::lora_double_quant,
+               "quantize_base: nf4: double quantization of the absmax values"),
+      F::field("lora.merge_on_save", &TrainConfig::merge_on_save,
+               "also write the merged model (W + scale B A) at the end"),
+      F::custom(
+          "merge_on_save",
+          [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+            const std::optional<bool> v = t.get_optional<bool>(k);
+            if (!v) return;
+            if (t.has("lora.merge_on_save"))
+              throw t.error_at(k, fmt::format("lora.merge_on_save is also set ({}); set only one",
+                                              t.source_of("lora.merge_on_save")));
+            c.merge_on_save = *v;
+          },
+          "the same as lora.merge_on_save"),
+  };
+}
+
+// The lora rules once every key is read: the spec by model::validate_lora_spec, its errors placed
+// at the key the file wrote.
+void check_lora(const ConfigTree& t, TrainConfig& c) {
+  if (!c.lora) {
+    if (c.merge_on_save)
+      throw t.error_at(t.has("merge_on_save") ? "merge_on_save" : "lora.merge_on_save",
+                       "needs LoRA (a lora: section); a full fine-tune always writes the whole model");
+    return;
+  }
+  model::LoraSpec& s = *c.lora;
+  const bool torchtune_targets = t.has("lora.lora_attn_modules") || t.has("lora.apply_lora_to_mlp");
+  if (torchtune_targets && s.target_modules.empty())
+    throw t.error_at(t.has("lora.lora_attn_modules") ? "lora.lora_attn_modules" : "lora.apply_lora_to_mlp",
+                     "no modules to adapt (lora_attn_modules is empty and apply_lora_to_mlp is not true)");
+  try {
+    model::validate_lora_spec(s);
+  } catch (const Error& e) {
+    const std::string& peft = e.context().key;
+    const char* key = peft == "r"              ? "lora.rank"
+                      : peft == "lora_alpha"   ? "lora.alpha"
+                      : peft == "lora_dropout" ? "lora.dropout"
+                      : torchtune_targets      ? "lora.lora_attn_modules"
+                                               : "lora.target_modules";
+    throw t.error_at(key, e.message());
+  }
+  s.target_modules = model::expand_lora_targets(s.target_modules);
+  s.base_model_name_or_path = c.model;
 }
 
 // ---- the whole file -----------------------------------------------------------------------------
@@ -222,6 +423,7 @@ std::vector<ConfigField<TrainConfig>> make_table() {
           },
           "accelerate's: true checkpoints every decoder layer"),
   });
+  add(lora_fields());
   return table;
 }
 
@@ -245,6 +447,7 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
   } else {
     c.sharding.param_dtype = c.compute_dtype;
   }
+  check_lora(t, c);
   // The schedule's peak and length are the optimizer's and the run's.
   c.schedule.lr = c.optimizer.lr;
   c.schedule.total_steps = c.max_steps;

@@ -11,6 +11,7 @@
 
 #include "data/run_data.h"
 #include "io/yaml_config.h"
+#include "model/lora_spec.h"
 #include "ops/ops.h"
 #include "shard/sharding.h"
 #include "train/config_fields.h"
@@ -65,6 +66,14 @@ struct TrainConfig {
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
   int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)
+
+  // LoRA / QLoRA (docs/lora.md): set when the config has a `lora:` section (torchtune's key names
+  // accepted in it). The spec's target_modules are expanded (kLoraModules order, no "all-linear")
+  // and its base_model_name_or_path is `model`.
+  std::optional<model::LoraSpec> lora;
+  bool lora_quantize_base = false;  // lora.quantize_base: nf4 (or qlora: true): the frozen base in NF4 (QLoRA)
+  bool lora_double_quant = true;    // lora.double_quant: double quantization of the NF4 absmax values
+  bool merge_on_save = false;       // lora.merge_on_save: also write the merged model (W + scale B A) at the end
 
   // Sharded checkpoints (docs/checkpoints.md). Saving is on when either interval is set; a final
   // checkpoint is then also written at the end.
