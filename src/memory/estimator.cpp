@@ -58,7 +58,8 @@ int64_t widen(int64_t a, bool a16, int64_t b, bool b16, int64_t c, bool c16) {
 
 // The largest matmul temporary of a decoder block's forward and of its backward (model/llama.cpp,
 // in call order). Activations are bf16 when act16, gathered weights when w16; gradients and the
-// backward's d* buffers are always f32.
+// backward's d* buffers are always f32. A LoRA run adds its adapters' matmuls and drops the
+// frozen weights' dW.
 struct BlockTemps {
   int64_t fwd = 0, bwd = 0;
 };
@@ -70,11 +71,28 @@ BlockTemps block_temps(const ModelConfig& c, int64_t N, bool act16, bool w16) {
                     widen(N * qd, a, D * qd, w, N * D, a), widen(N * D, a, F * D, w, N * F, a),
                     widen(N * F, a, D * F, w, N * D, a)})
     t.fwd = std::max(t.fwd, v);
-  for (int64_t v : {widen(0, false, D * F, w, 0, false), widen(0, false, N * F, a, 0, false),
-                    widen(0, false, F * D, w, 0, false), widen(0, false, N * D, a, 0, false),
-                    widen(0, false, D * qd, w, 0, false), widen(0, false, N * qd, a, 0, false),
-                    widen(0, false, qd * D, w, 0, false), widen(0, false, kvd * D, w, 0, false)})
+  // dx through every weight.
+  for (int64_t v : {widen(0, false, D * F, w, 0, false), widen(0, false, F * D, w, 0, false),
+                    widen(0, false, D * qd, w, 0, false), widen(0, false, qd * D, w, 0, false),
+                    widen(0, false, kvd * D, w, 0, false)})
     t.bwd = std::max(t.bwd, v);
+  if (!c.lora) {  // dW of every weight: the activations widened
+    for (int64_t v : {widen(0, false, N * F, a, 0, false), widen(0, false, N * D, a, 0, false),
+                      widen(0, false, N * qd, a, 0, false)})
+      t.bwd = std::max(t.bwd, v);
+    return t;
+  }
+  const int64_t r = c.lora->rank;
+  const bool drop = c.lora->dropout > 0;  // the dropped input is f32 scratch, not the activation
+  for (const model::LoraTarget& lt : model::lora_targets(c, *c.lora)) {
+    if (lt.layer != 0) break;  // every layer adapts the same modules
+    const int64_t in = lt.in_features, out = lt.out_features;
+    // u = dropout(x) A^T;  y += s u B^T
+    t.fwd = std::max({t.fwd, widen(N * in, a && !drop, r * in, w, N * r, a), widen(N * r, a, out * r, w, N * out, a)});
+    // dB += dy^T u;  du = dy B;  dA += du^T dropout(x);  dx += du A
+    t.bwd = std::max({t.bwd, widen(0, false, N * r, a, 0, false), widen(0, false, out * r, w, 0, false),
+                      widen(0, false, N * in, a && !drop, 0, false), widen(0, false, r * in, w, 0, false)});
+  }
   return t;
 }
 

@@ -212,26 +212,28 @@ void ShardedModel::fill_master(Unit& u, Fill fill) {
 }
 
 // The frozen base is stored in the param dtype: what this rank keeps of it is made in f32 on the
-// host and cast (and copied to the device) once.
+// host, then cast (on the device, after an upload, for a GPU) into place once. The staging is an
+// engine buffer, so a dry run counts it too.
 template <class Fill>
 void ShardedModel::fill_frozen(Unit& u, Fill fill) {
-  if (ledger_ || !u.frozen.live()) return;
+  if (!u.frozen.live()) return;
+  const Arith a{ledger_ != nullptr};
   const PlannedUnit& p = *u.plan;
-  const int64_t begin = p.persistent ? 0 : plan_.shard_rank * p.frozen_shard_numel;
   const Tensor& dst = u.frozen.view();
-  if (dst.dtype == DType::F32 && dst.device == Device::CPU) {
-    fill(begin, begin + dst.numel(), dst.f32());
+  const int64_t n = dst.numel(), begin = p.persistent ? 0 : plan_.shard_rank * p.frozen_shard_numel;
+  if (dst.dtype == DType::F32 && device_ == Device::CPU) {
+    if (!ledger_) fill(begin, begin + n, dst.f32());
     return;
   }
-  OwnedTensor host(DType::F32, {dst.numel()}, MemCategory::Communication, true);
-  fill(begin, begin + dst.numel(), host.t.f32());
-  if (dst.device == Device::CPU) {
-    ops::cast(dst, host.t);
+  const FlatBuffer host = buffer(BufferRole::Staging, DType::F32, n, true, device_ != Device::CPU);
+  if (!ledger_) fill(begin, begin + n, host.view().f32());
+  if (device_ == Device::CPU) {
+    a.cast(dst, host.view());
     return;
   }
-  OwnedTensor low(dst.dtype, {dst.numel()}, MemCategory::Communication, false);
-  ops::cast(low.t, host.t);
-  device::copy(dst, low.t);
+  const FlatBuffer up = buffer(BufferRole::Staging, DType::F32, n, false);
+  a.copy(up.view(), host.view());
+  a.cast(dst, up.view());
 }
 
 void ShardedModel::init_random(uint64_t seed) {

@@ -83,8 +83,8 @@ std::vector<Case> cases() {
 
 }  // namespace
 
-TEST(Engine, EveryStrategyMatchesTheSingleProcessRun) {
-  const ModelConfig cfg = test_config();
+// Trains `cfg` under every strategy and compares with the single-process run.
+static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
   const int W = g_world->size(), R = g_world->rank();
   ASSERT_EQ(kRowsPerMicro % W, 0);
   ops::AdamWConfig opt;
@@ -154,6 +154,18 @@ TEST(Engine, EveryStrategyMatchesTheSingleProcessRun) {
       EXPECT_LT(worst, 0.5 * opt.lr) << name << "[" << at << "]: " << got[at] << " vs " << want[at];
     }
   }
+}
+
+TEST(Engine, EveryStrategyMatchesTheSingleProcessRun) { expect_every_strategy_matches_one_process(test_config()); }
+
+// LoRA: the frozen base in its own buffers (sharded where parameters are), only the adapters
+// trained; every strategy, checkpointing and no_sync included, equals one process.
+TEST(Engine, LoraUnderEveryStrategyMatchesTheSingleProcessRun) {
+  ModelConfig cfg = test_config();
+  cfg.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
+  expect_every_strategy_matches_one_process(cfg);
+  cfg.lora = model::LoraSpec{.rank = 2, .alpha = 3, .target_modules = {"q_proj", "v_proj", "down_proj"}, .use_rslora = true};
+  expect_every_strategy_matches_one_process(cfg);
 }
 
 TEST(Engine, OptimizerBytesFallWithTheShardCount) {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "core/rng.h"
@@ -45,6 +46,7 @@ data::Example row(int s, int m, int r) {
 struct Case {
   std::string name;
   shard::ShardingConfig sc;
+  std::optional<model::LoraSpec> lora;  // a LoRA fine-tune of the test model
   int ckpt = 0;
   int accum = 1;
   int rows_per_rank = 2;
@@ -62,7 +64,8 @@ Measured run_case(const Case& c) {
   const MemStats before = tracker.stats();
   tracker.reset_peaks();
   {
-    const ModelConfig cfg = test_config();
+    ModelConfig cfg = test_config();
+    cfg.lora = c.lora;
     shard::Mesh mesh = shard::make_mesh(*g_world, c.sc, 2);
     shard::ShardedModel engine(cfg, c.sc, mesh);
     engine.init_random(3);
@@ -80,6 +83,7 @@ Measured run_case(const Case& c) {
       }
       std::vector<model::Batch> micro;
       for (const auto& b : bufs) micro.push_back(b.batch());
+      for (size_t i = 0; i < micro.size(); ++i) micro[i].dropout_key = 100 * uint64_t(s) + i + 1;  // LoRA dropout, if any
       const shard::StepStats st = engine.train_step(compute, micro, opt, s + 1, 1.0);
       EXPECT_TRUE(std::isfinite(st.loss));
     }
@@ -95,6 +99,7 @@ Measured run_case(const Case& c) {
 memory::Estimate estimate_case(const Case& c) {
   memory::EstimateInput in;
   in.model = test_config();
+  in.model.lora = c.lora;
   in.sharding = c.sc;
   in.world_size = g_world->size();
   in.ranks_per_node = 2;  // as make_mesh above is told
@@ -143,6 +148,25 @@ std::vector<Case> matrix() {
   c.accum = 2;
   c.rows_per_rank = 12;  // more than one cross-entropy chunk of 256 rows
   c.name = "NO_SHARD no-wrap, bf16 reduce, 2 micro-batches of 288 tokens";
+  out.push_back(c);
+  // LoRA: the frozen base in its own buffers, the adapters' state, their activations.
+  for (S s : {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard, S::HybridShard, S::HybridShardZero2})
+    for (DType d : {DType::F32, DType::BF16}) {
+      c = Case{};
+      c.sc.strategy = s;
+      c.sc.param_dtype = d;
+      c.sc.shard_group_size = std::min(2, g_world->size());
+      c.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
+      c.ckpt = d == DType::BF16 ? 1 : 0;
+      c.name = fmt::format("LoRA all-linear r4 {} {}{}", shard::strategy_name(s), dtype_name(d), c.ckpt ? " checkpointed" : "");
+      out.push_back(c);
+    }
+  c = Case{};
+  c.sc.strategy = S::FullShard;
+  c.sc.param_dtype = DType::BF16;
+  c.lora = model::LoraSpec{.rank = 8, .alpha = 16, .dropout = 0.1, .target_modules = {"q_proj", "v_proj"}};
+  c.accum = 2;
+  c.name = "LoRA q/v r8 dropout 0.1, FULL_SHARD bf16, 2 micro-batches";
   out.push_back(c);
   return out;
 }
