@@ -479,7 +479,8 @@ std::vector<Case> make_cases() {
   for (const RN& r : {RN{7, 129, F, F, F}, RN{5, 2050, H, H, H}, RN{3, 64, H, F, F}, RN{1, 1, F, F, F}}) {
     Case f;
     f.op = "rmsnorm_forward";
-    f.label = fmt::format("x {}[{}x{}] w {} y {}", dn(r.x), r.N, r.D, dn(r.w), dn(r.y));
+    const std::string label = fmt::format("x {}[{}x{}] w {} y {}", dn(r.x), r.N, r.D, dn(r.w), dn(r.y));
+    f.label = label;
     f.args = {out("y", r.y, {r.N, r.D}), out("rstd", F, {r.N}), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
               in("w", r.w, {r.D}, randn(rng, r.D))};
     f.run = [](const std::vector<Tensor>& t) {
@@ -493,7 +494,7 @@ std::vector<Case> make_cases() {
     for (float& v : rstd) v = float(0.5 + 1.5 * rng.uniform());
     Case b;
     b.op = "rmsnorm_backward";
-    b.label = f.label;
+    b.label = label;  // (f has been moved into cases)
     b.args = {out("dx", r.y, {r.N, r.D}), inout("dw", F, {r.D}, randn(rng, r.D)),
               in("dy", r.y, {r.N, r.D}, randn(rng, r.N * r.D)), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
               in("w", r.w, {r.D}, randn(rng, r.D)), in("rstd", F, {r.N}, rstd)};
@@ -502,7 +503,18 @@ std::vector<Case> make_cases() {
       return std::vector<double>{};
     };
     b.tol = {1e-5, 1e-4};
+    // A frozen weight (LoRA): dw undefined, dx alone (the CUDA dw kernels must not run).
+    Case fz;
+    fz.op = "rmsnorm_backward";
+    fz.label = label + ", frozen w (no dw)";
+    fz.args = {out("dx", r.y, {r.N, r.D}), b.args[2], b.args[3], b.args[4], b.args[5]};
+    fz.run = [](const std::vector<Tensor>& t) {
+      ops::rmsnorm_backward(t[0], Tensor{}, t[1], t[2], t[3], t[4]);
+      return std::vector<double>{};
+    };
+    fz.tol = b.tol;
     cases.push_back(std::move(b));
+    cases.push_back(std::move(fz));
   }
 
   // RoPE (forward and backward; in place when `alias`)

@@ -47,7 +47,8 @@ void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor&
 // y = x / sqrt(mean(x^2) + eps) * w, computed in f32.  x, y [N, D] f32|bf16; w [D] f32|bf16;
 // rstd [N] f32 receives 1/sqrt(mean(x^2) + eps) for the backward.
 void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
-// dx written; dw [D] f32 accumulated, or undefined for a frozen weight (LoRA): then not computed.
+// dx written; dw [D] f32 accumulated, or undefined for a frozen weight (LoRA): then not computed
+// (dx is the same either way).
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd);
 
