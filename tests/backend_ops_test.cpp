@@ -367,14 +367,15 @@ std::vector<double> emulate_bf16_cross_entropy(const std::vector<Tensor>& t, flo
     }
     if (!backward) continue;
     ops::matmul(t[3].slice(r0, r1), dl, w);
-    ops::matmul(t[4], dl, xc, true, false, 1.0f, 1.0f);
+    if (with_dw) ops::matmul(t[4], dl, xc, true, false, 1.0f, 1.0f);
   }
   return {loss_sum, double(count)};
 }
 
 // ---- the cases, with the tolerance table ------------------------------------------------------
 // Tolerances (atol + rtol * |reference|, per element; bf16 outputs at least rtol 2^-7, f16 2^-10):
-//   cast, zero, embedding_forward            bitwise / exact: pure data movement or one rounding
+//   cast, zero, embedding_forward, dropout   bitwise / exact: data movement, one rounding, or (dropout)
+//                                            the same Philox draws and one f32 product
 //   add_inplace, scale_inplace, add_bias,
 //   bias_backward, embedding_backward        1e-7 + 1e-6: the same f32 operations in the same order
 //   adamw_step                               1e-7 + 1e-6: the same ops, no fused multiply-add
@@ -646,13 +647,15 @@ std::vector<Case> make_cases() {
     DType t;
     bool backward;
     bool ignore_chunk;  // rows [chunk, 2 chunk) all ignored
+    bool frozen = false;  // backward with dx only (dw undefined: a frozen head)
   };
   // (bf16 cases: V = 304 keeps the rows of bf16 dlogits 16-byte aligned for cuBLASLt's bf16
   // kernels, as the real vocabularies do; chunk 4 with 37 rows makes several dw groups.)
   for (const CE& e : {CE{37, 48, 301, 16, F, true, false}, CE{37, 48, 301, 16, H, true, false},
                       CE{37, 48, 304, 4, H, true, false}, CE{29, 20, 1000, 64, F, false, false},
                       CE{29, 64, 1000, 64, H, false, false}, CE{20, 16, 77, 8, F, true, true},
-                      CE{24, 32, 96, 4, H, true, true}}) {
+                      CE{24, 32, 96, 4, H, true, true}, CE{37, 48, 301, 16, F, true, false, true},
+                      CE{37, 48, 304, 4, H, true, false, true}, CE{24, 32, 96, 4, H, true, true, true}}) {
     std::vector<int32_t> tg(static_cast<size_t>(e.N));
     for (int64_t i = 0; i < e.N; ++i) {
       tg[size_t(i)] = rng.below(int32_t(e.V));
@@ -663,18 +666,19 @@ std::vector<Case> make_cases() {
     Case c;
     c.op = "linear_cross_entropy";
     c.label = fmt::format("{} N={} D={} V={} chunk={}{}{}", dn(e.t), e.N, e.D, e.V, e.chunk,
-                          e.backward ? " with dx, dw" : " loss only", e.ignore_chunk ? ", an all-ignored chunk" : "");
+                          !e.backward ? " loss only" : e.frozen ? " with dx, frozen head (no dw)" : " with dx, dw",
+                          e.ignore_chunk ? ", an all-ignored chunk" : "");
     c.args = {in("x", e.t, {e.N, e.D}, randn(rng, e.N * e.D)), in("w", e.t, {e.V, e.D}, randn(rng, e.V * e.D, 0.3f)),
               in_i32("targets", {e.N}, tg)};
     if (e.backward) {
       c.args.push_back(out("dx", F, {e.N, e.D}));
-      c.args.push_back(inout("dw", F, {e.V, e.D}, randn(rng, e.V * e.D, 0.01f)));
+      if (!e.frozen) c.args.push_back(inout("dw", F, {e.V, e.D}, randn(rng, e.V * e.D, 0.01f)));
     }
-    const bool bw = e.backward;
+    const bool bw = e.backward, with_dw = e.backward && !e.frozen;
     const int64_t chunk = e.chunk;
-    c.run = [bw, chunk, grad_scale](const std::vector<Tensor>& t) {
-      const ops::CrossEntropyResult r =
-          ops::linear_cross_entropy(t[0], t[1], t[2], bw ? t[3] : Tensor{}, bw ? t[4] : Tensor{}, grad_scale, chunk);
+    c.run = [bw, with_dw, chunk, grad_scale](const std::vector<Tensor>& t) {
+      const ops::CrossEntropyResult r = ops::linear_cross_entropy(t[0], t[1], t[2], bw ? t[3] : Tensor{},
+                                                                  with_dw ? t[4] : Tensor{}, grad_scale, chunk);
       return std::vector<double>{r.loss_sum, double(r.count)};
     };
     c.tol = {1e-6, 1e-4};

@@ -101,7 +101,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 // Returns the sum of -log softmax(logits)[target] over non-ignored rows and their count.
 // When dx is defined: dx [N, D] f32 is written with grad_scale * dLoss/dx and dw [V, D] f32 is
 // accumulated with grad_scale * dLoss/dw (dw may be undefined with dx defined: a frozen head, whose
-// gradient is not computed). For a mean over the global batch, pass
+// gradient is not computed; the loss and dx do not depend on it; dw without dx is an error).
+// For a mean over the global batch, pass
 // grad_scale = 1 / (non-ignored tokens in the whole batch).
 struct CrossEntropyResult {
   double loss_sum = 0.0;
