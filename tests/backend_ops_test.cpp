@@ -332,7 +332,7 @@ std::vector<double> emulate_matmul(const std::vector<Tensor>& t, bool ta, bool t
 // to bf16, dx = dlogits w and dw += dlogits^T x from those bf16 values.
 std::vector<double> emulate_bf16_cross_entropy(const std::vector<Tensor>& t, float grad_scale, int64_t chunk) {
   const Tensor &x = t[0], &w = t[1], &targets = t[2];
-  const bool backward = t.size() > 3;
+  const bool backward = t.size() > 3, with_dw = t.size() > 4;  // dx, and dw unless the head is frozen
   const int64_t N = x.shape[0], V = w.shape[0];
   Buffer hx;
   const Tensor x16 = as_bf16(x, hx);
@@ -689,6 +689,35 @@ std::vector<Case> make_cases() {
         return emulate_bf16_cross_entropy(bw ? t : std::vector<Tensor>(t.begin(), t.begin() + 3), grad_scale, chunk);
       };
     }
+    cases.push_back(std::move(c));
+  }
+
+  // dropout: the CPU and CUDA masks are the same Philox draws and the kept values the same f32
+  // product, so bitwise. Keys and streams with high bits set; in place; every dtype pair; p = 0.
+  struct DO {
+    int64_t N, D;
+    DType x, o;
+    float p;
+    uint64_t key, stream;
+    bool alias;
+  };
+  for (const DO& d : {DO{37, 1001, F, F, 0.1f, 7, 3, false}, DO{64, 515, H, H, 0.5f, 0xfedcba9876543210ull, 1ull << 40, false},
+                      DO{9, 77, F, H, 0.9f, 1, 0xffffffffffffffffull, false}, DO{9, 77, H, F, 0.25f, 2, 5, false},
+                      DO{33, 129, F, F, 0.3f, 11, 12, true}, DO{33, 129, H, H, 0.05f, 13, 14, true},
+                      DO{5, 40, F, F, 0.0f, 1, 1, false}, DO{1, 1, F, F, 0.5f, 3, 3, false}}) {
+    Case c;
+    c.op = "dropout";
+    c.label = fmt::format("{}[{}x{}] -> {} p={} key={:#x} stream={:#x}{}", dn(d.x), d.N, d.D, dn(d.o), d.p, d.key,
+                          d.stream, d.alias ? " in place" : "");
+    if (d.alias)
+      c.args = {inout("x", d.x, {d.N, d.D}, randn(rng, d.N * d.D))};
+    else
+      c.args = {out("out", d.o, {d.N, d.D}), in("x", d.x, {d.N, d.D}, randn(rng, d.N * d.D))};
+    c.run = [d](const std::vector<Tensor>& t) {
+      ops::dropout(t[0], d.alias ? t[0] : t[1], d.p, d.key, d.stream);
+      return std::vector<double>{};
+    };
+    c.bitwise = true;
     cases.push_back(std::move(c));
   }
 
@@ -1200,6 +1229,18 @@ void add_large_cases(std::vector<Case>& cases) {
                   });
     b.tol = {1e-7, 1e-6};
     cases.push_back(std::move(b));
+  }
+  {
+    Case c = lazy("dropout", fmt::format("bf16 [{}x{}] p=0.1 in place (past 2^24)", rows, D), ++seed,
+                  [=](Case& c, Rng& rng) {
+                    c.args = {inout("x", H, {rows, D}, randu(rng, rows * D))};
+                    c.run = [](const std::vector<Tensor>& t) {
+                      ops::dropout(t[0], t[0], 0.1f, 0x5eedull << 32 | 7, ~0ull - 1);
+                      return none();
+                    };
+                  });
+    c.bitwise = true;
+    cases.push_back(std::move(c));
   }
   {
     Case c = lazy("bias_backward", fmt::format("dy bf16[{}x{}] (past 2^24)", rows, D), ++seed, [=](Case& c, Rng& rng) {

@@ -117,7 +117,13 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 // element index). The mask is a function of (key, stream, i) alone, so the backward applies the
 // same call to the gradient, and a recomputed forward (activation checkpointing) gets the same
 // mask: nothing is stored. x, out [N, D] f32|bf16 (out may alias x; dtypes may differ); 0 <= p < 1.
+// In f32 exactly as torch's dropout: out[i] = x[i] * m with m = dropout_scale(p) or 0 (so a
+// dropped element is +-0, and NaN where x is NaN or infinite); a bf16 out is rounded once. p == 0
+// is a copy (a cast when the dtypes differ). CPU and CUDA draw the same mask, bit for bit.
 void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
+// The multiplier of a kept element: 1 / (1 - p), with 1 - p rounded to f32 and an f32 division
+// (torch's bernoulli(1 - p).div_(1 - p) on an f32 tensor).
+inline float dropout_scale(float p) { return 1.0f / float(1.0 - double(p)); }
 
 // ---- Optimizer -------------------------------------------------------------------------------
 // Hyperparameters are doubles, as in Python: torch derives scalars such as 1 - beta2 in double
