@@ -332,7 +332,7 @@ std::vector<double> emulate_matmul(const std::vector<Tensor>& t, bool ta, bool t
 // to bf16, dx = dlogits w and dw += dlogits^T x from those bf16 values.
 std::vector<double> emulate_bf16_cross_entropy(const std::vector<Tensor>& t, float grad_scale, int64_t chunk) {
   const Tensor &x = t[0], &w = t[1], &targets = t[2];
-  const bool backward = t.size() > 3;
+  const bool backward = t.size() > 3, with_dw = t.size() > 4;  // dx, and dw unless the head is frozen
   const int64_t N = x.shape[0], V = w.shape[0];
   Buffer hx;
   const Tensor x16 = as_bf16(x, hx);
@@ -367,14 +367,15 @@ std::vector<double> emulate_bf16_cross_entropy(const std::vector<Tensor>& t, flo
     }
     if (!backward) continue;
     ops::matmul(t[3].slice(r0, r1), dl, w);
-    ops::matmul(t[4], dl, xc, true, false, 1.0f, 1.0f);
+    if (with_dw) ops::matmul(t[4], dl, xc, true, false, 1.0f, 1.0f);
   }
   return {loss_sum, double(count)};
 }
 
 // ---- the cases, with the tolerance table ------------------------------------------------------
 // Tolerances (atol + rtol * |reference|, per element; bf16 outputs at least rtol 2^-7, f16 2^-10):
-//   cast, zero, embedding_forward            bitwise / exact: pure data movement or one rounding
+//   cast, zero, embedding_forward, dropout   bitwise / exact: data movement, one rounding, or (dropout)
+//                                            the same Philox draws and one f32 product
 //   add_inplace, scale_inplace, add_bias,
 //   bias_backward, embedding_backward        1e-7 + 1e-6: the same f32 operations in the same order
 //   adamw_step                               1e-7 + 1e-6: the same ops, no fused multiply-add
@@ -479,7 +480,8 @@ std::vector<Case> make_cases() {
   for (const RN& r : {RN{7, 129, F, F, F}, RN{5, 2050, H, H, H}, RN{3, 64, H, F, F}, RN{1, 1, F, F, F}}) {
     Case f;
     f.op = "rmsnorm_forward";
-    f.label = fmt::format("x {}[{}x{}] w {} y {}", dn(r.x), r.N, r.D, dn(r.w), dn(r.y));
+    const std::string label = fmt::format("x {}[{}x{}] w {} y {}", dn(r.x), r.N, r.D, dn(r.w), dn(r.y));
+    f.label = label;
     f.args = {out("y", r.y, {r.N, r.D}), out("rstd", F, {r.N}), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
               in("w", r.w, {r.D}, randn(rng, r.D))};
     f.run = [](const std::vector<Tensor>& t) {
@@ -493,7 +495,7 @@ std::vector<Case> make_cases() {
     for (float& v : rstd) v = float(0.5 + 1.5 * rng.uniform());
     Case b;
     b.op = "rmsnorm_backward";
-    b.label = f.label;
+    b.label = label;  // (f has been moved into cases)
     b.args = {out("dx", r.y, {r.N, r.D}), inout("dw", F, {r.D}, randn(rng, r.D)),
               in("dy", r.y, {r.N, r.D}, randn(rng, r.N * r.D)), in("x", r.x, {r.N, r.D}, randn(rng, r.N * r.D)),
               in("w", r.w, {r.D}, randn(rng, r.D)), in("rstd", F, {r.N}, rstd)};
@@ -502,7 +504,18 @@ std::vector<Case> make_cases() {
       return std::vector<double>{};
     };
     b.tol = {1e-5, 1e-4};
+    // A frozen weight (LoRA): dw undefined, dx alone (the CUDA dw kernels must not run).
+    Case fz;
+    fz.op = "rmsnorm_backward";
+    fz.label = label + ", frozen w (no dw)";
+    fz.args = {out("dx", r.y, {r.N, r.D}), b.args[2], b.args[3], b.args[4], b.args[5]};
+    fz.run = [](const std::vector<Tensor>& t) {
+      ops::rmsnorm_backward(t[0], Tensor{}, t[1], t[2], t[3], t[4]);
+      return std::vector<double>{};
+    };
+    fz.tol = b.tol;
     cases.push_back(std::move(b));
+    cases.push_back(std::move(fz));
   }
 
   // RoPE (forward and backward; in place when `alias`)
@@ -634,13 +647,15 @@ std::vector<Case> make_cases() {
     DType t;
     bool backward;
     bool ignore_chunk;  // rows [chunk, 2 chunk) all ignored
+    bool frozen = false;  // backward with dx only (dw undefined: a frozen head)
   };
   // (bf16 cases: V = 304 keeps the rows of bf16 dlogits 16-byte aligned for cuBLASLt's bf16
   // kernels, as the real vocabularies do; chunk 4 with 37 rows makes several dw groups.)
   for (const CE& e : {CE{37, 48, 301, 16, F, true, false}, CE{37, 48, 301, 16, H, true, false},
                       CE{37, 48, 304, 4, H, true, false}, CE{29, 20, 1000, 64, F, false, false},
                       CE{29, 64, 1000, 64, H, false, false}, CE{20, 16, 77, 8, F, true, true},
-                      CE{24, 32, 96, 4, H, true, true}}) {
+                      CE{24, 32, 96, 4, H, true, true}, CE{37, 48, 301, 16, F, true, false, true},
+                      CE{37, 48, 304, 4, H, true, false, true}, CE{24, 32, 96, 4, H, true, true, true}}) {
     std::vector<int32_t> tg(static_cast<size_t>(e.N));
     for (int64_t i = 0; i < e.N; ++i) {
       tg[size_t(i)] = rng.below(int32_t(e.V));
@@ -651,18 +666,19 @@ std::vector<Case> make_cases() {
     Case c;
     c.op = "linear_cross_entropy";
     c.label = fmt::format("{} N={} D={} V={} chunk={}{}{}", dn(e.t), e.N, e.D, e.V, e.chunk,
-                          e.backward ? " with dx, dw" : " loss only", e.ignore_chunk ? ", an all-ignored chunk" : "");
+                          !e.backward ? " loss only" : e.frozen ? " with dx, frozen head (no dw)" : " with dx, dw",
+                          e.ignore_chunk ? ", an all-ignored chunk" : "");
     c.args = {in("x", e.t, {e.N, e.D}, randn(rng, e.N * e.D)), in("w", e.t, {e.V, e.D}, randn(rng, e.V * e.D, 0.3f)),
               in_i32("targets", {e.N}, tg)};
     if (e.backward) {
       c.args.push_back(out("dx", F, {e.N, e.D}));
-      c.args.push_back(inout("dw", F, {e.V, e.D}, randn(rng, e.V * e.D, 0.01f)));
+      if (!e.frozen) c.args.push_back(inout("dw", F, {e.V, e.D}, randn(rng, e.V * e.D, 0.01f)));
     }
-    const bool bw = e.backward;
+    const bool bw = e.backward, with_dw = e.backward && !e.frozen;
     const int64_t chunk = e.chunk;
-    c.run = [bw, chunk, grad_scale](const std::vector<Tensor>& t) {
-      const ops::CrossEntropyResult r =
-          ops::linear_cross_entropy(t[0], t[1], t[2], bw ? t[3] : Tensor{}, bw ? t[4] : Tensor{}, grad_scale, chunk);
+    c.run = [bw, with_dw, chunk, grad_scale](const std::vector<Tensor>& t) {
+      const ops::CrossEntropyResult r = ops::linear_cross_entropy(t[0], t[1], t[2], bw ? t[3] : Tensor{},
+                                                                  with_dw ? t[4] : Tensor{}, grad_scale, chunk);
       return std::vector<double>{r.loss_sum, double(r.count)};
     };
     c.tol = {1e-6, 1e-4};
@@ -673,6 +689,35 @@ std::vector<Case> make_cases() {
         return emulate_bf16_cross_entropy(bw ? t : std::vector<Tensor>(t.begin(), t.begin() + 3), grad_scale, chunk);
       };
     }
+    cases.push_back(std::move(c));
+  }
+
+  // dropout: the CPU and CUDA masks are the same Philox draws and the kept values the same f32
+  // product, so bitwise. Keys and streams with high bits set; in place; every dtype pair; p = 0.
+  struct DO {
+    int64_t N, D;
+    DType x, o;
+    float p;
+    uint64_t key, stream;
+    bool alias;
+  };
+  for (const DO& d : {DO{37, 1001, F, F, 0.1f, 7, 3, false}, DO{64, 515, H, H, 0.5f, 0xfedcba9876543210ull, 1ull << 40, false},
+                      DO{9, 77, F, H, 0.9f, 1, 0xffffffffffffffffull, false}, DO{9, 77, H, F, 0.25f, 2, 5, false},
+                      DO{33, 129, F, F, 0.3f, 11, 12, true}, DO{33, 129, H, H, 0.05f, 13, 14, true},
+                      DO{5, 40, F, F, 0.0f, 1, 1, false}, DO{1, 1, F, F, 0.5f, 3, 3, false}}) {
+    Case c;
+    c.op = "dropout";
+    c.label = fmt::format("{}[{}x{}] -> {} p={} key={:#x} stream={:#x}{}", dn(d.x), d.N, d.D, dn(d.o), d.p, d.key,
+                          d.stream, d.alias ? " in place" : "");
+    if (d.alias)
+      c.args = {inout("x", d.x, {d.N, d.D}, randn(rng, d.N * d.D))};
+    else
+      c.args = {out("out", d.o, {d.N, d.D}), in("x", d.x, {d.N, d.D}, randn(rng, d.N * d.D))};
+    c.run = [d](const std::vector<Tensor>& t) {
+      ops::dropout(t[0], d.alias ? t[0] : t[1], d.p, d.key, d.stream);
+      return std::vector<double>{};
+    };
+    c.bitwise = true;
     cases.push_back(std::move(c));
   }
 
@@ -1184,6 +1229,18 @@ void add_large_cases(std::vector<Case>& cases) {
                   });
     b.tol = {1e-7, 1e-6};
     cases.push_back(std::move(b));
+  }
+  {
+    Case c = lazy("dropout", fmt::format("bf16 [{}x{}] p=0.1 in place (past 2^24)", rows, D), ++seed,
+                  [=](Case& c, Rng& rng) {
+                    c.args = {inout("x", H, {rows, D}, randu(rng, rows * D))};
+                    c.run = [](const std::vector<Tensor>& t) {
+                      ops::dropout(t[0], t[0], 0.1f, 0x5eedull << 32 | 7, ~0ull - 1);
+                      return none();
+                    };
+                  });
+    c.bitwise = true;
+    cases.push_back(std::move(c));
   }
   {
     Case c = lazy("bias_backward", fmt::format("dy bf16[{}x{}] (past 2^24)", rows, D), ++seed, [=](Case& c, Rng& rng) {

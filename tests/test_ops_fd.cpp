@@ -1,8 +1,10 @@
-// Finite-difference gradient checks for matmul, embedding and SwiGLU, plus argument checks.
+// Finite-difference gradient checks for matmul, embedding, SwiGLU, bias and dropout, plus argument
+// checks.
 // Each builds L = <out, R> for a fixed random R (in double), so dL/dout = R is what the backward
 // receives, and compares the analytic input gradients with central differences.
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -54,6 +56,36 @@ TEST(GradCheck, SwiGLU) {
   ops::swiglu_backward(view(dg, {N, F}), view(du, {N, F}), view(R, {N, F}), view(g, {N, F}), view(u, {N, F}));
   EXPECT_TRUE(check_gradient(loss, g.data(), N * F, dg.data(), {1e-3, 1e-3, 1e-2, 200}, "dgate"));
   EXPECT_TRUE(check_gradient(loss, u.data(), N * F, du.data(), {1e-3, 1e-3, 1e-2, 200}, "dup"));
+}
+
+TEST(GradCheck, DropoutBackwardIsTheSameMask) {
+  // out = M x with M diagonal (the mask times 1 / (1 - p)), so dx = M dy: the backward is the same
+  // call, with the same (key, stream), applied to the gradient. The op is linear, so central
+  // differences are exact up to rounding.
+  const int64_t N = 6, D = 11;
+  const float p = 0.4f;
+  const uint64_t key = 0x1234abcd5678ull, stream = 99;
+  std::vector<float> x = randn(N * D, 13, "x"), R = randn(N * D, 14, "R"), out(size_t(N * D));
+  auto loss = [&] {
+    ops::dropout(view(out, {N, D}), view(x, {N, D}), p, key, stream);
+    return dot(out.data(), R.data(), N * D);
+  };
+  std::vector<float> dx(size_t(N * D));
+  ops::dropout(view(dx, {N, D}), view(R, {N, D}), p, key, stream);
+  EXPECT_TRUE(check_gradient(loss, x.data(), N * D, dx.data(), {1e-2, 1e-4, 1e-4, 1000}, "dx"));
+  // dx is the mask applied to dy: zero where the element was dropped, R * scale where kept; and
+  // in place on the gradient buffer (how a caller would run it) gives the same bits.
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < N * D; ++i) {
+    const bool keep = rng_uniform(key, stream, uint64_t(i)) >= p;
+    EXPECT_EQ(dx[size_t(i)], keep ? R[size_t(i)] * ops::dropout_scale(p) : R[size_t(i)] * 0.0f) << i;
+    dropped += !keep;
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, N * D);
+  std::vector<float> g = R;
+  ops::dropout(view(g, {N, D}), view(g, {N, D}), p, key, stream);
+  EXPECT_EQ(g, dx);
 }
 
 TEST(GradCheck, AdamWMatchesClosedFormFirstStep) {

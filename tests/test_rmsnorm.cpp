@@ -73,6 +73,26 @@ TEST(RMSNorm, BackwardIsIndependentOfThreadCount) {
   EXPECT_EQ(std::memcmp(dw1.data(), dw3.data(), dw1.size() * 4), 0);
 }
 
+TEST(RMSNorm, FrozenWeightGivesTheSameDxWithoutDw) {
+  // dw undefined (a frozen norm weight under LoRA): dx is the bits of the run with dw; bf16 x and
+  // dy included, and a D spanning several of the dw pass's column blocks.
+  const int64_t N = 9, D = 130;
+  std::vector<float> x = st::randn(N * D, 4, "x"), w = st::randn(D, 4, "w"), dy = st::randn(N * D, 4, "dy");
+  std::vector<float> y(static_cast<size_t>(N * D)), rstd(static_cast<size_t>(N));
+  ops::rmsnorm_forward(view(y, {N, D}), view(rstd, {N}), view(x, {N, D}), view(w, {D}), 1e-5f);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    st::HostArray xa(dt, x), dya(dt, dy);
+    std::vector<float> dx_full(size_t(N * D), NAN), dx_frozen(size_t(N * D), NAN), dw(size_t(D), 0.5f);
+    ops::rmsnorm_backward(view(dx_full, {N, D}), view(dw, {D}), dya.view({N, D}), xa.view({N, D}), view(w, {D}),
+                          view(rstd, {N}));
+    ops::rmsnorm_backward(view(dx_frozen, {N, D}), Tensor{}, dya.view({N, D}), xa.view({N, D}), view(w, {D}),
+                          view(rstd, {N}));
+    EXPECT_EQ(std::memcmp(dx_frozen.data(), dx_full.data(), dx_full.size() * sizeof(float)), 0);
+    EXPECT_NE(dw, std::vector<float>(size_t(D), 0.5f));  // the run with dw did accumulate into it
+  }
+}
+
 TEST(RMSNorm, RejectsBadArguments) {
   const int64_t N = 4, D = 8;
   const size_t nd = size_t(N * D);

@@ -47,7 +47,8 @@ void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor&
 // y = x / sqrt(mean(x^2) + eps) * w, computed in f32.  x, y [N, D] f32|bf16; w [D] f32|bf16;
 // rstd [N] f32 receives 1/sqrt(mean(x^2) + eps) for the backward.
 void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
-// dx written; dw [D] f32 accumulated, or undefined for a frozen weight (LoRA): then not computed.
+// dx written; dw [D] f32 accumulated, or undefined for a frozen weight (LoRA): then not computed
+// (dx is the same either way).
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd);
 
@@ -100,7 +101,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 // Returns the sum of -log softmax(logits)[target] over non-ignored rows and their count.
 // When dx is defined: dx [N, D] f32 is written with grad_scale * dLoss/dx and dw [V, D] f32 is
 // accumulated with grad_scale * dLoss/dw (dw may be undefined with dx defined: a frozen head, whose
-// gradient is not computed). For a mean over the global batch, pass
+// gradient is not computed; the loss and dx do not depend on it; dw without dx is an error).
+// For a mean over the global batch, pass
 // grad_scale = 1 / (non-ignored tokens in the whole batch).
 struct CrossEntropyResult {
   double loss_sum = 0.0;
@@ -115,7 +117,13 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 // element index). The mask is a function of (key, stream, i) alone, so the backward applies the
 // same call to the gradient, and a recomputed forward (activation checkpointing) gets the same
 // mask: nothing is stored. x, out [N, D] f32|bf16 (out may alias x; dtypes may differ); 0 <= p < 1.
+// In f32 exactly as torch's dropout: out[i] = x[i] * m with m = dropout_scale(p) or 0 (so a
+// dropped element is +-0, and NaN where x is NaN or infinite); a bf16 out is rounded once. p == 0
+// is a copy (a cast when the dtypes differ). CPU and CUDA draw the same mask, bit for bit.
 void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
+// The multiplier of a kept element: 1 / (1 - p), with 1 - p rounded to f32 and an f32 division
+// (torch's bernoulli(1 - p).div_(1 - p) on an f32 tensor).
+inline float dropout_scale(float p) { return 1.0f / float(1.0 - double(p)); }
 
 // ---- Optimizer -------------------------------------------------------------------------------
 // Hyperparameters are doubles, as in Python: torch derives scalars such as 1 - beta2 in double

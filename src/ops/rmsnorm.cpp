@@ -41,7 +41,7 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   check_arg(op, "dy", dy, {DType::F32, DType::BF16}, {N, D});
   check_arg(op, "rstd", rstd, {DType::F32}, {N});
   check_arg(op, "dx", dx, {DType::F32, DType::BF16}, {N, D});
-  check_arg(op, "dw", dw, {DType::F32}, {D});
+  if (dw.defined()) check_arg(op, "dw", dw, {DType::F32}, {D});  // undefined: a frozen weight, no dw
   const Device dev =
       check_same_device(op, {{"dx", &dx}, {"dw", &dw}, {"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
   SHARDLM_DISPATCH_CUDA(dev, rmsnorm_backward(dx, dw, dy, x, w, rstd));

@@ -32,6 +32,7 @@ void bias_backward(const Tensor& db, const Tensor& dy);
 void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
+void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
 
 // NF4 (ops/nf4.h). nf4_absmax_sum: index order, in double (the CUDA front end copies to the host).
 double nf4_absmax_sum(const Tensor& absmax);

@@ -5,7 +5,7 @@
 //   logits = x_chunk @ w^T                                  (BLAS, outside any OpenMP region)
 //   per row, in parallel: loss = logsumexp(logits) - logits[target]; for the backward the row
 //     becomes dlogits = grad_scale * (softmax - onehot(target)) in place (zero if ignored)
-//   dw += dlogits^T @ x_chunk;  dx_chunk = dlogits @ w      (BLAS)
+//   dw += dlogits^T @ x_chunk (unless dw is undefined: a frozen head);  dx_chunk = dlogits @ w  (BLAS)
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -123,7 +123,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       continue;
     }
     // dw before dx: x_chunk's last use comes before dx_chunk is written, should they share memory.
-    ops::matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
+    if (dw.defined()) ops::matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
     ops::matmul(dxc, logits, wf, /*trans_a=*/false, /*trans_b=*/false);
   }
   return {loss_sum, count};

@@ -70,7 +70,8 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   // Parallel over blocks of columns, each summing its rows in order into doubles: no per-thread
   // copies of dw, and the result is the same bits whatever the number of threads. It runs before
   // dx is written, so it still reads the right dy even if a caller passes dx aliasing dy.
-  {
+  // Skipped for a frozen weight (dw undefined); dx does not depend on it.
+  if (dw.defined()) {
     constexpr int64_t kBlock = 64;
     float* dw_out = dw.f32();
     const int64_t blocks = (D + kBlock - 1) / kBlock;

@@ -20,6 +20,9 @@
 // f32 head (w f32): exact f32 as on the CPU (a bf16 x is widened a chunk at a time), dlogits in
 // f32 in place, dw += dlogits^T x_chunk and dx_chunk = dlogits w per chunk.
 //
+// A frozen head (dx defined, dw undefined) skips the dw GEMMs; a bf16 head then needs no group
+// buffer beyond one chunk (groups exist only to batch the dw update).
+//
 // Per-row losses go to a [N] double Workspace array; a one-block kernel sums them (and counts
 // the rows that are not ignored) in a fixed order, and the two numbers are copied to the host:
 // the one synchronization of the op (its result is a host value).
@@ -120,6 +123,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                                         const Tensor& dw, float grad_scale, int64_t chunk_rows) {
   const int64_t N = x.shape[0], D = x.shape[1], V = w.shape[0];
   const bool backward = dx.defined();
+  const bool with_dw = backward && dw.defined();
   if (N == 0) return {};
   const int64_t C = std::min(chunk_rows, N);
   const cudaStream_t stream = cuda::compute_stream();
@@ -133,7 +137,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
     // Rows per group: a multiple of C, at least C, at most kMaxGroupChunks chunks and what
     // kGroupBytes of dlogits holds.
     const int64_t chunks = std::clamp<int64_t>(kGroupBytes / (2 * V * C), 1, kMaxGroupChunks);
-    const int64_t G = backward ? std::min(N, chunks * C) : C;
+    const int64_t G = with_dw ? std::min(N, chunks * C) : C;
     Buffer dl_buf, x_buf;
     if (backward) dl_buf = Buffer(size_t(G * V) * 2, MemCategory::Workspace, /*zero=*/false, Device::CUDA);
     if (x.dtype == DType::F32) x_buf = Buffer(size_t(G * D) * 2, MemCategory::Workspace, /*zero=*/false, Device::CUDA);
@@ -159,7 +163,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
         const Tensor dlc = Tensor::view(dl, DType::BF16, {rows, V}, Device::CUDA);
         matmul(dx.slice(r0, r1), dlc, w, /*trans_a=*/false, /*trans_b=*/false, 1.0f, 0.0f);
       }
-      if (!backward) continue;
+      if (!with_dw) continue;
       // dw after the group's dx: xg is a bf16 tensor, never the f32 dx, so the order is free.
       const Tensor dlg = Tensor::of(dl_buf, DType::BF16, {grows, V});
       matmul(dw, dlg, xg, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
@@ -184,7 +188,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       if (!backward) continue;
       // A chunk whose rows are all ignored has zero dlogits: dx gets zeros, dw += 0.
       // dw before dx: x_chunk's last use comes before dx_chunk is written, should they share memory.
-      matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
+      if (with_dw) matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
       matmul(dx.slice(r0, r1), logits, w, /*trans_a=*/false, /*trans_b=*/false, 1.0f, 0.0f);
     }
   }

@@ -40,6 +40,7 @@ void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
 void zero(const Tensor& x);
+void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
 
 // NF4 (ops/nf4.h).
 void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x);

@@ -195,20 +195,24 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   const int64_t N = x.shape[0], D = x.shape[1];
   if (N == 0) return;
   const cudaStream_t stream = cuda::compute_stream();
-  const int64_t tiles = column_tiles(D);
-  const int64_t parts = parts_for(tiles, (N + kMinRowsPerPart - 1) / kMinRowsPerPart);
-  const int64_t rows_per_part = (N + parts - 1) / parts;
-  const int64_t used = (N + rows_per_part - 1) / rows_per_part;  // every part non-empty
-  Buffer partial;
-  if (used > 1)
-    partial = Buffer(size_t(used * D) * sizeof(double), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
-  const dim3 grid(checked_blocks(tiles, "rmsnorm_backward"), unsigned(used));
-  rmsnorm_dw_kernel<<<grid, kColThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), dy.data,
-                                                      dy.dtype, x.data, x.dtype, rstd.f32(), N, D, rows_per_part);
-  SHARDLM_CUDA_LAUNCH_CHECK();
-  if (used > 1) {
-    rmsnorm_dw_finish<<<grid_for(D), kThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), used, D);
+  // dw first (dx may alias dy); a frozen weight (dw undefined) launches neither dw kernel.
+  if (dw.defined()) {
+    const int64_t tiles = column_tiles(D);
+    const int64_t parts = parts_for(tiles, (N + kMinRowsPerPart - 1) / kMinRowsPerPart);
+    const int64_t rows_per_part = (N + parts - 1) / parts;
+    const int64_t used = (N + rows_per_part - 1) / rows_per_part;  // every part non-empty
+    Buffer partial;
+    if (used > 1)
+      partial = Buffer(size_t(used * D) * sizeof(double), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
+    const dim3 grid(checked_blocks(tiles, "rmsnorm_backward"), unsigned(used));
+    rmsnorm_dw_kernel<<<grid, kColThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), dy.data,
+                                                        dy.dtype, x.data, x.dtype, rstd.f32(), N, D, rows_per_part);
     SHARDLM_CUDA_LAUNCH_CHECK();
+    if (used > 1) {
+      rmsnorm_dw_finish<<<grid_for(D), kThreads, 0, stream>>>(dw.f32(), static_cast<double*>(partial.data()), used,
+                                                              D);
+      SHARDLM_CUDA_LAUNCH_CHECK();
+    }
   }
   rmsnorm_dx_kernel<<<checked_blocks(N, "rmsnorm_backward"), row_threads(D), 0, stream>>>(
       dx.data, dx.dtype, dy.data, dy.dtype, x.data, x.dtype, w.data, w.dtype, rstd.f32(), D);
