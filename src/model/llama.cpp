@@ -70,6 +70,10 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
       if (present(c, t.spec.presence)) p.params.push_back(param_info(c, t.spec, layer_prefix(l)));
     parts.push_back(std::move(p));
   }
+  ModelPart head{PartKind::Head, -1, "lm_head", {}};
+  for (const TopTensorSpec& t : kHeadTensors)
+    if (present(c, t.spec.presence)) head.params.push_back(param_info(c, t.spec, ""));
+  parts.push_back(std::move(head));
   if (c.lora) {
     // LoRA: the base is frozen; each layer's adapters follow its base tensors, A then B per module.
     for (ModelPart& p : parts)
@@ -81,10 +85,6 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
       params.push_back({t.b_name, {t.out_features, c.lora->rank}, Init::Zeros, true, true});
     }
   }
-  ModelPart head{PartKind::Head, -1, "lm_head", {}};
-  for (const TopTensorSpec& t : kHeadTensors)
-    if (present(c, t.spec.presence)) head.params.push_back(param_info(c, t.spec, ""));
-  parts.push_back(std::move(head));
   return parts;
 }
 
