@@ -68,7 +68,7 @@ int parse_checkpointing(const std::string& v) {
 // The table of one estimate, per rank, by category.
 void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget) {
   const bool host = in.offload;
-  fmt::print("\nper rank{}:\n", e.approximate ? " (ESTIMATE ONLY: see the notes)" : "");
+  fmt::print("\nper rank:\n");
   fmt::print("  {:<44} {:>12} {:>12}  {}\n", "what", "at peak", "own peak", host ? "where" : "tracker category");
   for (int i = 0; i < memory::kNumTerms; ++i) {
     const memory::Term t = memory::Term(i);
@@ -155,7 +155,7 @@ void run(const Opts& o) {
     }
     in.model.lora = spec;
   }
-  in.qlora = o.qlora;
+  in.model.nf4_base = o.qlora;
   int64_t budget = 0;
   if (!o.device_memory.empty()) {
     try {
@@ -263,7 +263,7 @@ void register_estimate_memory(CLI::App& app) {
   cmd->add_option("--target-modules", o->target_modules,
                   "With --lora-rank: the adapted modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)")
       ->capture_default_str();
-  cmd->add_flag("--qlora", o->qlora, "Estimate only: with --lora-rank, the frozen base's linear weights in 4-bit NF4");
+  cmd->add_flag("--qlora", o->qlora, "QLoRA: with --lora-rank, the frozen base's Linear weights in NF4 with double quantization");
   cmd->add_option("--device-memory", o->device_memory, "Memory per rank to fit, e.g. 80GB or 24GiB");
   cmd->add_flag("--sweep", o->sweep, "Every strategy at world sizes 1..--world-size, marking what fits --device-memory");
   cmd->footer(

@@ -99,10 +99,6 @@ BlockTemps block_temps(const ModelConfig& c, int64_t N, bool act16, bool w16) {
 // The engine's own rows per cross-entropy chunk (ops.h: linear_cross_entropy's default).
 constexpr int64_t kCeChunkRows = 256;
 
-// NF4 with double quantization (QLoRA): 4 bits per weight, an 8-bit absmax per block of 64 and an
-// f32 scale per 256 of those blocks.
-constexpr double kNf4BytesPerParam = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
-
 bool checkpointed(int every, int64_t layer) { return every > 0 && layer % every == 0; }
 
 Term role_term(shard::BufferRole r) {
@@ -113,7 +109,8 @@ Term role_term(shard::BufferRole r) {
     case shard::BufferRole::FullParams: return Term::FullParams;
     case shard::BufferRole::FullGrad: return Term::FullGrads;
     case shard::BufferRole::Staging: return Term::Communication;
-    case shard::BufferRole::Frozen: return Term::FrozenBase;
+    case shard::BufferRole::Frozen:
+    case shard::BufferRole::Quantized: return Term::FrozenBase;
   }
   return Term::OtherWorkspace;
 }
@@ -280,28 +277,15 @@ Estimate estimate(const EstimateInput& in) {
 
   for (const shard::PlannedUnit& u : engine.plan().units) est.trainable_params += u.layout.numel;
   if (cfg.lora) {
-    const int64_t base = est.parameters - est.trainable_params;
     est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}",
                                     cfg.lora->rank, fmt::join(model::expand_lora_targets(cfg.lora->target_modules), " "),
                                     est.trainable_params, 100.0 * double(est.trainable_params) / double(est.parameters),
                                     est.parameters, dtype_name(sc.param_dtype)));
-    if (in.qlora) {
-      // QLoRA, estimated: the frozen base's Linear weights in NF4 at rest instead of param_dtype.
-      est.approximate = true;
-      int64_t linear = 0;
-      for (const model::LoraTarget& t : model::lora_targets(cfg, model::LoraSpec{.target_modules = {"all-linear"}}))
-        linear += t.in_features * t.out_features;
-      const double at_rest = double(est.at_peak[size_t(Term::FrozenBase)]);
-      const double quantized = at_rest * (double(linear) * kNf4BytesPerParam + double(base - linear) * double(pd)) /
-                               (double(base) * double(pd));
-      const int64_t saved = int64_t(at_rest - quantized);
-      for (std::array<int64_t, kNumTerms>* t : {&est.at_peak, &est.peak}) (*t)[size_t(Term::FrozenBase)] -= saved;
-      est.category_peak[size_t(MemCategory::Parameters)] -= saved;
-      est.peak_total -= saved;
-      est.notes.push_back(fmt::format(
-          "QLoRA is an estimate only: the engine does not quantize the base yet; this is the LoRA run with the "
-          "frozen Linear weights at rest in NF4 ({:.4f} bytes/param with double quantization)", kNf4BytesPerParam));
-    }
+    if (cfg.nf4_base)
+      est.notes.push_back(fmt::format("QLoRA: the frozen Linear weights at rest in NF4 ({}); each unit's are "
+                                      "dequantized to {} for its visits",
+                                      cfg.nf4_double_quant ? "double quantization" : "f32 absmax per 64 weights",
+                                      dtype_name(sc.param_dtype)));
   }
   est.device_bytes = est.peak_total;
   if (in.offload) {

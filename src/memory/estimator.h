@@ -11,10 +11,9 @@
 // scratch, the data pipeline) is outside it, and docs/memory.md says how large that usually is.
 // Communication per step is what the dry run's communicators counted.
 //
-// LoRA (a model with ModelConfig::lora) is the engine's own too: the frozen base, the adapters and
-// their optimizer state are what the dry run allocates. QLoRA is an estimate of what the engine
-// does not run yet, labelled as such wherever it is printed. Offload (device: cuda) is the
-// engine's own: its host bytes are counted.
+// LoRA and QLoRA (a model with ModelConfig::lora, and nf4_base) are the engine's own too: the
+// frozen base (in the param dtype or NF4), the adapters and their optimizer state are what the dry
+// run allocates. Offload (device: cuda) is the engine's own: its host bytes are counted.
 #pragma once
 
 #include <array>
@@ -31,7 +30,7 @@ namespace shardlm::memory {
 // Finer than the tracker's categories, so the table can say what the bytes are for.
 enum class Term : uint8_t {
   ParamsAtRest,    // f32 master weights (this rank's shard, or all of them for NO_SHARD)
-  FrozenBase,      // a LoRA run's frozen base weights in param_dtype (its shard, or all of it)
+  FrozenBase,      // a LoRA run's frozen base at rest: param_dtype, or NF4 for QLoRA (a shard, or all of it)
   FullParams,      // parameters in param_dtype: gathered units incl. prefetch, or the persistent copy
   GradShard,       // reduced f32 gradient shard
   FullGrads,       // f32 full-unit gradient accumulators
@@ -46,7 +45,7 @@ const char* term_name(Term t);
 MemCategory term_category(Term t);
 
 struct EstimateInput {
-  ModelConfig model;  // with model.lora set: a LoRA fine-tune
+  ModelConfig model;  // with model.lora set: a LoRA fine-tune (QLoRA with model.nf4_base)
   shard::ShardingConfig sharding;  // strategy, wrap, prefetch, param/reduce dtype, shard group, no_sync
   int world_size = 1;
   int ranks_per_node = 0;  // 0: every rank on one node. Hybrid shard groups default to this.
@@ -55,7 +54,6 @@ struct EstimateInput {
   int64_t grad_accum = 1;  // micro-batches per step (matters with no_sync)
   int checkpoint_every = 0;  // activation checkpointing: every k-th layer (1 = all, 0 = none)
   bool offload = false;      // master, gradient shard and AdamW state in pinned host memory (device: cuda)
-  bool qlora = false;        // estimate only, with model.lora: the frozen base's linear weights in 4-bit NF4
 };
 
 struct Estimate {
@@ -74,7 +72,6 @@ struct Estimate {
   double inter_node_bytes_per_step = 0;  // of that, what crosses nodes
   int64_t save_gather_bytes = 0;  // the final save gathers one unit at a time in f32: the largest unit
   int64_t trainable_params = 0;   // what the optimizer steps (the adapters under LoRA)
-  bool approximate = false;       // QLoRA: not what the engine runs today
   std::vector<std::string> notes;
 };
 

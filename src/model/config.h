@@ -87,6 +87,11 @@ struct ModelConfig {
   // read from or written to it). With one, the model's parameters are the frozen base weights plus
   // the adapters' A and B (model::llama_parts), and only the adapters train.
   std::optional<model::LoraSpec> lora;
+  // QLoRA (with lora): the frozen base's Linear weights (q/k/v/o/gate/up/down of every layer) kept
+  // in NF4 as bitsandbytes stores them (ops/nf4.h), with double quantization of the absmax values
+  // when nf4_double_quant, dequantized to the compute dtype around each use. Not config.json's.
+  bool nf4_base = false;
+  bool nf4_double_quant = true;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }

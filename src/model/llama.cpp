@@ -74,10 +74,16 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
   for (const TopTensorSpec& t : kHeadTensors)
     if (present(c, t.spec.presence)) head.params.push_back(param_info(c, t.spec, ""));
   parts.push_back(std::move(head));
+  SHARDLM_CHECK(!c.nf4_base || c.lora, "an NF4 base (QLoRA) needs LoRA adapters to train");
   if (c.lora) {
     // LoRA: the base is frozen; each layer's adapters follow its base tensors, A then B per module.
     for (ModelPart& p : parts)
-      for (ParamInfo& info : p.params) info.trainable = false;
+      for (ParamInfo& info : p.params) {
+        info.trainable = false;
+        // QLoRA quantizes the decoder's Linear weights (bitsandbytes' Linear4bit); norms,
+        // biases, the embedding and lm_head stay in the compute dtype.
+        info.nf4 = c.nf4_base && p.kind == PartKind::Layer && info.shape.size() == 2;
+      }
     const Init a_init = c.lora->init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
     for (const LoraTarget& t : lora_targets(c, *c.lora)) {
       std::vector<ParamInfo>& params = parts[size_t(1 + t.layer)].params;

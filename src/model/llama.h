@@ -38,6 +38,8 @@ struct ParamInfo {
   // False for a LoRA run's base weights: no gradient, no optimizer state, kept in the compute dtype
   // in a flat buffer of their own (shard/plan.h).
   bool trainable = true;
+  // QLoRA: a frozen Linear weight stored in NF4 (ModelConfig::nf4_base).
+  bool nf4 = false;
   int64_t numel() const;
 };
 

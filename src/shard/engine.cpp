@@ -128,11 +128,40 @@ struct ShardedModel::Unit {
   // parameters persist, else [frozen shard], gathered into frozen_full beside full_params.
   FlatBuffer frozen, frozen_full;
   std::unique_ptr<comm::Request> frozen_pending;
+  // QLoRA (plan.h Nf4Piece): u8 [NF4 store] at rest, [chunks x store] gathered; the dequantized
+  // weights (param dtype [quantized numel]) live only during a visit.
+  FlatBuffer nf4, nf4_full, dequantized;
+  std::unique_ptr<comm::Request> nf4_pending;
   // What the model binds: views of full_params or, where no copy is needed, of the master
   // (f32 NO_SHARD, f32 solo); of full_grad or, for a solo unit, of the gradient shard; of the
   // frozen base (frozen or frozen_full).
   Tensor params, grads, frozen_params;
 };
+
+namespace {
+// A tensor's bytes seen as f32 for the communicators (a gather copies bits; sizes are multiples of 16).
+Tensor as_f32(const Tensor& bytes) { return Tensor::view(bytes.data, DType::F32, {bytes.nbytes() / 4}, bytes.device); }
+
+int64_t nf4_blocks(int64_t n) { return (n + ops::kNf4BlockSize - 1) / ops::kNf4BlockSize; }
+
+// Views of the m-element chunk at `base`, laid out as `chunk` (the piece's largest chunk).
+ops::Nf4Tensor nf4_chunk(void* base, const ops::Nf4Layout& chunk, int64_t m, Device device) {
+  char* b = static_cast<char*>(base);
+  auto at = [&](size_t offset) { return b ? b + offset : nullptr; };
+  ops::Nf4Tensor q;
+  q.shape = {m};
+  q.nested = chunk.nested;
+  const int64_t blocks = nf4_blocks(m);
+  q.packed = Tensor::view(at(chunk.packed_offset), DType::U8, {(m + 1) / 2}, device);
+  q.absmax = Tensor::view(at(chunk.absmax_offset), chunk.nested ? DType::U8 : DType::F32, {blocks}, device);
+  if (chunk.nested) {
+    q.nested_absmax = Tensor::view(at(chunk.nested_absmax_offset), DType::F32,
+                                   {(blocks + ops::kNf4NestedBlockSize - 1) / ops::kNf4NestedBlockSize}, device);
+    q.offset = Tensor::view(at(chunk.offset_offset), DType::F32, {1}, device);
+  }
+  return q;
+}
+}  // namespace
 
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
     : ShardedModel(cfg, sharding, mesh, nullptr) {}
@@ -162,6 +191,7 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
                          p.persistent ? p.frozen.padded_numel : p.frozen_shard_numel, true);
       if (p.persistent) u->frozen_params = u->frozen.view();
     }
+    if (!p.nf4.empty()) u->nf4 = buffer(BufferRole::Quantized, DType::U8, p.nf4_store_bytes, true);
     if (!p.trains()) {  // a frozen unit (LoRA): no master, no optimizer state, no gradients
       units_.push_back(std::move(u));
       continue;
@@ -236,12 +266,75 @@ void ShardedModel::fill_frozen(Unit& u, Fill fill) {
   a.cast(dst, up.view());
 }
 
+// QLoRA: this rank quantizes only its own chunk of each weight (f32 values from `fill`, in host
+// memory, then copied to the device). With double quantization the offset is the mean of the
+// absmax values of the whole weight: one sum over the shard group per weight.
+template <class Fill>
+void ShardedModel::fill_nf4(Unit& u, Fill fill) {
+  if (!u.nf4.live()) return;
+  const Arith a{ledger_ != nullptr};
+  const PlannedUnit& p = *u.plan;
+  const int c = p.nf4_chunks > 1 ? plan_.shard_rank : 0;
+  const bool host = device_ != Device::CPU;  // staging in (pinned) host memory for a GPU store
+  FlatBuffer host_store;
+  Tensor store = u.nf4.view();
+  if (host) {
+    host_store = buffer(BufferRole::Staging, DType::U8, p.nf4_store_bytes, true, true);
+    store = host_store.view();
+  }
+  for (const Nf4Piece& piece : p.nf4) {
+    const int64_t lo = piece.lo(c), hi = piece.hi(c), m = hi - lo;
+    const bool nested = piece.chunk.nested;
+    ops::Nf4Tensor q;
+    FlatBuffer absmax;  // nested: the f32 absmax values before their own quantization
+    double sum = 0;
+    if (m > 0) {
+      q = nf4_chunk(store.data ? static_cast<char*>(store.data) + piece.offset : nullptr, piece.chunk, m, Device::CPU);
+      const FlatBuffer x = buffer(BufferRole::Staging, DType::F32, m, false, host);
+      if (nested) absmax = buffer(BufferRole::Staging, DType::F32, nf4_blocks(m), false, host);
+      if (!ledger_) {
+        fill(piece.entry.offset + lo, piece.entry.offset + hi, x.view().f32());
+        ops::nf4_quantize(q.packed, nested ? absmax.view() : q.absmax, x.view());
+        if (nested) sum = ops::nf4_absmax_sum(absmax.view());
+      }
+    }
+    if (!nested) continue;
+    if (p.nf4_chunks > 1) sum = mesh_.shard->all_reduce_sum(sum);
+    if (m == 0 || ledger_) continue;
+    *q.offset.f32() = ops::nf4_offset_from_sum(sum, nf4_blocks(piece.entry.info.numel()));
+    ops::nf4_quantize_absmax(q.absmax, q.nested_absmax, absmax.view(), q.offset);
+  }
+  if (host) a.copy(u.nf4.view(), store);
+}
+
+// The unit's NF4 weights, dequantized to the param dtype for one visit (from the gathered chunks,
+// or from this rank's store when it holds every chunk).
+void ShardedModel::dequantize(Unit& u) {
+  const PlannedUnit& p = *u.plan;
+  u.dequantized = buffer(BufferRole::FullParams, plan_.precision.param, p.quantized.padded_numel, false);
+  if (ledger_) return;
+  const Tensor& store = p.nf4_chunks > 1 ? u.nf4_full.view() : u.nf4.view();
+  for (const Nf4Piece& piece : p.nf4)
+    for (int c = 0; c < p.nf4_chunks; ++c) {
+      const int64_t lo = piece.lo(c), hi = piece.hi(c);
+      if (lo >= hi) continue;
+      char* base = static_cast<char*>(store.data) + size_t(c) * size_t(p.nf4_store_bytes) + piece.offset;
+      const ops::Nf4Tensor q = nf4_chunk(base, piece.chunk, hi - lo, store.device);
+      const Tensor out = u.dequantized.view().slice(piece.entry.offset + lo, piece.entry.offset + hi);
+      if (q.nested)
+        ops::nf4_dequantize_nested(out, q.packed, q.absmax, q.nested_absmax, q.offset);
+      else
+        ops::nf4_dequantize(out, q.packed, q.absmax);
+    }
+}
+
 void ShardedModel::init_random(uint64_t seed) {
   const float std = float(cfg_.initializer_range);
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
     fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { init_flat_range(p.frozen, begin, end, seed, std, out); });
+    fill_nf4(u, [&](int64_t begin, int64_t end, float* out) { init_flat_range(p.quantized, begin, end, seed, std, out); });
     if (p.trains())
       fill_master(u, [&](float* out) { init_flat_range(p.layout, p.own_begin, p.own_begin + p.own_numel, seed, std, out); });
     refresh_params(u);
@@ -255,7 +348,9 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
     const PlannedUnit& p = *u.plan;
     // A LoRA run: the file holds the frozen base, and the adapters are new.
     fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { load_flat_range(p.frozen, begin, end, weights, source, out); });
+    fill_nf4(u, [&](int64_t begin, int64_t end, float* out) { load_flat_range(p.quantized, begin, end, weights, source, out); });
     layouts.push_back(cfg_.lora ? &p.frozen : &p.layout);
+    layouts.push_back(&p.quantized);
     if (p.trains())
       fill_master(u, [&](float* out) {
         const int64_t begin = p.own_begin, end = p.own_begin + p.own_numel;
@@ -333,6 +428,10 @@ void ShardedModel::gather_start(Unit& u) {
     u.frozen_full = buffer(BufferRole::FullParams, plan_.precision.param, p.frozen.padded_numel, false);
     u.frozen_pending = shard_comm_.all_gather_async(u.frozen_full.view(), u.frozen.view());
   }
+  if (u.nf4.live() && p.nf4_chunks > 1) {  // the packed bytes and their state, as stored
+    u.nf4_full = buffer(BufferRole::FullParams, DType::U8, p.nf4_chunks * p.nf4_store_bytes, false);
+    u.nf4_pending = shard_comm_.all_gather_async(as_f32(u.nf4_full.view()), as_f32(u.nf4.view()));
+  }
   u.state = ParamState::Gathering;
 }
 
@@ -350,29 +449,45 @@ void ShardedModel::wait_gathered(Unit& u, model::StagedModel& m) {
       u.frozen_pending.reset();
       u.frozen_params = u.frozen_full.view();
     }
+    if (u.nf4_pending) {
+      u.nf4_pending->wait();
+      u.nf4_pending.reset();
+    }
     u.state = ParamState::Gathered;
   }
-  bind(u, m.weights(), u.params, u.frozen_params);
+  if (u.nf4.live() && !u.dequantized.live()) dequantize(u);
+  bind(u, m.weights(), u.params, true);
+}
+
+// QLoRA: the dequantized weights last one visit; the next one dequantizes again.
+void ShardedModel::end_visit(Unit& u, model::StagedModel& m) {
+  if (!u.dequantized.live()) return;
+  u.dequantized.reset();
+  unbind(u, m.weights());
 }
 
 void ShardedModel::release(Unit& u, model::StagedModel& m) {
   if (u.plan->persistent || u.state != ParamState::Gathered) return;
   u.full_params.reset();
   u.frozen_full.reset();
+  u.nf4_full.reset();
   u.params = u.frozen_params = Tensor{};
   u.state = ParamState::Sharded;
   unbind(u, m.weights());  // any use of a freed unit fails loudly instead of reading freed memory
 }
 
-// Binds the unit's tensors to views of `flat` (its trained layout) and `frozen` (its frozen one).
-// An undefined `frozen` leaves the frozen tensors unbound: that is how gradients are bound, since
-// a frozen weight has none.
-void ShardedModel::bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, const Tensor& frozen) const {
+// Binds the unit's tensors to views of `flat` (its trained layout) and, with_frozen, its frozen
+// ones (the frozen buffer and QLoRA's dequantized weights). Without, the frozen tensors stay
+// unbound: that is how gradients are bound, since a frozen weight has none.
+void ShardedModel::bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, bool with_frozen) const {
+  const Tensor frozen = with_frozen ? u.frozen_params : Tensor{};
+  const Tensor dequantized = with_frozen && u.dequantized.live() ? u.dequantized.view() : Tensor{};
   auto lookup = [&](const std::string& name) -> Tensor {
-    for (const auto& [layout, buf] : {std::pair{&u.plan->layout, &flat}, std::pair{&u.plan->frozen, &frozen}})
+    for (const auto& [layout, buf] : {std::pair{&u.plan->layout, &flat}, std::pair{&u.plan->frozen, &frozen},
+                                      std::pair{&u.plan->quantized, &dequantized}})
       for (const FlatEntry& e : layout->entries) {
         if (e.info.name != name) continue;
-        if (!buf->defined() && layout == &u.plan->frozen) return Tensor{};
+        if (!buf->defined() && layout != &u.plan->layout) return Tensor{};
         char* base = buf->data ? static_cast<char*>(buf->data) + size_t(e.offset) * dtype_size(buf->dtype) : nullptr;
         // The view carries the buffer's device: ops dispatch on it.
         return Tensor::view(base, buf->dtype, e.info.shape.data(), int(e.info.shape.size()), buf->device);
@@ -394,7 +509,7 @@ void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
     u.full_grad = buffer(BufferRole::FullGrad, DType::F32, u.plan->layout.padded_numel, true);  // zeroed
     u.grads = u.full_grad.view();
   }
-  bind(u, m.grads(), u.grads, Tensor{});
+  bind(u, m.grads(), u.grads, false);
 }
 
 // Hands a unit's accumulated gradients to their owners. NO_SHARD all-reduces the full buffer in
@@ -455,6 +570,7 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
       const bool due = sc.shard_gradients() ? (last_micro || sc.reduce_every_microbatch) : (last_micro && v.last_backward);
       if (due) reduce_grad(u, m);
     }
+    end_visit(u, m);
     if (v.free_after) release(u, m);
   }
 }

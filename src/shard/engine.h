@@ -147,6 +147,10 @@ class ShardedModel {
   void fill_master(Unit& u, Fill fill);
   template <class Fill>
   void fill_frozen(Unit& u, Fill fill);
+  template <class Fill>
+  void fill_nf4(Unit& u, Fill fill);
+  void dequantize(Unit& u);
+  void end_visit(Unit& u, model::StagedModel& m);
   void refresh_params(Unit& u);
   const Tensor& gather_source(Unit& u);
   void gather_start(Unit& u);
@@ -154,7 +158,7 @@ class ShardedModel {
   void release(Unit& u, model::StagedModel& m);
   void acquire_grad(Unit& u, model::StagedModel& m);
   void reduce_grad(Unit& u, model::StagedModel& m);
-  void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, const Tensor& frozen) const;
+  void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, bool with_frozen) const;
   void unbind(const Unit& u, model::LlamaWeights& w) const;
   // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.
   template <class Compute>

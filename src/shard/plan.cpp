@@ -10,6 +10,7 @@ MemCategory role_category(BufferRole r) {
   switch (r) {
     case BufferRole::Master:
     case BufferRole::Frozen:
+    case BufferRole::Quantized:
     case BufferRole::FullParams: return MemCategory::Parameters;
     case BufferRole::GradShard:
     case BufferRole::FullGrad: return MemCategory::Gradients;
@@ -113,12 +114,13 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
   for (const std::vector<int>& g : wrap_parts(p.parts, cfg, sc)) {
     PlannedUnit u;
     u.parts = g;
-    std::vector<model::ParamInfo> params, frozen;
+    std::vector<model::ParamInfo> params, frozen, quantized;
     for (int part : g) {
       part_unit[size_t(part)] = int(p.units.size());
       const model::ModelPart& mp = p.parts[size_t(part)];
       u.name += (u.name.empty() ? "" : "+") + mp.name;
-      for (const model::ParamInfo& info : mp.params) (info.trainable ? params : frozen).push_back(info);
+      for (const model::ParamInfo& info : mp.params)
+        (info.trainable ? params : info.nf4 ? quantized : frozen).push_back(info);
     }
     if (g.size() >= 2 && p.parts[size_t(g[0])].kind == model::PartKind::Layer)
       u.name = fmt::format("model.layers.{}..{}", p.parts[size_t(g.front())].layer, p.parts[size_t(g.back())].layer);
@@ -131,6 +133,17 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
     u.own_numel = sharded ? u.shard_numel : u.layout.padded_numel;
     u.solo = sharded && S == 1 && !sc.hybrid() && !sc.offload_params;
     u.persistent = u.solo || !sc.shard_gradients();
+    u.quantized = make_flat_layout(u.name, quantized, 1);
+    u.nf4_chunks = u.persistent ? 1 : S;
+    for (const FlatEntry& e : u.quantized.entries) {
+      constexpr int64_t kGroup = ops::kNf4BlockSize * ops::kNf4NestedBlockSize;
+      const int64_t n = e.info.numel(), groups = (n + kGroup - 1) / kGroup;
+      Nf4Piece piece{e, u.nf4_chunks == 1 ? n : (groups + u.nf4_chunks - 1) / u.nf4_chunks * kGroup};
+      piece.chunk = ops::Nf4Layout::of(std::min(n, piece.chunk_elems), cfg.nf4_double_quant);
+      piece.offset = size_t(u.nf4_store_bytes);
+      u.nf4_store_bytes += int64_t(piece.chunk.total_bytes);
+      u.nf4.push_back(piece);
+    }
     p.units.push_back(std::move(u));
   }
   const int L = cfg.num_hidden_layers;

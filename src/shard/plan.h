@@ -13,12 +13,14 @@
 // unit, since they share a tensor; that unit is visited three times per micro-batch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 #include "model/llama.h"
+#include "ops/nf4.h"
 #include "shard/flat_layout.h"
 #include "shard/sharding.h"
 
@@ -47,6 +49,22 @@ enum class BufferRole : uint8_t {
   FullGrad,    // f32 [padded]: the unit's gradient accumulator during the backward
   Staging,     // communication staging: casts for a gather or a reduction, host/device copies
   Frozen,      // param dtype [frozen shard] or [frozen padded]: a LoRA run's base weights
+  Quantized,   // u8 [NF4 store]: a QLoRA run's base Linear weights at rest
+};
+
+// QLoRA: one NF4 tensor of a unit, split into chunks of whole groups of 256 blocks of 64
+// (ops/nf4.h's sharding rule): chunk c holds elements [c * chunk_elems, min((c + 1) * chunk_elems,
+// n)) of the weight, as packed codes and their (double-quantized) absmax state, laid out as
+// `chunk` says at byte `offset` of a rank's NF4 store. There is one chunk per rank of the shard
+// group where parameters are sharded, else one (the whole tensor, on every rank).
+struct Nf4Piece {
+  FlatEntry entry;           // its place in the unit's `quantized` layout (the dequantized weight)
+  int64_t chunk_elems = 0;   // a multiple of 16384, or n for a single chunk
+  ops::Nf4Layout chunk;      // the layout of the largest chunk
+  size_t offset = 0;         // bytes, in a rank's NF4 store
+  // Elements [lo, hi) of chunk c (empty when the weight is shorter).
+  int64_t lo(int c) const { return std::min(entry.info.numel(), c * chunk_elems); }
+  int64_t hi(int c) const { return std::min(entry.info.numel(), (c + 1) * chunk_elems); }
 };
 MemCategory role_category(BufferRole r);
 
@@ -61,6 +79,12 @@ struct PlannedUnit {
   // `layout` and gathered beside it. Empty for full fine-tuning.
   FlatLayout frozen;
   int64_t frozen_shard_numel = 0;  // frozen.padded_numel / shard group size
+  // QLoRA: the frozen Linear weights are not in `frozen` but NF4 pieces, dequantized for each
+  // visit into a param-dtype buffer laid out as `quantized` (no padding) and freed after it.
+  FlatLayout quantized;
+  std::vector<Nf4Piece> nf4;
+  int nf4_chunks = 1;            // chunks per weight: the shard group size where parameters are sharded
+  int64_t nf4_store_bytes = 0;   // a rank's NF4 store: one chunk of every piece
   int64_t shard_numel = 0; // padded / shard group size
   int64_t own_begin = 0;   // first flat element this rank optimizes (0 when the optimizer is replicated)
   int64_t own_numel = 0;   // shard_numel, or padded when the optimizer is replicated (NO_SHARD)

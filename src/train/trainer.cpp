@@ -184,10 +184,8 @@ Inputs load_inputs(const TrainConfig& c) {
   Inputs in;
   in.model = load_hf_config(c.model);
   in.model.lora = c.lora;
-  if (c.lora_quantize_base)
-    throw Error("quantize_base: nf4 (QLoRA) is not implemented in the training engine yet; train LoRA on the "
-                "bf16 or f32 base (remove quantize_base)",
-                {.file = c.source, .key = "lora.quantize_base"});
+  in.model.nf4_base = c.lora && c.lora_quantize_base;
+  in.model.nf4_double_quant = c.lora_double_quant;
   in.tok = data::load_tokenizer(c.model);
   if (in.tok->vocab_size() > in.model.vocab_size)
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
@@ -426,11 +424,17 @@ void Trainer::print_setup() {
                          units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
   if (m.lora) {
     const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m);
-    out_.print(fmt::format("LoRA: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
+    out_.print(fmt::format("{}: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
                            "params: {} || trainable%: {:.4f}",
-                           m.lora->rank, m.lora->alpha, m.lora->scale(), m.lora->use_rslora ? ", rsLoRA" : "",
-                           m.lora->dropout, fmt::join(model::expand_lora_targets(m.lora->target_modules), " "),
-                           trainable, all, 100.0 * double(trainable) / double(all)));
+                           m.nf4_base ? "QLoRA" : "LoRA", m.lora->rank, m.lora->alpha, m.lora->scale(),
+                           m.lora->use_rslora ? ", rsLoRA" : "", m.lora->dropout,
+                           fmt::join(model::expand_lora_targets(m.lora->target_modules), " "), trainable, all,
+                           100.0 * double(trainable) / double(all)));
+    if (m.nf4_base)
+      out_.print(fmt::format("base: Linear weights in NF4 (bitsandbytes' layout{}), dequantized to {} for each use; "
+                             "norms, embedding and lm_head in {}",
+                             m.nf4_double_quant ? ", double quantization" : "", dtype_name(mem_.sharding.param_dtype),
+                             dtype_name(mem_.sharding.param_dtype)));
   }
   if (c_.device == Device::CUDA)
     out_.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
@@ -647,8 +651,11 @@ void Trainer::save_model() {
       const MergeReport r = merge_peft_adapter({.base = c_.model, .adapter = out,
                                                 .out = (fs::path(c_.output_dir) / "merged").string(),
                                                 .dtype = c_.save_dtype, .max_shard_bytes = opt.max_shard_bytes});
-      out_.print(fmt::format("merge_on_save: merged {} weights (W + {:.4g} B A) into {}/merged", r.merged,
-                             r.spec.scale(), c_.output_dir));
+      out_.print(fmt::format("merge_on_save: merged {} weights (W + {:.4g} B A) into {}/merged{}", r.merged,
+                             r.spec.scale(), c_.output_dir,
+                             in_.model.nf4_base ? " (into the base as stored in the model directory, not its NF4 "
+                                                  "rounding that training saw)"
+                                                : ""));
     }
     world_.barrier();
   }
