@@ -56,7 +56,16 @@ for cfg in configs/*.yaml; do
       { cat "$work/$name.train.txt"; echo "FAIL $cfg: train"; exit 1; }
   fi
   out=$(sed -n 's/^output_dir: *\([^ #]*\).*/\1/p' "$cfg")
-  [[ -f "$out/config.json" && -f "$out/metrics.jsonl" ]] || { cat "$work/$name.train.txt"; echo "FAIL $cfg: no model saved in $out"; exit 1; }
+  saved=("$out/config.json")
+  # A LoRA run (a lora: section) writes a PEFT adapter in output_dir/adapter, and with
+  # merge_on_save: true the merged model in output_dir/merged.
+  if grep -q '^lora:' "$cfg"; then
+    saved=("$out/adapter/adapter_config.json" "$out/adapter/adapter_model.safetensors")
+    grep -q '^ *merge_on_save: *true' "$cfg" && saved+=("$out/merged/config.json")
+  fi
+  for f in "${saved[@]}" "$out/metrics.jsonl"; do
+    [[ -f "$f" ]] || { cat "$work/$name.train.txt"; echo "FAIL $cfg: no $f"; exit 1; }
+  done
   echo "   trained 1 step${nproc:+ on $nproc ranks} in $((SECONDS - start)) s, saved $out"
   n=$((n + 1))
 done
