@@ -99,6 +99,16 @@ std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig
     throw Error(reader->model().lora ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
                                      : "a full fine-tune's checkpoint, but this config trains LoRA adapters",
                 {.file = dir, .key = "lora"});
+  if (const auto& saved_lora = reader->model().lora; saved_lora && mcfg.lora) {
+    // Adapters trained at one scale do not continue at another (rank and targets differ in shape,
+    // and load_checkpoint names the tensor).
+    const model::LoraSpec& now = *mcfg.lora;
+    if (saved_lora->alpha != now.alpha || saved_lora->use_rslora != now.use_rslora)
+      throw Error(fmt::format("the checkpoint's adapters were trained with lora_alpha {}{}, this config has {}{}",
+                              saved_lora->alpha, saved_lora->use_rslora ? " (rsLoRA)" : "", now.alpha,
+                              now.use_rslora ? " (rsLoRA)" : ""),
+                  {.file = dir, .key = saved_lora->alpha != now.alpha ? "lora.alpha" : "lora.use_rslora"});
+  }
   nlohmann::json saved = to_hf_json(reader->model()), here = to_hf_json(mcfg);
   saved.erase("torch_dtype");
   here.erase("torch_dtype");

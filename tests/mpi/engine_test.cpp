@@ -16,6 +16,7 @@
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "train/param_store.h"
+#include "ops/nf4.h"
 #include "testing.h"
 
 using namespace shardlm;
@@ -166,6 +167,79 @@ TEST(Engine, LoraUnderEveryStrategyMatchesTheSingleProcessRun) {
   expect_every_strategy_matches_one_process(cfg);
   cfg.lora = model::LoraSpec{.rank = 2, .alpha = 3, .target_modules = {"q_proj", "v_proj", "down_proj"}, .use_rslora = true};
   expect_every_strategy_matches_one_process(cfg);
+}
+
+// A model whose Linear weights span several NF4 groups of 16384 (so their chunks are spread over
+// the ranks), for QLoRA.
+static ModelConfig qlora_config(bool double_quant) {
+  ModelConfig c = test_config();
+  c.hidden_size = 128;
+  c.intermediate_size = 384;  // gate/up/down: 49152 weights, 3 groups
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
+  c.nf4_base = true;
+  c.nf4_double_quant = double_quant;
+  return c;
+}
+
+// QLoRA: each rank quantizes its chunks, the offset is summed over the group, chunks are gathered
+// and dequantized per visit: every strategy equals one process.
+TEST(Engine, QloraUnderEveryStrategyMatchesTheSingleProcessRun) {
+  expect_every_strategy_matches_one_process(qlora_config(true));
+  expect_every_strategy_matches_one_process(qlora_config(false));
+}
+
+// QLoRA trains on exactly the NF4 rounding of the base: its losses equal those of LoRA on a base
+// that was quantized and dequantized whole by the NF4 ops (in one process).
+TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
+  const ModelConfig qcfg = qlora_config(true);
+  ModelConfig lcfg = qcfg;
+  lcfg.nf4_base = false;
+  const std::string dir = ::testing::TempDir() + "qlora_base", rounded = ::testing::TempDir() + "qlora_rounded";
+  if (g_world->rank() == 0) {
+    ModelConfig plain = qcfg;
+    plain.lora.reset();
+    plain.nf4_base = false;
+    train::ParamStore store(plain, DType::F32);
+    store.init_random(11);
+    store.save(dir, DType::F32, 1 << 30, "");
+    for (const model::ModelPart& part : model::llama_parts(qcfg))
+      for (const model::ParamInfo& info : part.params) {
+        if (!info.nf4) continue;
+        const Tensor w = store.master(info.name);
+        const ops::Nf4Layout layout = ops::Nf4Layout::of(w.numel(), true);
+        std::vector<uint8_t> bytes(layout.total_bytes);
+        const ops::Nf4Tensor q = ops::nf4_view(bytes.data(), layout, info.shape, DType::F32);
+        ops::nf4_quantize(q, w);
+        ops::nf4_dequantize(w, q);
+      }
+    store.save(rounded, DType::F32, 1 << 30, "");
+  }
+  g_world->barrier();
+  ops::AdamWConfig opt;
+  opt.lr = 1e-2;
+  auto losses = [&](const ModelConfig& cfg, const std::string& model_dir, comm::Communicator& world) {
+    shard::ShardingConfig sc;
+    sc.strategy = shard::Strategy::FullShard;
+    shard::Mesh mesh = shard::make_mesh(world, sc, 1);
+    shard::ShardedModel engine(cfg, sc, mesh);
+    engine.load(io::ModelWeights(model_dir), model_dir, 3);
+    model::LlamaCompute compute(cfg, DType::F32);
+    std::vector<double> out;
+    const int W = world.size(), R = world.rank(), per = kRowsPerMicro / W;
+    for (int s = 0; s < 4; ++s) {
+      std::vector<data::Example> rows;
+      for (int r = R * per; r < (R + 1) * per; ++r) rows.push_back(row(s, 0, r));
+      const data::BatchBuffers b = data::make_batch(rows, kT, 0);
+      out.push_back(engine.train_step(compute, {b.batch()}, opt, s + 1, 1.0).loss);
+    }
+    return out;
+  };
+  const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+  const std::vector<double> want = losses(lcfg, rounded, *local), got = losses(qcfg, dir, *g_world);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
 }
 
 TEST(Engine, OptimizerBytesFallWithTheShardCount) {

@@ -17,9 +17,10 @@
 #     of 20 (max_steps=10) and resumed by 1 process (resume_from=auto, max_steps=20) ends with the
 #     uninterrupted 2-rank run's adapter (to 1e-6: the reduction order differs) and its losses
 #     (the resumed run saves no checkpoint: its adapter is written from the engine, the other way).
+#  F. QLoRA (lora.quantize_base=nf4) on 2 ranks: trains, says so, lowers the held-out loss;
 #  E. bad input, each one line naming the culprit, non-zero exit: resuming a LoRA checkpoint with a
-#     config without lora:; lora.quantize_base: nf4 (QLoRA is not in the trainer yet); an unknown
-#     lora: key (the file and the key).
+#     config without lora:, or with another alpha than the checkpoint's; an unknown lora: key
+#     (the file and the key).
 # Usage: lora_cli.sh SHARDLM PEFT_TOOL PYTHON SOURCE_DIR DATA_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -124,6 +125,19 @@ grep -q "resumed from $work/cut/checkpoints/step_00000010" "$work/resume.log" ||
   { cat "$work/resume.log"; fail "did not resume from the step-10 checkpoint"; }
 cmp "$work/cut/adapter/adapter_config.json" "$work/full/adapter/adapter_config.json"
 
+# ---- F. QLoRA: the same run with the base's Linear weights in NF4 (double quantization) ----
+launch2 output_dir="$work/qlora" lora.quantize_base=nf4 save_every=0 lora.merge_on_save=false \
+  > "$work/qlora.log" 2>&1 || { cat "$work/qlora.log"; fail "the QLoRA run failed"; }
+grep -q "QLoRA: rank 16" "$work/qlora.log" && grep -q "base: Linear weights in NF4" "$work/qlora.log" ||
+  { cat "$work/qlora.log"; fail "the QLoRA run did not say it quantized the base"; }
+[[ -f "$work/qlora/adapter/adapter_model.safetensors" ]] || fail "no adapter from the QLoRA run"
+"$py" - "$work/qlora/metrics.jsonl" <<'PY'
+import json, sys
+evals = [r["eval_loss"] for r in map(json.loads, open(sys.argv[1])) if "eval_loss" in r]
+assert len(evals) == 2 and evals[1] < evals[0] - 0.3, f"QLoRA held-out loss {evals} did not fall by 0.3"
+print(f"QLoRA held-out loss {evals[0]:.4f} -> {evals[1]:.4f}")
+PY
+
 # ---- E. bad input ----
 refuse() {  # refuse NAME PATTERN COMMAND...: the command fails with one line matching PATTERN
   local name=$1 pattern=$2
@@ -137,9 +151,9 @@ sed '/^lora:/,$d' "$work/run.yaml" > "$work/nolora.yaml"
 refuse resume_without_lora "step_00000010.*key 'lora'.*LoRA run's checkpoint" \
   "$shardlm" train --config "$work/nolora.yaml" output_dir="$work/e1" micro_batch_size=4 \
   resume_from="$work/full/checkpoints/step_00000010"
-# QLoRA is refused by the trainer today; when it trains, this check goes (docs/lora.md).
-refuse qlora "key 'lora.quantize_base'.*not implemented" \
-  "$shardlm" train --config "$work/run.yaml" output_dir="$work/e2" lora.quantize_base=nf4
+refuse resume_other_alpha "key 'lora.alpha'.*checkpoint" \
+  "$shardlm" train --config "$work/run.yaml" output_dir="$work/e2" micro_batch_size=4 lora.alpha=8 \
+  resume_from="$work/full/checkpoints/step_00000010"
 sed 's/^  alpha: 32/  alpah: 32/' "$work/run.yaml" > "$work/typo.yaml"
 refuse unknown_key "typo.yaml:[0-9]*: key 'lora.alpah'" \
   "$shardlm" train --config "$work/typo.yaml" output_dir="$work/e3"
