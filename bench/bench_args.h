@@ -1,6 +1,8 @@
 // Command-line options shared by the training benchmarks: a Llama shape and a run length.
 //   --dim --layers --heads --kv-heads --ffn --vocab   the model (the rest of the "tiny" preset)
 //   --seq --batch --steps --warmup --rounds --dtype   the run
+//   --lora-rank R [--qlora 1]                         LoRA adapters of rank R (alpha 2R) on every
+//                                                     Linear layer, on a frozen base (NF4 with --qlora)
 #pragma once
 
 #include <fmt/format.h>
@@ -35,10 +37,16 @@ inline BenchArgs parse_bench_args(int argc, char** argv, BenchArgs d) {
     else if (k == "--warmup") d.warmup = v;
     else if (k == "--rounds") d.rounds = v;
     else if (k == "--dtype") d.dtype = parse_dtype(argv[i + 1]);
+    else if (k == "--lora-rank") d.cfg.lora = model::LoraSpec{.rank = v, .alpha = 2.0 * double(v), .target_modules = {"all-linear"}};
+    else if (k == "--qlora") d.cfg.nf4_base = v != 0;
     else {
       fmt::print(stderr, "unknown option {} (see the comment at the top of bench/bench_args.h)\n", k);
       std::exit(2);
     }
+  }
+  if (d.cfg.nf4_base && !d.cfg.lora) {
+    fmt::print(stderr, "--qlora needs --lora-rank\n");
+    std::exit(2);
   }
   d.cfg.head_dim = d.cfg.hidden_size / d.cfg.num_attention_heads;
   d.cfg.max_position_embeddings = std::max<int64_t>(d.cfg.max_position_embeddings, d.seq);

@@ -3,7 +3,7 @@
 // the path `shardlm train` runs at world size 1. bench/compare_torch.sh runs it beside PyTorch.
 //
 //   bench_train --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 688 --vocab 32000 --seq 256
-//               --batch 8 --steps 10 --warmup 2 [--dtype f32|bf16]
+//               --batch 8 --steps 10 --warmup 2 [--dtype f32|bf16] [--lora-rank R [--qlora 1]]
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -59,10 +59,17 @@ int main(int argc, char** argv) {
     if (s >= warmup) seconds += dt;
   }
   const double tokens = double(batch * seq * steps);
-  fmt::print("{{\"impl\": \"shardlm\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, \"params\": {}, "
-             "\"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", \"last_loss\": {:.4f}, "
-             "\"peak_tracked_bytes\": {}}}\n",
-             tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), batch, seq, steps,
-             dtype_name(dtype), last_loss, MemoryTracker::for_device(Device::CPU).stats().peak_total);
+  const MemStats mem = MemoryTracker::for_device(Device::CPU).stats();
+  std::string peaks;
+  for (int i = 0; i < kNumMemCategories; ++i)
+    peaks += fmt::format("{}\"{}\": {}", i ? ", " : "", mem_category_name(MemCategory(i)), mem.peak[size_t(i)]);
+  int64_t trainable = 0;
+  for (const shard::PlannedUnit& u : engine.plan().units) trainable += u.layout.numel;
+  const std::string mode = cfg.lora ? fmt::format("{} r{}", cfg.nf4_base ? "qlora" : "lora", cfg.lora->rank) : "full";
+  fmt::print("{{\"impl\": \"shardlm\", \"mode\": \"{}\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, "
+             "\"params\": {}, \"trainable\": {}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", "
+             "\"last_loss\": {:.4f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
+             mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), trainable,
+             batch, seq, steps, dtype_name(dtype), last_loss, mem.peak_total, peaks);
   return 0;
 }
