@@ -273,7 +273,7 @@ void register_estimate_memory(CLI::App& app) {
       "  shardlm estimate-memory --model llama2-7b --world-size 8 --param-dtype bf16 --micro-batch-size 1 --seq-len 4096\n"
       "  shardlm estimate-memory --model runs/tiny --sharding-strategy NO_SHARD\n"
       "  shardlm estimate-memory --model llama3-8b --sweep --world-size 8 --device-memory 80GB --param-dtype bf16\n"
-      "  shardlm estimate-memory --model llama2-70b --lora-rank 16 --qlora --world-size 2 --param-dtype bf16");
+      "  shardlm estimate-memory --model llama2-70b --lora-rank 16 --target-modules all-linear --qlora --world-size 2 --param-dtype bf16");
   cmd->callback([o] { run(*o); });
 }
 
