@@ -46,18 +46,7 @@ std::vector<GoldenCase> golden_cases() {
   return out;
 }
 
-data::BatchBuffers load_batch(const GoldenCase& c, int s) {
-  const std::string p = c.ref_dir + "/batch" + std::to_string(s) + "_";
-  data::BatchBuffers b;
-  NpyArray ids = load_npy(p + "ids.npy");
-  b.B = ids.shape[0];
-  b.T = ids.shape[1];
-  b.ids = ids.i32();
-  b.targets = load_npy(p + "targets.npy").i32();
-  if (fs::exists(p + "positions.npy")) b.positions = load_npy(p + "positions.npy").i32();
-  if (fs::exists(p + "segments.npy")) b.segments = load_npy(p + "segments.npy").i32();
-  return b;
-}
+data::BatchBuffers load_batch(const GoldenCase& c, int s) { return load_reference_batch(c.ref_dir, s); }
 
 // The model as `shardlm train` runs it in one process: the sharding engine on a local communicator.
 struct Loaded {

@@ -260,6 +260,19 @@ std::vector<uint16_t> NpyArray::u16() const {
   return out;
 }
 
+data::BatchBuffers load_reference_batch(const std::string& ref_dir, int s) {
+  const std::string p = ref_dir + "/batch" + std::to_string(s) + "_";
+  data::BatchBuffers b;
+  NpyArray ids = load_npy(p + "ids.npy");
+  b.B = ids.shape[0];
+  b.T = ids.shape[1];
+  b.ids = ids.i32();
+  b.targets = load_npy(p + "targets.npy").i32();
+  if (std::filesystem::exists(p + "positions.npy")) b.positions = load_npy(p + "positions.npy").i32();
+  if (std::filesystem::exists(p + "segments.npy")) b.segments = load_npy(p + "segments.npy").i32();
+  return b;
+}
+
 NpyArray load_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   SHARDLM_CHECK(f.good(), "{}: cannot open", path);

@@ -116,6 +116,9 @@ struct NpyArray {
   std::vector<uint16_t> u16() const;
 };
 NpyArray load_npy(const std::string& path);
+// Batch s of a golden reference directory (llama_golden.py, lora_golden.py): batch<s>_ids.npy,
+// _targets.npy and, for packed batches, _positions.npy and _segments.npy.
+data::BatchBuffers load_reference_batch(const std::string& ref_dir, int s);
 // Writes a little-endian f32 .npy file (C order).
 void save_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 

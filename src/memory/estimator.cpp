@@ -277,10 +277,11 @@ Estimate estimate(const EstimateInput& in) {
 
   for (const shard::PlannedUnit& u : engine.plan().units) est.trainable_params += u.layout.numel;
   if (cfg.lora) {
-    est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}",
+    est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}{}",
                                     cfg.lora->rank, fmt::join(model::expand_lora_targets(cfg.lora->target_modules), " "),
                                     est.trainable_params, 100.0 * double(est.trainable_params) / double(est.parameters),
-                                    est.parameters, dtype_name(sc.param_dtype)));
+                                    est.parameters, cfg.nf4_base ? "NF4 (its Linear weights) and " : "",
+                                    dtype_name(sc.param_dtype)));
     if (cfg.nf4_base)
       est.notes.push_back(fmt::format("QLoRA: the frozen Linear weights at rest in NF4 ({}); each unit's are "
                                       "dequantized to {} for its visits",
