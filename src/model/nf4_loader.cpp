@@ -53,12 +53,22 @@ ops::Nf4Layout Nf4State::layout() const {
   return ops::Nf4Layout::of(n, nested && standard_nested_map);
 }
 
-Nf4ModelReader::Nf4ModelReader(std::string dir) : weights_(dir), config_(load_model_config(dir)) {
-  for (const std::string& name : weights_.names())
+Nf4ModelReader::Nf4ModelReader(std::string dir)
+    : owned_(std::make_unique<io::ModelWeights>(dir)), weights_(owned_.get()), config_(load_model_config(dir)) {
+  find_quantized();
+}
+
+Nf4ModelReader::Nf4ModelReader(const io::ModelWeights& weights, ModelConfig config)
+    : weights_(&weights), config_(std::move(config)) {
+  find_quantized();
+}
+
+void Nf4ModelReader::find_quantized() {
+  for (const std::string& name : weights_->names())
     if (ends_with(name, kStateSuffix)) quantized_.push_back(name.substr(0, name.size() - std::strlen(kStateSuffix)));
   std::sort(quantized_.begin(), quantized_.end());
   for (const std::string& q : quantized_)
-    if (!weights_.has(q)) throw weight_error(weights_, q, fmt::format("has {} but no packed weight", kStateSuffix));
+    if (!weights_->has(q)) throw weight_error(*weights_, q, fmt::format("has {} but no packed weight", kStateSuffix));
 }
 
 bool Nf4ModelReader::is_quantized(const std::string& name) const {
@@ -67,7 +77,7 @@ bool Nf4ModelReader::is_quantized(const std::string& name) const {
 
 std::vector<std::string> Nf4ModelReader::names() const {
   std::vector<std::string> out;
-  for (const std::string& name : weights_.names()) {
+  for (const std::string& name : weights_->names()) {
     bool aux = false;
     for (const char* suffix : kAuxSuffixes) {
       if (ends_with(name, suffix) && is_quantized(name.substr(0, name.size() - std::strlen(suffix)))) aux = true;
@@ -79,11 +89,11 @@ std::vector<std::string> Nf4ModelReader::names() const {
 
 Nf4State Nf4ModelReader::state(const std::string& name) const {
   if (!is_quantized(name))
-    throw weight_error(weights_, name, fmt::format("is not an NF4 weight (no '{}{}' entry)", name, kStateSuffix));
-  auto fail = [&](const std::string& what) { return weight_error(weights_, name, what); };
+    throw weight_error(*weights_, name, fmt::format("is not an NF4 weight (no '{}{}' entry)", name, kStateSuffix));
+  auto fail = [&](const std::string& what) { return weight_error(*weights_, name, what); };
 
   const std::string key = name + kStateSuffix;
-  const std::span<const uint8_t> blob = weights_.file_holding(key).bytes(key);
+  const std::span<const uint8_t> blob = weights_->file_holding(key).bytes(key);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(blob.data()), blob.size()));
@@ -119,23 +129,23 @@ Nf4State Nf4ModelReader::state(const std::string& name) const {
     n *= d.get<int64_t>();
   }
   const int64_t blocks = ceil_div(n, ops::kNf4BlockSize);
-  s.nested = weights_.has(name + ".nested_absmax");
+  s.nested = weights_->has(name + ".nested_absmax");
 
   // The packed codes: ceil(n/2) bytes (bnb_4bit_quant_storage may pad to its element size).
-  const io::TensorInfo& packed = weights_.info(name);
+  const io::TensorInfo& packed = weights_->info(name);
   if (packed.nbytes() < uint64_t((n + 1) / 2))
     throw fail(fmt::format("packed weight {}{} holds {} bytes, but shape {} needs {}", packed.dtype_name,
                            packed.shape_str(), packed.nbytes(), shape.dump(), (n + 1) / 2));
 
   auto expect = [&](const std::string& entry, const char* dtype, int64_t count) {
-    if (!weights_.has(entry)) throw fail(fmt::format("'{}' is missing", entry));
-    const io::TensorInfo& info = weights_.info(entry);
+    if (!weights_->has(entry)) throw fail(fmt::format("'{}' is missing", entry));
+    const io::TensorInfo& info = weights_->info(entry);
     if (info.dtype_name != dtype || info.numel() != count)
       throw fail(fmt::format("'{}' is {}{}, expected {} with {} elements", entry, info.dtype_name, info.shape_str(),
                              dtype, count));
   };
   expect(name + ".quant_map", "F32", 16);
-  const std::vector<float> map4 = f32_values(weights_, name + ".quant_map");
+  const std::vector<float> map4 = f32_values(*weights_, name + ".quant_map");
   for (int i = 0; i < 16; ++i)
     if (std::memcmp(&map4[size_t(i)], &ops::kNf4Code[size_t(i)], 4) != 0)
       throw fail(fmt::format("quant_map[{}] = {} differs from NF4's {}", i, map4[size_t(i)], ops::kNf4Code[size_t(i)]));
@@ -155,39 +165,109 @@ Nf4State Nf4ModelReader::state(const std::string& name) const {
   const nlohmann::json& off = field("nested_offset");
   if (!off.is_number()) throw fail(fmt::format("nested_offset {} is not a number", off.dump()));
   s.offset = float(off.get<double>());  // an f32 value printed as a double: exact
-  const std::vector<float> map8 = f32_values(weights_, name + ".nested_quant_map");
+  const std::vector<float> map8 = f32_values(*weights_, name + ".nested_quant_map");
   s.standard_nested_map = std::memcmp(map8.data(), ops::kNf4DynamicMap.data(), 256 * 4) == 0;
   return s;
 }
 
+std::optional<bool> Nf4ModelReader::double_quant_as_stored() const {
+  if (quantized_.empty()) return std::nullopt;
+  for (const std::string& name : quantized_)
+    if (!state(name).layout().nested) return false;
+  return true;
+}
+
 void Nf4ModelReader::read_blocks(const std::string& name, int64_t b0, int64_t b1, void* flat) const {
-  const Nf4State s = state(name);
-  const ops::Nf4Layout l = s.layout();
+  const ops::Nf4Layout l = state(name).layout();
   const ops::Nf4Layout::Range r = l.range(b0, b1);
   auto* out = static_cast<uint8_t*>(flat);
-  const std::span<const uint8_t> packed = weights_.file_holding(name).bytes(name);
-  std::memcpy(out + r.packed_begin, packed.data() + (r.packed_begin - l.packed_offset), r.packed_end - r.packed_begin);
-  if (!s.nested) {
-    weights_.read_range(name + ".absmax", uint64_t(b0), uint64_t(b1 - b0), out + r.absmax_begin);
-    return;
-  }
+  auto view = [&](size_t begin, size_t end, DType dtype) {
+    return Tensor::view(out + begin, dtype, {int64_t((end - begin) / dtype_size(dtype))});
+  };
+  ops::Nf4Tensor q;
+  q.nested = l.nested;
+  q.packed = view(r.packed_begin, r.packed_end, DType::U8);
+  q.absmax = view(r.absmax_begin, r.absmax_end, l.nested ? DType::U8 : DType::F32);
   if (l.nested) {
-    weights_.read_range(name + ".absmax", uint64_t(b0), uint64_t(b1 - b0), out + r.absmax_begin);
-    const int64_t g0 = b0 / ops::kNf4NestedBlockSize, g1 = ceil_div(b1, ops::kNf4NestedBlockSize);
-    weights_.read_range(name + ".nested_absmax", uint64_t(g0), uint64_t(g1 - g0), out + r.nested_absmax_begin);
-    std::memcpy(out + l.offset_offset, &s.offset, 4);
+    q.nested_absmax = view(r.nested_absmax_begin, r.nested_absmax_end, DType::F32);
+    q.offset = view(l.offset_offset, l.offset_offset + 4, DType::F32);
+  }
+  read_chunk(name, b0, b1, q);
+}
+
+void Nf4ModelReader::read_chunk(const std::string& name, int64_t b0, int64_t b1, const ops::Nf4Tensor& out) const {
+  const Nf4State s = state(name);
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  const int64_t blocks = ceil_div(n, ops::kNf4BlockSize);
+  SHARDLM_CHECK(0 <= b0 && b0 < b1 && b1 <= blocks, "{}: blocks [{}, {}) outside [0, {})", name, b0, b1, blocks);
+  const int64_t e0 = b0 * ops::kNf4BlockSize, e1 = std::min(n, b1 * ops::kNf4BlockSize);
+  const int64_t g0 = b0 / ops::kNf4NestedBlockSize, g1 = ceil_div(b1, ops::kNf4NestedBlockSize);
+  auto check = [&](const Tensor& t, DType dtype, int64_t count, const char* what) {
+    SHARDLM_CHECK(t.device == Device::CPU && t.dtype == dtype && t.numel() == count,
+                  "{}: read_chunk of blocks [{}, {}) needs {} {} [{}] on the CPU, got {}", name, b0, b1, what,
+                  dtype_name(dtype), count, t.describe());
+  };
+  if (out.nested) {
+    if (!s.layout().nested)
+      throw weight_error(*weights_, name,
+                         s.nested ? "has a nested_quant_map other than bitsandbytes' standard one, so it cannot be "
+                                    "kept double-quantized as stored"
+                                  : "is not double-quantized in the file, so it cannot be read into a "
+                                    "double-quantized state without re-quantizing");
+    SHARDLM_CHECK(b0 % ops::kNf4NestedBlockSize == 0 && (b1 % ops::kNf4NestedBlockSize == 0 || b1 == blocks),
+                  "{}: blocks [{}, {}) of a double-quantized weight must be whole groups of {}", name, b0, b1,
+                  ops::kNf4NestedBlockSize);
+    check(out.nested_absmax, DType::F32, g1 - g0, "nested_absmax");
+    check(out.offset, DType::F32, 1, "offset");
+  }
+  check(out.packed, DType::U8, (e1 - e0 + 1) / 2, "packed");
+  check(out.absmax, out.nested ? DType::U8 : DType::F32, b1 - b0, "absmax");
+
+  // The packed codes: e0 is even (a block boundary), so they are bytes [e0 / 2, ceil(e1 / 2)) of
+  // the stored weight, whatever its storage dtype.
+  const std::span<const uint8_t> packed = weights_->file_holding(name).bytes(name);
+  std::memcpy(out.packed.data, packed.data() + e0 / 2, size_t(out.packed.numel()));
+  if (!s.nested || out.nested) {  // the absmax values (or their codes and groups) as stored
+    weights_->read_range(name + ".absmax", uint64_t(b0), uint64_t(b1 - b0), out.absmax.data);
+    if (out.nested) {
+      weights_->read_range(name + ".nested_absmax", uint64_t(g0), uint64_t(g1 - g0), out.nested_absmax.data);
+      *out.offset.f32() = s.offset;
+    }
     return;
   }
-  // A nested state with a non-standard map: the f32 absmax from the stored map, as bitsandbytes
+  // A double-quantized state read plain: the f32 absmax from the stored map, as bitsandbytes
   // computes it (code[q] * nested_absmax, then + offset, two f32 roundings).
-  const std::vector<float> map8 = f32_values(weights_, name + ".nested_quant_map");
-  const std::vector<float> nested = f32_values(weights_, name + ".nested_absmax");
+  const std::vector<float> map8 = f32_values(*weights_, name + ".nested_quant_map");
+  std::vector<float> nested(size_t(g1 - g0));
+  weights_->read_range(name + ".nested_absmax", uint64_t(g0), nested.size(), nested.data());
   std::vector<uint8_t> q(size_t(b1 - b0));
-  weights_.read_range(name + ".absmax", uint64_t(b0), q.size(), q.data());
+  weights_->read_range(name + ".absmax", uint64_t(b0), q.size(), q.data());
+  float* absmax = out.absmax.f32();
   for (int64_t b = b0; b < b1; ++b) {
-    const float scaled = map8[q[size_t(b - b0)]] * nested[size_t(b / ops::kNf4NestedBlockSize)];
-    const float a = scaled + s.offset;
-    std::memcpy(out + r.absmax_begin + size_t(b - b0) * 4, &a, 4);
+    const float scaled = map8[q[size_t(b - b0)]] * nested[size_t(b / ops::kNf4NestedBlockSize - g0)];
+    absmax[b - b0] = scaled + s.offset;
+  }
+}
+
+void Nf4ModelReader::dequantize_range(const std::string& name, int64_t begin, int64_t end, float* out) const {
+  int64_t n = 1;
+  for (int64_t d : state(name).shape) n *= d;
+  SHARDLM_CHECK(0 <= begin && begin <= end && end <= n, "{}: elements [{}, {}) outside [0, {})", name, begin, end, n);
+  // In pieces of whole blocks, read plain (f32 absmax) into a bounded staging buffer.
+  constexpr int64_t kPieceBlocks = 16384;
+  const int64_t first = begin / ops::kNf4BlockSize, last = ceil_div(end, ops::kNf4BlockSize);
+  for (int64_t b0 = first; b0 < last; b0 += kPieceBlocks) {
+    const int64_t b1 = std::min(last, b0 + kPieceBlocks);
+    const int64_t e0 = b0 * ops::kNf4BlockSize, e1 = std::min(n, b1 * ops::kNf4BlockSize), m = e1 - e0;
+    const ops::Nf4Layout l = ops::Nf4Layout::of(m, false);
+    Buffer staging(l.total_bytes + size_t(m) * 4, MemCategory::Workspace, false);
+    const ops::Nf4Tensor q = ops::nf4_view(staging.data(), l, {m}, DType::F32);
+    read_chunk(name, b0, b1, q);
+    const Tensor values = Tensor::view(static_cast<char*>(staging.data()) + l.total_bytes, DType::F32, {m});
+    ops::nf4_dequantize(values, q.packed, q.absmax);
+    const int64_t lo = std::max(begin, e0), hi = std::min(end, e1);
+    std::memcpy(out + (lo - begin), values.f32() + (lo - e0), size_t(hi - lo) * 4);
   }
 }
 
@@ -204,21 +284,21 @@ Nf4Weight Nf4ModelReader::read(const std::string& name) const {
 
 OwnedTensor Nf4ModelReader::dequantize_f32(const std::string& name) const {
   if (is_quantized(name)) {
-    const Nf4Weight w = read(name);
-    OwnedTensor out(DType::F32, w.state.shape.data(), int(w.state.shape.size()), MemCategory::Parameters, false);
-    ops::nf4_dequantize(out.t, w.q);
+    const std::vector<int64_t> shape = state(name).shape;
+    OwnedTensor out(DType::F32, shape.data(), int(shape.size()), MemCategory::Parameters, false);
+    dequantize_range(name, 0, out.t.numel(), out.t.f32());
     return out;
   }
-  const io::TensorInfo& info = weights_.info(name);
+  const io::TensorInfo& info = weights_->info(name);
   if (!info.dtype || !is_float(*info.dtype))
-    throw weight_error(weights_, name, fmt::format("is {}, not a float tensor", info.dtype_name));
+    throw weight_error(*weights_, name, fmt::format("is {}, not a float tensor", info.dtype_name));
   if (info.shape.size() > size_t(kMaxDims))
-    throw weight_error(weights_, name, fmt::format("has rank {} (at most {})", info.shape.size(), kMaxDims));
+    throw weight_error(*weights_, name, fmt::format("has rank {} (at most {})", info.shape.size(), kMaxDims));
   std::vector<int64_t> shape = info.shape;
   if (shape.empty()) shape = {1};
   OwnedTensor out(DType::F32, shape.data(), int(shape.size()), MemCategory::Parameters, false);
   std::vector<uint8_t> raw(info.nbytes());
-  weights_.read_range(name, 0, uint64_t(info.numel()), raw.data());
+  weights_->read_range(name, 0, uint64_t(info.numel()), raw.data());
   ops::cast(out.t, Tensor::view(raw.data(), *info.dtype, shape.data(), int(shape.size())));
   return out;
 }

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,9 +62,12 @@ class Nf4ModelReader {
   // Opens the weights (io::ModelWeights) and config.json of `dir`. A directory without
   // quantization_config, or without quantized weights, opens too (everything is then plain).
   explicit Nf4ModelReader(std::string dir);
+  // Over weights already open (the engine's load): borrowed, so they must outlive the reader;
+  // `config` is the model's (config() returns it).
+  Nf4ModelReader(const io::ModelWeights& weights, ModelConfig config);
 
-  const std::string& dir() const { return weights_.dir(); }
-  const io::ModelWeights& weights() const { return weights_; }
+  const std::string& dir() const { return weights_->dir(); }
+  const io::ModelWeights& weights() const { return *weights_; }
   const ModelConfig& config() const { return config_; }
   // config().quantization, if any.
   const std::optional<QuantizationConfig>& quantization() const { return config_.quantization; }
@@ -76,6 +80,10 @@ class Nf4ModelReader {
 
   // The validated quant state of a quantized weight.
   Nf4State state(const std::string& name) const;
+  // Whether reads keep every quantized weight's double quantization as stored: true when each is
+  // double-quantized with the standard nested map, false when any is not (its state then reads as
+  // plain f32 absmax values, exactly), nullopt when the directory has no quantized weights.
+  std::optional<bool> double_quant_as_stored() const;
   // The whole quantized weight, read as stored.
   Nf4Weight read(const std::string& name) const;
   // Blocks [b0, b1) of a quantized weight into the matching byte ranges of a flat buffer laid out
@@ -83,12 +91,24 @@ class Nf4ModelReader {
   // pages of the file; with a nested state it also writes the offset. What a rank owning those
   // blocks reads.
   void read_blocks(const std::string& name, int64_t b0, int64_t b1, void* flat) const;
+  // Blocks [b0, b1) of a quantized weight into `out`: CPU views sized for exactly those blocks
+  // (packed [ceil(m/2)] for their m elements, absmax [b1 - b0], and when out.nested the
+  // nested_absmax of their 256-groups and the offset), as a rank's NF4 chunk holds them. Only
+  // those byte ranges of the file are read. out.nested needs a state double-quantized with the
+  // standard nested map (copied as stored; b0 a multiple of 256) and throws otherwise; a plain
+  // `out` takes any state, a nested one as f32 absmax values computed as bitsandbytes does.
+  void read_chunk(const std::string& name, int64_t b0, int64_t b1, const ops::Nf4Tensor& out) const;
+  // Elements [begin, end) of a quantized weight (flattened), dequantized to f32 exactly as
+  // dequantize_f32 does, reading only the blocks that hold them.
+  void dequantize_range(const std::string& name, int64_t begin, int64_t end, float* out) const;
   // Any tensor of the model as f32 (CPU): quantized weights dequantized exactly as bitsandbytes
   // does (in f32, before its final rounding to the stored dtype), plain float tensors widened.
   OwnedTensor dequantize_f32(const std::string& name) const;
 
  private:
-  io::ModelWeights weights_;
+  void find_quantized();
+  std::unique_ptr<io::ModelWeights> owned_;  // when opened by directory
+  const io::ModelWeights* weights_ = nullptr;
   ModelConfig config_;
   std::vector<std::string> quantized_;
 };

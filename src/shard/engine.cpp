@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "core/device.h"
 #include "io/model_files.h"
+#include "model/nf4_loader.h"
 
 namespace shardlm::shard {
 
@@ -268,9 +270,11 @@ void ShardedModel::fill_frozen(Unit& u, Fill fill) {
 
 // QLoRA: this rank quantizes only its own chunk of each weight (f32 values from `fill`, in host
 // memory, then copied to the device). With double quantization the offset is the mean of the
-// absmax values of the whole weight: one sum over the shard group per weight.
+// absmax values of the whole weight: one sum over the shard group per weight. A weight that
+// `stored` (a bitsandbytes directory) holds in NF4 is not quantized again: its chunk is copied
+// from the file as stored (load checked that the layouts agree).
 template <class Fill>
-void ShardedModel::fill_nf4(Unit& u, Fill fill) {
+void ShardedModel::fill_nf4(Unit& u, Fill fill, const model::Nf4ModelReader* stored) {
   if (!u.nf4.live()) return;
   const Arith a{ledger_ != nullptr};
   const PlannedUnit& p = *u.plan;
@@ -286,10 +290,16 @@ void ShardedModel::fill_nf4(Unit& u, Fill fill) {
     const int64_t lo = piece.lo(c), hi = piece.hi(c), m = hi - lo;
     const bool nested = piece.chunk.nested;
     ops::Nf4Tensor q;
+    if (m > 0)
+      q = nf4_chunk(store.data ? static_cast<char*>(store.data) + piece.offset : nullptr, piece.chunk, m, Device::CPU);
+    // Every rank takes the same branch (the file decides), so the sums below stay collective.
+    if (stored && stored->is_quantized(piece.entry.info.name)) {
+      if (m > 0 && !ledger_) stored->read_chunk(piece.entry.info.name, lo / ops::kNf4BlockSize, nf4_blocks(hi), q);
+      continue;
+    }
     FlatBuffer absmax;  // nested: the f32 absmax values before their own quantization
     double sum = 0;
     if (m > 0) {
-      q = nf4_chunk(store.data ? static_cast<char*>(store.data) + piece.offset : nullptr, piece.chunk, m, Device::CPU);
       const FlatBuffer x = buffer(BufferRole::Staging, DType::F32, m, false, host);
       if (nested) absmax = buffer(BufferRole::Staging, DType::F32, nf4_blocks(m), false, host);
       if (!ledger_) {
@@ -341,14 +351,61 @@ void ShardedModel::init_random(uint64_t seed) {
   }
 }
 
+namespace {
+
+// A weight the file holds in NF4 must have the shape config.json implies.
+void check_stored_shape(const model::Nf4ModelReader& stored, const FlatEntry& e, const std::string& source) {
+  const std::vector<int64_t> shape = stored.state(e.info.name).shape;
+  if (shape == e.info.shape) return;
+  const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
+  const Tensor got = Tensor::view(nullptr, DType::F32, shape.data(), int(shape.size()));
+  throw Error(fmt::format("NF4 shape {} in the file, but config.json implies {}", got.shape_str(), want.shape_str()),
+              {.file = source, .tensor = e.info.name});
+}
+
+// Elements [begin, end) of `layout` as load_flat_range reads them, except that a weight the file
+// holds in NF4 (a bitsandbytes directory) is read as bitsandbytes dequantizes it, in f32: the
+// dense base of a LoRA run, or the starting weights of full fine-tuning.
+void load_dense_range(const FlatLayout& layout, int64_t begin, int64_t end, const io::ModelWeights& weights,
+                      const model::Nf4ModelReader& stored, const std::string& source, float* out) {
+  FlatLayout plain = layout;  // the other entries keep their offsets
+  std::erase_if(plain.entries, [&](const FlatEntry& e) { return stored.is_quantized(e.info.name); });
+  load_flat_range(plain, begin, end, weights, source, out);
+  if (plain.entries.size() == layout.entries.size()) return;
+  for (const FlatEntry& e : layout.entries)
+    if (stored.is_quantized(e.info.name)) check_stored_shape(stored, e, source);
+  for_each_overlap(layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+    if (stored.is_quantized(e.info.name)) stored.dequantize_range(e.info.name, lo - e.offset, hi - e.offset, out + (lo - begin));
+  });
+}
+
+}  // namespace
+
 void ShardedModel::load(const io::ModelWeights& weights, const std::string& source, uint64_t seed) {
+  // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
+  // NF4 states (none in any other directory). QLoRA keeps them as stored, which needs the chunk
+  // layout's double quantization to be the file's: checked for every weight before any reading.
+  const model::Nf4ModelReader stored(weights, cfg_);
   std::vector<const FlatLayout*> layouts;
+  for (auto& up : units_)
+    for (const Nf4Piece& piece : up->plan->nf4) {
+      const std::string& name = piece.entry.info.name;
+      if (!stored.is_quantized(name)) continue;
+      check_stored_shape(stored, piece.entry, source);
+      const model::Nf4State st = stored.state(name);
+      if (piece.chunk.nested && !st.layout().nested)
+        throw Error(fmt::format("lora.double_quant is true, but bitsandbytes stored this weight {}; set "
+                                "lora.double_quant: false to train on it as stored",
+                                st.nested ? "with a non-standard nested_quant_map" : "without double quantization"),
+                    {.file = source, .tensor = name});
+    }
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
     // A LoRA run: the file holds the frozen base, and the adapters are new.
-    fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { load_flat_range(p.frozen, begin, end, weights, source, out); });
-    fill_nf4(u, [&](int64_t begin, int64_t end, float* out) { load_flat_range(p.quantized, begin, end, weights, source, out); });
+    fill_frozen(u, [&](int64_t begin, int64_t end, float* out) { load_dense_range(p.frozen, begin, end, weights, stored, source, out); });
+    fill_nf4(u, [&](int64_t begin, int64_t end, float* out) { load_dense_range(p.quantized, begin, end, weights, stored, source, out); },
+             &stored);
     layouts.push_back(cfg_.lora ? &p.frozen : &p.layout);
     layouts.push_back(&p.quantized);
     if (p.trains())
@@ -357,11 +414,21 @@ void ShardedModel::load(const io::ModelWeights& weights, const std::string& sour
         if (cfg_.lora)
           init_flat_range(p.layout, begin, end, seed, float(cfg_.initializer_range), out);
         else
-          load_flat_range(p.layout, begin, end, weights, source, out);
+          load_dense_range(p.layout, begin, end, weights, stored, source, out);
       });
     refresh_params(u);
   }
-  check_no_extra_tensors(layouts, weights, source);
+  if (stored.quantized_names().empty()) {
+    check_no_extra_tensors(layouts, weights, source);
+    return;
+  }
+  // The same check over the model's tensors, the NF4 states' entries (W.absmax, ...) left out.
+  std::set<std::string> known;
+  for (const FlatLayout* l : layouts)
+    for (const FlatEntry& e : l->entries) known.insert(e.info.name);
+  for (const std::string& name : stored.names())
+    if (!known.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos)
+      throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
 }
 
 // ---- parameters: gather, bind, release -----------------------------------------------------------

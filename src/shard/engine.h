@@ -34,6 +34,9 @@
 namespace shardlm::io {
 class ModelWeights;
 }
+namespace shardlm::model {
+class Nf4ModelReader;
+}
 
 namespace shardlm::shard {
 
@@ -93,6 +96,13 @@ class ShardedModel {
   // Each rank initializes / reads only the elements it keeps. A LoRA run reads its frozen base
   // from the weights and initializes the new adapters from `seed` (A as PEFT does, B zero).
   void init_random(uint64_t seed);
+  // Weights saved by transformers from a bitsandbytes 4-bit model (model/nf4_loader.h: a packed
+  // NF4 state per Linear weight) are read without re-quantizing: QLoRA copies each rank's chunk
+  // of codes, absmax and nested absmax as stored, so it trains on exactly bitsandbytes' base
+  // (with a double-quantized layout, every such weight must be double-quantized in the file
+  // with the standard nested map, else an Error names lora.double_quant; a plain layout takes
+  // either, as exact f32 absmax values). Every other layout (LoRA's dense base, full
+  // fine-tuning) reads such a weight as bitsandbytes dequantizes it, in f32.
   void load(const io::ModelWeights& weights, const std::string& source, uint64_t seed = 0);
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
@@ -148,7 +158,7 @@ class ShardedModel {
   template <class Fill>
   void fill_frozen(Unit& u, Fill fill);
   template <class Fill>
-  void fill_nf4(Unit& u, Fill fill);
+  void fill_nf4(Unit& u, Fill fill, const model::Nf4ModelReader* stored = nullptr);
   void dequantize(Unit& u);
   void end_visit(Unit& u, model::StagedModel& m);
   void refresh_params(Unit& u);

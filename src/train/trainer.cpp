@@ -21,6 +21,7 @@
 #include "memory/usage.h"
 #include "model/hf_dir.h"
 #include "model/llama.h"
+#include "model/nf4_loader.h"
 #include "model/peft_adapter.h"
 #include "shard/engine.h"
 #include "train/progress.h"
@@ -188,6 +189,7 @@ struct Inputs {
   std::unique_ptr<data::Tokenizer> tok;
   data::RunData data;
   int64_t B = 0, T = 0;  // micro-batch rows and row length
+  std::string base_note;  // how a bitsandbytes 4-bit model directory's base is read ("" otherwise)
 };
 
 Inputs load_inputs(const TrainConfig& c) {
@@ -196,6 +198,27 @@ Inputs load_inputs(const TrainConfig& c) {
   in.model.lora = c.lora;
   in.model.nf4_base = c.lora && c.lora_quantize_base;
   in.model.nf4_double_quant = c.lora_double_quant;
+  if (in.model.quantization && in.model.quantization->is_bnb_nf4()) {
+    // A directory saved by transformers from a bitsandbytes 4-bit model. QLoRA keeps its NF4
+    // weights as stored (not re-quantized), so their double quantization is the file's whatever
+    // lora.double_quant says; LoRA and full fine-tuning read them as bitsandbytes dequantizes them.
+    const std::optional<bool> stored = model::Nf4ModelReader(c.model).double_quant_as_stored();
+    if (in.model.nf4_base && stored) {
+      std::string why;  // why the run's double quantization is not lora.double_quant's, if it is not
+      if (*stored != c.lora_double_quant)
+        why = *stored ? "the file is double-quantized"
+              : in.model.quantization->double_quant
+                  ? "the file's nested_quant_map is not bitsandbytes' standard one, so its absmax values are kept in f32"
+                  : "the file is not double-quantized";
+      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized{}",
+                                 c.model,
+                                 why.empty() ? "" : fmt::format("; lora.double_quant: {} overridden: {}", c.lora_double_quant, why));
+      in.model.nf4_double_quant = *stored;
+    } else if (stored) {
+      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does{}",
+                                 c.model, c.lora ? " (lora.quantize_base: nf4 would keep them as stored)" : "");
+    }
+  }
   in.tok = data::load_tokenizer(c.model);
   if (in.tok->vocab_size() > in.model.vocab_size)
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
@@ -446,6 +469,7 @@ void Trainer::print_setup() {
                              m.nf4_double_quant ? ", double quantization" : "", dtype_name(mem_.sharding.param_dtype),
                              dtype_name(mem_.sharding.param_dtype)));
   }
+  if (!in_.base_note.empty()) out_.print(in_.base_note);
   if (c_.device == Device::CUDA)
     out_.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
                            sc.offload_params ? "; master weights, gradient shard and AdamW state offloaded to pinned "

@@ -6,7 +6,12 @@
 // feeds the engine only its slice of every global batch, as data parallelism does.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "mpi_test_main.h"
@@ -17,6 +22,8 @@
 #include "model/hf_dir.h"
 #include "train/param_store.h"
 #include "ops/nf4.h"
+#include "bnb_dir.h"
+#include "model/nf4_loader.h"
 #include "testing.h"
 
 using namespace shardlm;
@@ -240,6 +247,171 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
   const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
   const std::vector<double> want = losses(lcfg, rounded, *local), got = losses(qcfg, dir, *g_world);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
+}
+
+// ---- directories saved by transformers with bitsandbytes 4-bit (model/nf4_loader.h) -------------
+
+namespace {
+
+// What a run loaded from a model directory computes under `strategy` over `world`: the logits of
+// this rank's slice of a first batch before any step, then the losses of a few steps.
+struct LoadedRun {
+  std::vector<float> logits;
+  std::vector<double> losses;
+};
+LoadedRun run_loaded(const ModelConfig& cfg, const std::string& dir, comm::Communicator& world,
+                     shard::Strategy strategy = shard::Strategy::FullShard) {
+  shard::ShardingConfig sc;
+  sc.strategy = strategy;
+  shard::Mesh mesh = shard::make_mesh(world, sc, 1);
+  shard::ShardedModel engine(cfg, sc, mesh);
+  engine.load(io::ModelWeights(dir), dir, 3);
+  model::LlamaCompute compute(cfg, DType::F32);
+  ops::AdamWConfig opt;
+  opt.lr = 1e-2;
+  const int W = world.size(), R = world.rank(), per = kRowsPerMicro / W;
+  LoadedRun out;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<data::Example> rows;
+    for (int r = R * per; r < (R + 1) * per; ++r) rows.push_back(row(s, 0, r));
+    const data::BatchBuffers b = data::make_batch(rows, kT, 0);
+    if (s == 0) {
+      out.logits.resize(size_t(per * kT * cfg.vocab_size));
+      engine.forward_logits(compute, b.batch(), Tensor::view(out.logits.data(), DType::F32, {per * kT, cfg.vocab_size}));
+    }
+    out.losses.push_back(engine.train_step(compute, {b.batch()}, opt, s + 1, 1.0).loss);
+  }
+  return out;
+}
+
+// A bitsandbytes directory of qlora_config's model (written by rank 0 under a name of its own per
+// world size, since engine_np1/2/4 may run at once) and, beside it, its dequantization in f32.
+struct BnbDirs {
+  std::string bnb, dense;
+};
+BnbDirs write_bnb_dirs(const std::string& name, const shardlm::testing::BnbDirOptions& o) {
+  const std::string base = ::testing::TempDir() + fmt::format("bnb_np{}_{}", g_world->size(), name);
+  BnbDirs d{base + "/bnb", base + "/dense"};
+  if (g_world->rank() == 0) {
+    ModelConfig plain = qlora_config(o.double_quant);
+    plain.lora.reset();
+    plain.nf4_base = false;
+    train::ParamStore store(plain, DType::F32);
+    store.init_random(11);
+    shardlm::testing::write_bnb_dir(d.bnb, plain, store, o);
+    shardlm::testing::write_dequantized_dir(d.bnb, d.dense);
+  }
+  g_world->barrier();
+  return d;
+}
+
+}  // namespace
+
+// The reader's pieces the engine uses: any element range dequantizes as the whole weight does,
+// and the directory says whether its double quantization can be kept as stored.
+TEST(Engine, BitsandbytesDirectoryReadsByRange) {
+  struct Variant {
+    const char* name;
+    shardlm::testing::BnbDirOptions o;
+    std::optional<bool> as_stored;
+  };
+  for (const Variant& v : {Variant{"dq", {.double_quant = true}, true}, Variant{"plain", {.double_quant = false}, false},
+                           Variant{"odd_map", {.double_quant = true, .standard_nested_map = false}, false}}) {
+    SCOPED_TRACE(v.name);
+    const BnbDirs d = write_bnb_dirs(v.name, v.o);
+    const model::Nf4ModelReader reader(d.bnb);
+    EXPECT_EQ(reader.double_quant_as_stored(), v.as_stored);
+    EXPECT_EQ(reader.quantized_names().size(), 7u * 3u);
+    EXPECT_EQ(model::Nf4ModelReader(d.dense).double_quant_as_stored(), std::nullopt);
+    EXPECT_EQ(reader.state("model.layers.1.mlp.up_proj.weight").standard_nested_map, v.o.standard_nested_map);
+    for (const std::string name : {"model.layers.1.mlp.up_proj.weight", "model.layers.2.self_attn.k_proj.weight"}) {
+      const OwnedTensor whole = reader.dequantize_f32(name);
+      const int64_t n = whole.t.numel();
+      for (auto [lo, hi] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {1, 2}, {63, 130}, {16383, 16385},
+                                                                     {n - 77, n}, {5000, 5000}}) {
+        lo = std::min(lo, n), hi = std::min(hi, n);  // k_proj holds 8192
+        std::vector<float> part(size_t(hi - lo));
+        reader.dequantize_range(name, lo, hi, part.data());
+        EXPECT_EQ(std::memcmp(part.data(), whole.t.f32() + lo, part.size() * 4), 0) << name << " [" << lo << ", " << hi << ")";
+      }
+    }
+  }
+}
+
+// QLoRA from a bitsandbytes directory keeps every NF4 state as stored: each rank copies its
+// chunk, nothing is re-quantized, so the base it computes with is bitsandbytes' dequantization
+// bit for bit, and it computes exactly what LoRA computes on a dense directory holding that
+// dequantization (the same logits before any step, the same losses after). With chunks over the
+// shard group (FULL_SHARD) and whole on every rank (NO_SHARD). A double-quantized file also reads
+// into the plain layout exactly (f32 absmax values computed as bitsandbytes does), as does one
+// with a non-standard nested map, which only the plain layout can hold.
+TEST(Engine, QloraKeepsABitsandbytesDirectoryAsStored) {
+  struct Variant {
+    const char* name;
+    shardlm::testing::BnbDirOptions o;
+    bool double_quant;  // the run's layout (what the trainer chooses: the file's)
+  };
+  for (const Variant& v : {Variant{"dq", {.double_quant = true}, true}, Variant{"dq_read_plain", {.double_quant = true}, false},
+                           Variant{"plain", {.double_quant = false}, false},
+                           Variant{"odd_map", {.double_quant = true, .standard_nested_map = false}, false}}) {
+    SCOPED_TRACE(v.name);
+    const BnbDirs d = write_bnb_dirs(v.name, v.o);
+    const ModelConfig qcfg = qlora_config(v.double_quant);
+    ModelConfig lcfg = qcfg;
+    lcfg.nf4_base = false;
+    for (shard::Strategy s : {shard::Strategy::FullShard, shard::Strategy::NoShard}) {
+      SCOPED_TRACE(shard::strategy_name(s));
+      const LoadedRun got = run_loaded(qcfg, d.bnb, *g_world, s), want = run_loaded(lcfg, d.dense, *g_world, s);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), got.logits.size() * 4), 0);
+      EXPECT_EQ(got.losses, want.losses);
+    }
+  }
+}
+
+// Re-quantizing is never done silently: a double-quantized layout over a file that cannot give
+// one as stored is refused, naming lora.double_quant (every rank, before reading anything).
+TEST(Engine, QloraRefusesALayoutABitsandbytesDirectoryCannotKeep) {
+  for (const auto& [name, o] : {std::pair{"plain", shardlm::testing::BnbDirOptions{.double_quant = false}},
+                                std::pair{"odd_map", shardlm::testing::BnbDirOptions{.double_quant = true,
+                                                                                      .standard_nested_map = false}}}) {
+    SCOPED_TRACE(name);
+    const BnbDirs d = write_bnb_dirs(name, o);
+    try {
+      run_loaded(qlora_config(true), d.bnb, *g_world);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("lora.double_quant"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// LoRA (a dense frozen base) and full fine-tuning read the NF4 weights of a bitsandbytes
+// directory as bitsandbytes dequantizes them: LoRA computes exactly what it computes from the
+// dense directory of that dequantization, and full fine-tuning starts from its values.
+TEST(Engine, LoraAndFullFineTuningReadABitsandbytesDirectoryDequantized) {
+  const BnbDirs d = write_bnb_dirs("dense_runs", {.double_quant = true});
+  ModelConfig lcfg = qlora_config(true);
+  lcfg.nf4_base = false;
+  const LoadedRun want = run_loaded(lcfg, d.dense, *g_world), got = run_loaded(lcfg, d.bnb, *g_world);
+  EXPECT_EQ(got.logits, want.logits);
+  EXPECT_EQ(got.losses, want.losses);
+
+  ModelConfig full = lcfg;
+  full.lora.reset();
+  shard::ShardingConfig sc;
+  sc.strategy = shard::Strategy::FullShard;
+  shard::Mesh mesh = shard::make_mesh(*g_world, sc, 1);
+  shard::ShardedModel engine(full, sc, mesh);
+  engine.load(io::ModelWeights(d.bnb), d.bnb);
+  const auto weights = shardlm::testing::gather_weights(engine);
+  const std::map<std::string, OwnedTensor> dense = model::load_dequantized_f32(d.bnb);
+  for (const std::string& name : engine.names()) {
+    const std::vector<float>& w = weights.at(name);
+    ASSERT_EQ(int64_t(w.size()), dense.at(name).t.numel()) << name;
+    EXPECT_EQ(std::memcmp(w.data(), dense.at(name).t.f32(), w.size() * 4), 0) << name;
+  }
 }
 
 TEST(Engine, OptimizerBytesFallWithTheShardCount) {

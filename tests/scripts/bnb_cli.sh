@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Training from a directory saved by transformers with bitsandbytes 4-bit (issue 12), through the
+# command line on 2 CPU ranks (FULL_SHARD, so each rank holds one chunk of every NF4 weight). A
+# tiny random Llama with Llama 2's tokenizer is converted to bitsandbytes' layout by
+# tests/torch_ref/nf4_reference.py's quantizer (plain, and double-quantized); the data is the
+# Alpaca sample.
+#  A. QLoRA on the plain directory with lora.double_quant left at true: the run follows the file
+#     (one log line says so), keeps its NF4 states as stored and trains.
+#  B. QLoRA on the double-quantized directory keeps it as stored, LoRA reads it dequantized: both
+#     train on the same base bit for bit, so their loss lines are identical.
+#  C. full fine-tuning from the double-quantized directory starts from its dequantization, trains,
+#     and saves a plain model.
+# Usage: bnb_cli.sh SHARDLM PYTHON SOURCE_DIR DATA_DIR WORKDIR
+set -euo pipefail
+shardlm=$1
+py=$2
+src=$3
+data=$(cd "$4" && pwd)
+work=$5
+rm -rf "$work" && mkdir -p "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$shardlm" init --preset tiny --out "$work/base" --set vocab_size=32000 --set max_position_embeddings=512 \
+  --set initializer_range=0.1 --dtype f32 >/dev/null
+cp "$data/llama2_tokenizer.model" "$work/base/tokenizer.model"
+# What transformers' save_pretrained writes for the model loaded with BitsAndBytesConfig(
+# load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=NESTED) from bf16.
+to_bnb() {
+  "$py" - "$src/tests/torch_ref" "$work/base" "$1" "$2" <<'PY'
+import json, os, shutil, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import nf4_reference as R
+from safetensors_check import load, save
+base, out, nested = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+os.makedirs(out)
+tensors = {}
+for name, w in load(os.path.join(base, "model.safetensors")).items():
+    w = torch.as_tensor(np.asarray(w)).to(torch.bfloat16)
+    if name.split(".")[-2].endswith("_proj"):
+        packed, absmax = R.quantize_nf4(w.float().numpy().reshape(-1))
+        tensors.update(R._quant_state_tensors(name, list(w.shape), "bfloat16", packed, absmax, nested)[0])
+    else:
+        tensors[name] = w
+save(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
+config = json.load(open(os.path.join(base, "config.json")))
+config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                 "bnb_4bit_use_double_quant": nested, "bnb_4bit_compute_dtype": "bfloat16"}
+json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
+shutil.copy(os.path.join(base, "tokenizer.model"), out)
+PY
+}
+to_bnb "$work/bnb_plain" 0
+to_bnb "$work/bnb_dq" 1
+
+# run NAME MODEL [lora: lines...]
+run() {
+  local name=$1 model=$2
+  shift 2
+  {
+    cat <<YAML
+model: $model
+output_dir: $work/out_$name
+seed: 1
+compute_dtype: f32
+data: {type: alpaca, train: $data/alpaca_en_demo.json, eval_fraction: 0.05, packing: true}
+seq_len: 128
+micro_batch_size: 2
+max_steps: 3
+optimizer: {lr: 1e-2}
+eval_every: 0
+eval_batches: 1
+progress: lines
+save_dtype: f32
+sharding_strategy: FULL_SHARD
+YAML
+    for line in "$@"; do echo "$line"; done
+  } > "$work/$name.yaml"
+  "$shardlm" launch --nproc-per-node 2 -- train --config "$work/$name.yaml" > "$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; fail "the $name run failed"; }
+  grep -E "^base: |^done: " "$work/$name.log"
+}
+lora=("lora:" "  rank: 4" "  alpha: 8" "  target_modules: all-linear")
+
+# ---- A ----
+run qlora_plain "$work/bnb_plain" "${lora[@]}" "  quantize_base: nf4"
+grep -q "bnb_plain's NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized; lora.double_quant: true overridden: the file is not double-quantized" \
+  "$work/qlora_plain.log" || fail "QLoRA on a plain bitsandbytes directory did not say it follows the file"
+grep -q "^base: Linear weights in NF4 (bitsandbytes' layout)," "$work/qlora_plain.log" ||
+  fail "QLoRA on a plain bitsandbytes directory did not use the plain layout"
+
+# ---- B ----
+run qlora_dq "$work/bnb_dq" "${lora[@]}" "  quantize_base: nf4"
+grep -q "bnb_dq's NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized$" "$work/qlora_dq.log" ||
+  fail "QLoRA on a double-quantized bitsandbytes directory did not keep it as stored"
+run lora_dq "$work/bnb_dq" "${lora[@]}"
+grep -q "bnb_dq's NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does" "$work/lora_dq.log" ||
+  fail "LoRA on a bitsandbytes directory did not say it dequantizes"
+losses() { grep -o "loss [0-9.]* -> [0-9.]*; held-out loss [0-9.]* -> [0-9.]*" "$1"; }
+[[ -n "$(losses "$work/qlora_dq.log")" && "$(losses "$work/qlora_dq.log")" == "$(losses "$work/lora_dq.log")" ]] ||
+  fail "QLoRA on the stored states and LoRA on their dequantization differ"
+
+# ---- C ----
+run full_dq "$work/bnb_dq"
+grep -q "dequantized as bitsandbytes does$" "$work/full_dq.log" || fail "full fine-tuning did not say it dequantizes"
+[[ -f "$work/out_full_dq/model.safetensors" ]] && ! grep -q quantization_config "$work/out_full_dq/config.json" ||
+  fail "full fine-tuning did not save a plain model"
+echo "OK"
