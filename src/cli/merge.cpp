@@ -56,6 +56,10 @@ void register_merge(CLI::App& app) {
                r.spec.scale(), r.spec.use_rslora ? " (rsLoRA: alpha / sqrt(r))" : " (alpha / r)", o->out, r.tensors,
                dtype_name(r.dtype), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                format_bytes(std::max<int64_t>(0, memory::process_memory().rss_peak)));
+    if (r.dequantized > 0)
+      fmt::print("base: {} is a bitsandbytes 4-bit model: merged into the dequantized NF4 weights ({} weights read as "
+                 "bitsandbytes dequantizes them); {} is a plain model, without quantization_config\n",
+                 o->base, r.dequantized, o->out);
   });
 }
 

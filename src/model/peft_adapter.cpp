@@ -13,6 +13,7 @@
 #include "io/atomic_file.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
+#include "model/nf4_loader.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
 
@@ -313,6 +314,9 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
     throw Error("--out is the base model's directory: write the merged model elsewhere", {.file = opt.out});
   const ModelConfig cfg = load_model_config(opt.base);
   const io::ModelWeights weights(opt.base);
+  // A directory saved by transformers from a bitsandbytes 4-bit model: its NF4 weights are read as
+  // bitsandbytes dequantizes them (in f32), and the merged model is a plain one.
+  const model::Nf4ModelReader nf4(weights, cfg);
   const PeftAdapter adapter = read_peft_adapter(opt.adapter, cfg);
   std::map<std::string, const model::LoraTarget*> adapted;
   for (const model::LoraTarget& t : adapter.targets) adapted[t.weight_name] = &t;
@@ -326,6 +330,21 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
   for (const model::ModelPart& part : model::llama_parts(cfg))
     for (const model::ParamInfo& p : part.params) {
       if (!weights.has(p.name)) throw Error("missing from the base model's weights", {.file = opt.base, .tensor = p.name});
+      known.insert(p.name);
+      plan.emplace_back(p.name, DType::F32, p.shape);  // dtype set below
+      if (nf4.is_quantized(p.name)) {
+        const model::Nf4State st = nf4.state(p.name);
+        if (st.shape != p.shape) {
+          const Tensor want = Tensor::view(nullptr, DType::F32, p.shape.data(), int(p.shape.size()));
+          const Tensor got = Tensor::view(nullptr, DType::F32, st.shape.data(), int(st.shape.size()));
+          throw Error(fmt::format("NF4 shape {} in the file, but config.json implies {}", got.shape_str(), want.shape_str()),
+                      {.file = weights.file_of(p.name), .tensor = p.name});
+        }
+        // The dtype the weight had before quantization (the quant_state's), not its U8 storage.
+        if (!stored) stored = st.dtype;
+        ++report.dequantized;
+        continue;
+      }
       const io::TensorInfo& info = weights.info(p.name);
       if (info.shape != p.shape) {
         const Tensor want = Tensor::view(nullptr, DType::F32, p.shape.data(), int(p.shape.size()));
@@ -335,10 +354,8 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
       if (!info.dtype || !is_float(*info.dtype))
         throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = weights.file_of(p.name), .tensor = p.name});
       if (!stored) stored = *info.dtype;
-      known.insert(p.name);
-      plan.emplace_back(p.name, DType::F32, p.shape);  // dtype set below
     }
-  for (const std::string& name : weights.names())
+  for (const std::string& name : nf4.names())
     if (!known.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos)
       throw Error("in the weights but not in the model described by config.json", {.file = opt.base, .tensor = name});
   report.dtype = opt.dtype.value_or(*stored);
@@ -350,25 +367,30 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
   const double scale = adapter.spec.scale();
   constexpr int64_t kChunk = int64_t(4) << 20;  // elements converted at a time when copying
   io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
-    const io::TensorInfo& info = weights.info(name);
-    const DType from = *info.dtype;
-    const int64_t n = info.numel();
     const auto it = adapted.find(name);
-    if (it != adapted.end()) {
-      // The whole weight in f32, W += scale * B A, then stored in the output dtype.
-      const OwnedTensor w(DType::F32, info.shape.data(), int(info.shape.size()), MemCategory::Workspace, false);
-      {
-        const OwnedTensor raw(from, {n}, MemCategory::Workspace, false);
-        weights.read_range(name, 0, uint64_t(n), raw.t.data);
-        ops::cast(Tensor::view(w.t.data, DType::F32, {n}), raw.t);
+    if (it != adapted.end() || nf4.is_quantized(name)) {
+      // The whole weight in f32 (an NF4 one dequantized as bitsandbytes does), W += scale * B A
+      // when adapted, then stored in the output dtype.
+      OwnedTensor w;
+      if (nf4.is_quantized(name)) {
+        w = nf4.dequantize_f32(name);
+      } else {
+        const io::TensorInfo& info = weights.info(name);
+        w = OwnedTensor(DType::F32, info.shape.data(), int(info.shape.size()), MemCategory::Workspace, false);
+        const OwnedTensor raw(*info.dtype, {info.numel()}, MemCategory::Workspace, false);
+        weights.read_range(name, 0, uint64_t(info.numel()), raw.t.data);
+        ops::cast(Tensor::view(w.t.data, DType::F32, {info.numel()}), raw.t);
       }
-      try {
-        model::lora_merge_into(w.t, adapter.a(*it->second), adapter.b(*it->second), scale);
-      } catch (Error& e) {
-        e.set_tensor(name);
-        throw;
+      const int64_t n = w.t.numel();
+      if (it != adapted.end()) {
+        try {
+          model::lora_merge_into(w.t, adapter.a(*it->second), adapter.b(*it->second), scale);
+        } catch (Error& e) {
+          e.set_tensor(name);
+          throw;
+        }
+        ++report.merged;
       }
-      ++report.merged;
       if (report.dtype == DType::F32) {
         sink(w.t.data, w.t.nbytes());
       } else {
@@ -378,6 +400,9 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
       }
     } else {
       // Copied in chunks; bytes as they are when the dtype does not change.
+      const io::TensorInfo& info = weights.info(name);
+      const DType from = *info.dtype;
+      const int64_t n = info.numel();
       const OwnedTensor raw(from, {std::min(kChunk, n)}, MemCategory::Workspace, false);
       OwnedTensor conv;
       if (from != report.dtype) conv = OwnedTensor(report.dtype, {std::min(kChunk, n)}, MemCategory::Workspace, false);

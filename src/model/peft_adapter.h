@@ -73,6 +73,7 @@ struct MergeReport {
   int64_t merged = 0;  // weights W + scale B A
   int64_t tensors = 0; // tensors written (the others copied, converted if --dtype asks)
   DType dtype = DType::F32;
+  int64_t dequantized = 0;  // NF4 weights of a bitsandbytes 4-bit base, read dequantized (the merged model is plain)
 };
 // A merged Hugging Face model directory: every base tensor, in the order of the model's parts,
 // with W' = W + scale * B A computed in f32 from the base's stored dtype for each adapted weight,

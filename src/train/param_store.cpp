@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <set>
 
 #include "io/model_files.h"
 #include "model/hf_dir.h"
+#include "model/nf4_loader.h"
 
 namespace shardlm::train {
 
@@ -70,12 +72,38 @@ void ParamStore::init_random(uint64_t seed) {
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
+  // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
+  // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
+  const model::Nf4ModelReader stored(weights, cfg_);
   std::vector<const shard::FlatLayout*> layouts;
   for (Unit& u : units_) {
-    shard::load_flat_range(u.layout, 0, u.layout.padded_numel, weights, source, u.master.t.f32());
+    shard::FlatLayout plain = u.layout;  // the other entries keep their offsets
+    std::erase_if(plain.entries, [&](const shard::FlatEntry& e) { return stored.is_quantized(e.info.name); });
+    shard::load_flat_range(plain, 0, u.layout.padded_numel, weights, source, u.master.t.f32());
+    for (const shard::FlatEntry& e : u.layout.entries) {
+      if (!stored.is_quantized(e.info.name)) continue;
+      const std::vector<int64_t> shape = stored.state(e.info.name).shape;
+      if (shape != e.info.shape) {
+        const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
+        const Tensor got = Tensor::view(nullptr, DType::F32, shape.data(), int(shape.size()));
+        throw Error(fmt::format("NF4 shape {} in the file, but config.json implies {}", got.shape_str(), want.shape_str()),
+                    {.file = source, .tensor = e.info.name});
+      }
+      stored.dequantize_range(e.info.name, 0, e.info.numel(), u.master.t.f32() + e.offset);
+    }
     layouts.push_back(&u.layout);
   }
-  shard::check_no_extra_tensors(layouts, weights, source);
+  if (stored.quantized_names().empty()) {
+    shard::check_no_extra_tensors(layouts, weights, source);
+  } else {
+    // The same check over the model's tensors, the NF4 states' entries (W.absmax, ...) left out.
+    std::set<std::string> known;
+    for (const shard::FlatLayout* l : layouts)
+      for (const shard::FlatEntry& e : l->entries) known.insert(e.info.name);
+    for (const std::string& name : stored.names())
+      if (!known.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos)
+        throw Error("in the weights but not in the model described by config.json", {.file = source, .tensor = name});
+  }
   sync_compute();
 }
 

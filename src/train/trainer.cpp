@@ -687,9 +687,11 @@ void Trainer::save_model() {
                                                 .dtype = c_.save_dtype, .max_shard_bytes = opt.max_shard_bytes});
       out_.print(fmt::format("merge_on_save: merged {} weights (W + {:.4g} B A) into {}/merged{}", r.merged,
                              r.spec.scale(), c_.output_dir,
-                             in_.model.nf4_base ? " (into the base as stored in the model directory, not its NF4 "
-                                                  "rounding that training saw)"
-                                                : ""));
+                             r.dequantized > 0 ? " (merged into the dequantized NF4 weights of the bitsandbytes 4-bit "
+                                                 "base, as training saw them; a plain model)"
+                             : in_.model.nf4_base ? " (into the base as stored in the model directory, not its NF4 "
+                                                    "rounding that training saw)"
+                                                  : ""));
     }
     world_.barrier();
   }

@@ -10,6 +10,11 @@
 #     train on the same base bit for bit, so their loss lines are identical.
 #  C. full fine-tuning from the double-quantized directory starts from its dequantization, trains,
 #     and saves a plain model.
+#  D. a bitsandbytes directory as the base of `merge`, `generate` and merge_on_save: read as
+#     bitsandbytes dequantizes it, against a dense directory holding that dequantization (f32):
+#     merge (default dtype: the quant_state's bf16) passes check-merged, merge_on_save writes the
+#     same plain model, and `generate` (with and without --adapter) prints what it prints from the
+#     dense directory and from the merged f32 model.
 # Usage: bnb_cli.sh SHARDLM PYTHON SOURCE_DIR DATA_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -25,26 +30,35 @@ fail() { echo "FAIL: $*"; exit 1; }
   --set initializer_range=0.1 --dtype f32 >/dev/null
 cp "$data/llama2_tokenizer.model" "$work/base/tokenizer.model"
 # What transformers' save_pretrained writes for the model loaded with BitsAndBytesConfig(
-# load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=NESTED) from bf16.
+# load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=NESTED) from bf16; with
+# DENSE, also a plain directory of its dequantization (NF4 weights in f32 as bitsandbytes computes
+# them before its final rounding, the rest as stored).
 to_bnb() {
-  "$py" - "$src/tests/torch_ref" "$work/base" "$1" "$2" <<'PY'
+  "$py" - "$src/tests/torch_ref" "$work/base" "$1" "$2" "${3:-}" <<'PY'
 import json, os, shutil, sys
 sys.path.insert(0, sys.argv[1])
 import numpy as np, torch
 import nf4_reference as R
 from safetensors_check import load, save
-base, out, nested = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+base, out, nested, dense = sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5]
 os.makedirs(out)
-tensors = {}
+tensors, deq = {}, {}
 for name, w in load(os.path.join(base, "model.safetensors")).items():
     w = torch.as_tensor(np.asarray(w)).to(torch.bfloat16)
     if name.split(".")[-2].endswith("_proj"):
         packed, absmax = R.quantize_nf4(w.float().numpy().reshape(-1))
-        tensors.update(R._quant_state_tensors(name, list(w.shape), "bfloat16", packed, absmax, nested)[0])
+        t, deq_absmax = R._quant_state_tensors(name, list(w.shape), "bfloat16", packed, absmax, nested)
+        tensors.update(t)
+        deq[name] = torch.from_numpy(R.dequantize_nf4(packed, deq_absmax, w.numel()).reshape(w.shape))
     else:
-        tensors[name] = w
+        tensors[name] = deq[name] = w
 save(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
 config = json.load(open(os.path.join(base, "config.json")))
+if dense:
+    os.makedirs(dense)
+    save(os.path.join(dense, "model.safetensors"), deq, {"format": "pt"})
+    json.dump(config, open(os.path.join(dense, "config.json"), "w"), indent=2)
+    shutil.copy(os.path.join(base, "tokenizer.model"), dense)
 config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                                  "bnb_4bit_use_double_quant": nested, "bnb_4bit_compute_dtype": "bfloat16"}
 json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
@@ -52,7 +66,7 @@ shutil.copy(os.path.join(base, "tokenizer.model"), out)
 PY
 }
 to_bnb "$work/bnb_plain" 0
-to_bnb "$work/bnb_dq" 1
+to_bnb "$work/bnb_dq" 1 "$work/dense_dq"
 
 # run NAME MODEL [lora: lines...]
 run() {
@@ -94,7 +108,7 @@ grep -q "^base: Linear weights in NF4 (bitsandbytes' layout)," "$work/qlora_plai
 run qlora_dq "$work/bnb_dq" "${lora[@]}" "  quantize_base: nf4"
 grep -q "bnb_dq's NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized$" "$work/qlora_dq.log" ||
   fail "QLoRA on a double-quantized bitsandbytes directory did not keep it as stored"
-run lora_dq "$work/bnb_dq" "${lora[@]}"
+run lora_dq "$work/bnb_dq" "${lora[@]}" "  merge_on_save: true"
 grep -q "bnb_dq's NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does" "$work/lora_dq.log" ||
   fail "LoRA on a bitsandbytes directory did not say it dequantizes"
 losses() { grep -o "loss [0-9.]* -> [0-9.]*; held-out loss [0-9.]* -> [0-9.]*" "$1"; }
@@ -106,4 +120,24 @@ run full_dq "$work/bnb_dq"
 grep -q "dequantized as bitsandbytes does$" "$work/full_dq.log" || fail "full fine-tuning did not say it dequantizes"
 [[ -f "$work/out_full_dq/model.safetensors" ]] && ! grep -q quantization_config "$work/out_full_dq/config.json" ||
   fail "full fine-tuning did not save a plain model"
+# ---- D ----
+adapter=$work/out_lora_dq/adapter
+grep -q "merge_on_save: merged [0-9]* weights .*(merged into the dequantized NF4 weights of the bitsandbytes 4-bit base" \
+  "$work/lora_dq.log" || fail "merge_on_save from a bitsandbytes directory did not say it merged into its dequantization"
+"$shardlm" merge --base "$work/bnb_dq" --adapter "$adapter" --out "$work/merged" | tee "$work/merge.txt"
+grep -q "(.* tensors in bf16)" "$work/merge.txt" || fail "merge did not default to the quant_state's dtype (bf16)"
+grep -q "merged into the dequantized NF4 weights" "$work/merge.txt" || fail "merge did not say the base was NF4"
+! grep -q quantization_config "$work/merged/config.json" || fail "the merged model kept quantization_config"
+"$py" "$src/tests/torch_ref/peft_reference.py" check-merged "$work/dense_dq" "$adapter" "$work/merged"
+"$shardlm" merge --base "$work/bnb_dq" --adapter "$adapter" --out "$work/merged_f32" --dtype f32 >/dev/null
+"$py" "$src/tests/torch_ref/peft_reference.py" check-merged "$work/dense_dq" "$adapter" "$work/merged_f32"
+"$py" "$src/tests/torch_ref/peft_reference.py" check-merged "$work/dense_dq" "$adapter" "$work/out_lora_dq/merged"
+gen() { "$shardlm" generate --prompt "Give three tips" --max-new-tokens 24 --temperature 0 "$@" 2>/dev/null; }
+gen --model "$work/bnb_dq" > "$work/gen_bnb.txt"
+gen --model "$work/dense_dq" > "$work/gen_dense.txt"
+cmp -s "$work/gen_bnb.txt" "$work/gen_dense.txt" || fail "generate on the bitsandbytes directory and on its dequantization differ"
+gen --model "$work/bnb_dq" --adapter "$adapter" > "$work/gen_bnb_adapter.txt"
+gen --model "$work/merged_f32" > "$work/gen_merged.txt"
+cmp -s "$work/gen_bnb_adapter.txt" "$work/gen_merged.txt" || fail "generate --adapter on the bitsandbytes directory and the merged model differ"
+echo "generate on bnb == dense: $(od -c "$work/gen_bnb.txt" | head -1 | tr -s ' ')"
 echo "OK"
