@@ -159,21 +159,19 @@ refuse unknown_key "typo.yaml:[0-9]*: key 'lora.alpah'" \
   "$shardlm" train --config "$work/typo.yaml" output_dir="$work/e3"
 
 # ---- the numbers: names, shapes, losses, sizes, resume ----
-"$py" - "$work" <<'PY'
-import json, os, struct, sys
+"$py" - "$work" "$src/tests/torch_ref" <<'PY'
+import json, os, sys
 import numpy as np
+import torch
 work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import safetensors_check
 
-def tensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    head.pop("__metadata__", None)
+def tensors(path):  # {name: f32 numpy array}, read by the tests' strict safetensors reader
     out = {}
-    for name, t in head.items():
-        assert t["dtype"] == "F32", (path, name, t["dtype"])
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
+    for name, t in safetensors_check.load(path).items():
+        assert t.dtype == torch.float32, (path, name, t.dtype)
+        out[name] = t.numpy()
     return out
 
 def records(run, file="metrics.jsonl"):
