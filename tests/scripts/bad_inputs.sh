@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# The bad-input catalog (issue 14): one table of bad inputs across everything shardlm reads — model
+# directories, weights, training YAML and key=value overrides, command-line flags, datasets,
+# tokenizers, checkpoints, PEFT adapters, impossible meshes, launch's hostfile. Each row is a name,
+# a regular expression and a command; each command must
+#   - exit non-zero, and not by a signal (status < 128);
+#   - print exactly one line (stdout and stderr together; under `launch`, besides launch's own
+#     "shardlm launch: mpirun ..." line), and that line must say "error" and match the expression,
+#     which names the file / key / tensor / line / rank at fault;
+#   - change nothing that was already there: output_dir (pre-populated with a sentinel file, a model
+#     and a complete checkpoint) and every fixture are hashed before and after.
+# docs/troubleshooting.md is the user's side of this table.
+# Usage: bad_inputs.sh SHARDLM DATA_DIR WORKDIR [mpi|nompi]   (nompi: the `launch` rows are skipped)
+set -euo pipefail
+shardlm=$(realpath "$1")
+data=$(cd "$2" && pwd)
+work=$3
+mpi=${4:-nompi}
+rm -rf "$work" && mkdir -p "$work"
+work=$(cd "$work" && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+start=$SECONDS
+S() { timeout 60 "$shardlm" "$@"; }  # a hang is a failure, not a stuck test
+py=/usr/bin/python3
+fx=$work/fx        # fixtures: every file under it is hashed around each row
+out=$work/out      # the output_dir of every train row: a previous run's model, checkpoint, sentinel
+logs=$work/logs
+mkdir -p "$fx" "$logs"
+
+# ---- fixtures ----
+m=$fx/tiny                               # the tiny preset (vocab 512, its own tokenizer-free setup)
+S init --preset tiny --out "$m" --seed 1 >/dev/null
+ml=$fx/tiny_llama2                       # vocab 32000 with Llama 2's tokenizer, for Alpaca data
+S init --preset tiny --out "$ml" --seed 1 --set vocab_size=32000 >/dev/null
+cp "$data/llama2_tokenizer.model" "$ml/tokenizer.model"
+m2=$fx/other                             # another model: 3 layers, hidden 96
+S init --preset tiny --out "$m2" --seed 2 --set num_hidden_layers=3 --set hidden_size=96 \
+  --set num_attention_heads=6 --set num_key_value_heads=3 >/dev/null
+
+cat > "$fx/run.yaml" <<YAML
+model: $m
+output_dir: $out
+data: {train: builtin:addition, digits: 2, train_examples: 200, eval_examples: 8}
+seq_len: 16
+micro_batch_size: 4
+max_steps: 1
+eval_every: 0
+accuracy_examples: 0
+progress: none
+YAML
+cat > "$fx/alpaca.yaml" <<YAML
+model: $ml
+output_dir: $out
+data: {type: alpaca, train: $data/alpaca_en_demo.json, eval_fraction: 0.05}
+seq_len: 64
+micro_batch_size: 2
+max_steps: 1
+eval_every: 0
+progress: none
+YAML
+cfg=$fx/run.yaml
+
+# output_dir with a model, a complete checkpoint and a sentinel; a checkpoint of the other model.
+S train --config "$cfg" save_every=1 >/dev/null 2>&1
+echo "do not touch" > "$out/SENTINEL"
+ck=$out/checkpoints/step_00000001
+[[ -f "$ck/COMPLETE" ]] || { echo "FAIL: fixture checkpoint not written"; ls -R "$out"; exit 1; }
+S train --config "$cfg" model="$m2" output_dir="$fx/other_run" save_every=1 >/dev/null 2>&1
+ck_other=$fx/other_run/checkpoints/step_00000001
+# LoRA adapters of the tiny model and of the other model.
+S train --config "$cfg" output_dir="$fx/lora_run" 'lora={rank: 4, alpha: 8}' >/dev/null 2>&1
+S train --config "$cfg" model="$m2" output_dir="$fx/lora_other" 'lora={rank: 4, alpha: 8}' >/dev/null 2>&1
+adapter=$fx/lora_run/adapter
+[[ -f "$adapter/adapter_config.json" && -f "$fx/lora_other/adapter/adapter_config.json" ]] ||
+  { echo "FAIL: fixture adapters not written"; exit 1; }
+
+# Bad copies. cfgjson DIR PYTHON-EXPR: edit DIR/config.json (c is the dict).
+bad() { rm -rf "$fx/$1" && cp -r "$2" "$fx/$1" && echo "$fx/$1"; }
+cfgjson() { "$py" - "$1/config.json" "$2" <<'PY'
+import json, sys
+p, expr = sys.argv[1], sys.argv[2]
+c = json.load(open(p))
+exec(expr)
+json.dump(c, open(p, "w"), indent=2)
+PY
+}
+# st FILE OP [NAME]: rewrite a safetensors file: drop NAME, add an extra tensor, or NaN into NAME.
+st() { "$py" - "$@" <<'PY'
+import json, struct, sys
+path, op = sys.argv[1], sys.argv[2]
+name = sys.argv[3] if len(sys.argv) > 3 else None
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n]); body = bytearray(raw[8 + n:])
+meta = hdr.pop("__metadata__", None)
+if op == "drop":  # the tensor and its bytes, the others' offsets moved down
+    a, b = hdr.pop(name)["data_offsets"]
+    del body[a:b]
+    for t in hdr.values():
+        if t["data_offsets"][0] >= b: t["data_offsets"] = [o - (b - a) for o in t["data_offsets"]]
+elif op == "extra":
+    hdr[name] = {"dtype": "F32", "shape": [2], "data_offsets": [len(body), len(body) + 8]}
+    body += b"\0" * 8
+elif op == "nan":
+    a, _ = hdr[name]["data_offsets"]
+    body[a:a + 4] = struct.pack("<f", float("nan"))
+if meta is not None: hdr["__metadata__"] = meta
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(body))
+PY
+}
+
+d_noconf=$(bad noconf "$m"); rm "$d_noconf/config.json"
+d_badjson=$(bad badjson "$m"); printf '{"hidden_size": 64,\n  "num_hidden_layers": \n' > "$d_badjson/config.json"
+d_heads=$(bad heads "$m"); cfgjson "$d_heads" 'c["num_attention_heads"] = 5'
+d_kvheads=$(bad kvheads "$m"); cfgjson "$d_kvheads" 'c["num_key_value_heads"] = 3'
+d_arch=$(bad arch "$m"); cfgjson "$d_arch" 'c["architectures"] = ["GPT2LMHeadModel"]; c["model_type"] = "gpt2"'
+d_layers=$(bad layers "$m"); cfgjson "$d_layers" 'c["num_hidden_layers"] = 0'
+d_hidtype=$(bad hidtype "$m"); cfgjson "$d_hidtype" 'c["hidden_size"] = "sixty-four"'
+d_noweights=$(bad noweights "$m"); rm "$d_noweights/model.safetensors"
+d_trunc=$(bad trunc "$m"); truncate -s $(( $(stat -c %s "$m/model.safetensors") / 2 )) "$d_trunc/model.safetensors"
+d_hdr=$(bad hdr "$m"); printf 'garbage!' | dd of="$d_hdr/model.safetensors" bs=1 seek=8 conv=notrunc status=none
+d_hdrlen=$(bad hdrlen "$m"); printf '\xff\xff\xff\xff\xff\xff\x00\x00' | dd of="$d_hdrlen/model.safetensors" bs=1 conv=notrunc status=none
+d_shape=$(bad shape "$m"); cfgjson "$d_shape" 'c["intermediate_size"] = 176'
+d_missing=$(bad missing "$m"); st "$d_missing/model.safetensors" drop model.layers.1.mlp.down_proj.weight
+d_extra=$(bad extra "$m"); st "$d_extra/model.safetensors" extra model.layers.0.mlp.surprise.weight
+d_nan=$(bad nan "$m"); st "$d_nan/model.safetensors" nan model.layers.0.self_attn.q_proj.weight
+d_notok=$(bad notok "$ml"); rm "$d_notok/tokenizer.model"
+d_badtok=$(bad badtok "$ml"); head -c 4096 /dev/urandom > "$d_badtok/tokenizer.model"
+
+# Datasets.
+printf '[{"instruction": "a", "output": "b"},\n {"instruction": "c", "output": \n' > "$fx/malformed.json"
+printf '{"instruction": "a", "input": "", "output": "b"}\n{"instruction": "c", "input": ""}\n{"instruction": "e", "output": "f"}\n' > "$fx/nooutput.jsonl"
+printf '[]\n' > "$fx/empty.json"
+"$py" -c "import struct; open('$fx/ids.bin','wb').write(struct.pack('<64H', *([5]*40 + [600] + [7]*23)))"
+
+# Checkpoints.
+bad_ck() { rm -rf "$fx/$1" && cp -r "$ck" "$fx/$1" && echo "$fx/$1"; }
+ck_trunc=$(bad_ck ck_trunc); truncate -s 1000 "$ck_trunc/rank_00000.safetensors"
+ck_meta=$(bad_ck ck_meta); printf '{"step": 1, "world_size": ' > "$ck_meta/metadata.json"
+
+# Adapters.
+ad_type=$(bad ad_type "$adapter"); "$py" - "$ad_type/adapter_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["peft_type"] = "PREFIX_TUNING"; json.dump(c, open(sys.argv[1], "w"))
+PY
+
+# Launch.
+printf 'node-a slots=2\nthis is not a hostfile ===\n' > "$fx/hosts.bad"
+
+# ---- the table ----
+snapshot() {
+  (cd "$work" && find fx out -type f -print0 | sort -z | xargs -0 md5sum)
+  (cd "$work" && find fx out -print | sort)
+}
+pass=0 fails=0 skipped=0 known=0
+findings=()
+# row NAME REGEX COMMAND...: see the header.
+row() {
+  local name=$1 regex=$2
+  shift 2
+  local log=$logs/$name.log before after rc lines
+  before=$(snapshot)
+  set +e
+  ( cd "$work" && "$@" ) > "$log" 2>&1 < /dev/null
+  rc=$?
+  set -e
+  after=$(snapshot)
+  local why=""
+  # launch's own line (the mpirun command it runs) is not the error
+  lines=$(grep -a -v '^shardlm launch: mpirun ' "$log" || true)
+  if [[ $rc -eq 0 ]]; then why="exit 0"
+  elif [[ $rc -ge 124 ]]; then why="exit $rc (signal or timeout)"
+  elif [[ $(printf '%s\n' "$lines" | wc -l) -ne 1 || -z "$lines" ]]; then why="not one line ($(printf '%s\n' "$lines" | wc -l))"
+  elif ! grep -q -i 'error' <<< "$lines"; then why="no 'error' in the line"
+  elif ! grep -q -E -- "$regex" <<< "$lines"; then why="does not match /$regex/"
+  elif [[ "$before" != "$after" ]]; then why="changed files: $(diff <(echo "$before") <(echo "$after") | grep '^[<>]' | head -3 | tr '\n' ' ' || true)"
+  fi
+  if [[ -n "${KNOWN:-}" ]]; then  # a known finding (see the end): reported, not failed
+    known=$((known + 1))
+    if [[ -z "$why" ]]; then printf 'NOW OK %-26s (a known finding now behaves: move it into the table)\n' "$name"
+    else printf 'known %-27s %s; exit %s: %s\n' "$name" "$why" "$rc" "$(head -c 300 "$log" | tr '\n' '|')"; fi
+  elif [[ -z "$why" ]]; then
+    pass=$((pass + 1))
+    printf 'ok   %-28s %s\n' "$name" "$lines"
+  else
+    fails=$((fails + 1))
+    findings+=("$name")
+    printf 'FAIL %-28s %s; exit %s; output:\n' "$name" "$why" "$rc"
+    head -20 "$log" | sed 's/^/       | /'
+  fi
+  # anything a row wrote outside the protected trees goes away
+  find "$work" -mindepth 1 -maxdepth 1 ! -name fx ! -name out ! -name logs -exec rm -rf {} +
+}
+T() { S train --config "$cfg" "$@"; }
+TA() { S train --config "$fx/alpaca.yaml" "$@"; }
+
+# model directories
+row model_missing_dir       "no_such_model.*(does not exist|not a model directory|cannot open)" T model="$work/no_such_model"
+row model_no_config         "noconf.*config\.json|config\.json.*noconf"                T model="$d_noconf"
+row model_config_malformed  "badjson/config\.json.*(JSON|json|line)"                   T model="$d_badjson"
+row model_heads_not_divide  "heads/config\.json.*num_attention_heads"                  T model="$d_heads"
+row model_kv_not_divide     "kvheads/config\.json.*num_key_value_heads"                T model="$d_kvheads"
+row model_unsupported_arch  "arch/config\.json.*(GPT2|gpt2)"                           T model="$d_arch"
+row model_zero_layers       "layers/config\.json.*num_hidden_layers"                   T model="$d_layers"
+row model_key_wrong_type    "hidtype/config\.json.*hidden_size"                        T model="$d_hidtype"
+row generate_no_config      "noconf.*config\.json|config\.json.*noconf"                S generate --model "$d_noconf" --prompt hi
+# weights
+KNOWN=1 row weights_none            "noweights.*(safetensors)"                                 T model="$d_noweights"
+row weights_truncated       "trunc/model\.safetensors"                                 T model="$d_trunc"
+row weights_corrupt_header  "hdr/model\.safetensors.*(header|JSON)"                    T model="$d_hdr"
+row weights_header_length   "hdrlen/model\.safetensors.*header"                        T model="$d_hdrlen"
+row weights_wrong_shape     "shape.*'model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight'" T model="$d_shape"
+row weights_missing_tensor  "missing.*'model\.layers\.1\.mlp\.down_proj\.weight'"      T model="$d_missing"
+row weights_extra_tensor    "extra.*'model\.layers\.0\.mlp\.surprise\.weight'"          T model="$d_extra"
+row weights_nan             "'model\.layers\.0\.self_attn\.q_proj\.weight'.*(NaN|finite)" T model="$d_nan"
+row generate_nan            "'model\.layers\.0\.self_attn\.q_proj\.weight'.*(NaN|finite)" S generate --model "$d_nan" --prompt hi --max-new-tokens 2
+# training YAML
+printf 'model: [%s\noutput_dir: %s\n' "$m" "$out" > "$fx/malformed.yaml"
+sed 's/^max_steps:/max_stepz:/' "$cfg" > "$fx/unknown_key.yaml"
+sed 's/^max_steps: 1/max_steps: many/' "$cfg" > "$fx/wrong_type.yaml"
+printf 'sharding_strategy: FULLSHARD\n' | cat "$cfg" - > "$fx/bad_enum.yaml"
+grep -v '^output_dir' "$cfg" > "$fx/no_output_dir.yaml"
+printf 'lora:\n  rank: 4\n  target_modules: [q_proj, qq_proj]\n' | cat "$cfg" - > "$fx/lora_target.yaml"
+row config_missing_file     "no_such\.yaml"                                            S train --config "$work/no_such.yaml"
+row yaml_malformed          "malformed\.yaml.*(line|:2)"                               S train --config "$fx/malformed.yaml"
+row yaml_unknown_key        "unknown_key\.yaml.*max_stepz"                             S train --config "$fx/unknown_key.yaml"
+row yaml_wrong_type         "wrong_type\.yaml.*max_steps"                              S train --config "$fx/wrong_type.yaml"
+row yaml_bad_enum           "bad_enum\.yaml.*sharding_strategy.*FULLSHARD"             S train --config "$fx/bad_enum.yaml"
+row yaml_missing_required   "no_output_dir\.yaml.*output_dir"                          S train --config "$fx/no_output_dir.yaml"
+row value_zero_batch        "micro_batch_size"                                         T micro_batch_size=0
+row value_negative_steps    "max_steps"                                                T max_steps=-5
+row value_negative_lr       "optimizer\.lr"                                            T optimizer.lr=-1
+row value_zero_seq_len      "seq_len"                                                  T seq_len=0
+row value_bad_dtype         "compute_dtype.*f8"                                        T compute_dtype=f8
+row override_no_equals      "max_steps"                                                T max_steps
+row override_unknown_key    "max_stepz"                                                T max_stepz=1
+row override_unknown_dotted "optimizer\.lrr"                                           T optimizer.lrr=1
+row override_bad_yaml       "optimizer"                                                T 'optimizer={lr: [1'
+row lora_rank_zero          "lora\.(rank|r)"                                           T 'lora={rank: 0}'
+row lora_unknown_module     "lora_target\.yaml.*target_modules.*qq_proj"               S train --config "$fx/lora_target.yaml"
+row lora_dropout_range      "lora\.(lora_)?dropout"                                    T 'lora={dropout: 1.5}'
+# command line
+KNOWN=1 row cli_unknown_command     "frobnicate"                                               S frobnicate
+KNOWN=1 row cli_unknown_flag        "--frobnicate"                                             S train --config "$cfg" --frobnicate
+KNOWN=1 row cli_missing_required    "--config"                                                 S train
+KNOWN=1 row cli_init_bad_dtype      "--dtype.*f8"                                    S init --preset tiny --out "$work/newinit" --dtype f8
+row cli_init_bad_preset     "llama9"                                                   S init --preset llama9 --out "$work/newinit"
+KNOWN=1 row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
+KNOWN=1 row cli_convert_bad_dtype   "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
+KNOWN=1 row cli_generate_bad_topp   "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
+row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
+KNOWN=1 row mem_world_size_text     "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
+row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16
+row mem_bad_model           "--model.*nosuchpreset"                                    S estimate-memory --model nosuchpreset
+KNOWN=1 row mem_hybrid_group        "HYBRID_SHARD.*shard group of 4.*world of 6"                               S estimate-memory --model tiny --world-size 6 --shard-group-size 4 --sharding-strategy HYBRID_SHARD
+row mem_nproc_not_divide    "--nproc-per-node 4 does not divide --world-size 6"        S estimate-memory --model tiny --world-size 6 --nproc-per-node 4
+# datasets
+row data_missing_file       "no_such_data\.json"                                       TA data.train="$work/no_such_data.json"
+row data_malformed_json     "malformed\.json:[0-9]+: .*JSON"                               TA data.train="$fx/malformed.json"
+row data_row_no_output      "nooutput\.jsonl:2.*output|nooutput\.jsonl.*line 2.*output" TA data.train="$fx/nooutput.jsonl"
+row data_empty              "empty\.json"                                              TA data.train="$fx/empty.json"
+row data_token_id_range     "ids\.bin.*600"                                            T data.train="$fx/ids.bin" data.type=tokens
+row data_bad_type           "data\.type.*csv"                                          T data.type=csv
+row data_preview_missing    "no_such_data\.json"                                       S data-preview --config "$fx/alpaca.yaml" data.train="$work/no_such_data.json"
+# tokenizers
+KNOWN=1 row tokenizer_missing       "notok.*tokenizer"                                                    TA model="$d_notok"
+row tokenizer_corrupt       "badtok/tokenizer\.model"                                  TA model="$d_badtok"
+row tokenize_corrupt        "badtok/tokenizer\.model"                                  S tokenize --model "$d_badtok" --text hi
+# checkpoints
+row resume_not_checkpoint   "$m"                                                       T resume_from="$m"
+row resume_missing_dir      "no_such_ckpt"                                             T resume_from="$work/no_such_ckpt"
+row resume_truncated_rank   "ck_trunc/rank_00000\.safetensors"                         T resume_from="$ck_trunc"
+row resume_corrupt_metadata "ck_meta/metadata\.json"                                   T resume_from="$ck_meta"
+row resume_other_model      "other_run.*(hidden_size|num_hidden_layers|config|model)"  T resume_from="$ck_other"
+row convert_not_checkpoint  "$m"                                                       S convert "$m" --out "$work/conv"
+row convert_truncated_rank  "ck_trunc/rank_00000\.safetensors"                         S convert "$ck_trunc" --out "$work/conv"
+# PEFT adapters
+row merge_wrong_peft_type   "ad_type/adapter_config\.json.*peft_type"                  S merge --base "$m" --adapter "$ad_type" --out "$work/merged"
+row merge_other_model       "lora_other/adapter/adapter_model\.safetensors: tensor 'base_model\.model\.model\.layers\.[0-9]+\.self_attn\.(q|v)_proj\.lora_[AB]\.weight'" S merge --base "$m" --adapter "$fx/lora_other/adapter" --out "$work/merged"
+row generate_other_adapter  "lora_other/adapter.*lora_[AB]"                            S generate --model "$m" --adapter "$fx/lora_other/adapter" --prompt hi
+row merge_missing_adapter   "no_such_adapter"                                          S merge --base "$m" --adapter "$work/no_such_adapter" --out "$work/merged"
+# launch
+row launch_nnodes_no_hosts  "--hostfile"                                               S launch --nproc-per-node 1 --nnodes 2 -- train --config "$cfg"
+KNOWN=1 row launch_hostfile_missing "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
+if [[ $mpi == mpi ]]; then
+  KNOWN=1 row launch_hybrid_group   "shard_group_size.*(2|3)"                                  S launch --nproc-per-node 3 -- train --config "$cfg" sharding_strategy=HYBRID_SHARD shard_group_size=2
+  KNOWN=1 row launch_bad_key        "max_stepz"                                                S launch --nproc-per-node 2 -- train --config "$cfg" max_stepz=1
+  KNOWN=1 row launch_resume_trunc   "ck_trunc/rank_00000\.safetensors"                         S launch --nproc-per-node 2 -- train --config "$cfg" resume_from="$ck_trunc"
+else
+  skipped=3
+fi
+
+echo "bad_inputs: $pass passed, $fails failed, $known known findings (reported, not failed), $skipped launch rows skipped (no MPI), $((SECONDS - start)) s"
+[[ $fails -eq 0 ]] || { echo "FAIL: ${findings[*]}"; exit 1; }
