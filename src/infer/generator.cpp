@@ -49,7 +49,7 @@ std::vector<float> Generator::run(const std::vector<int32_t>& tokens, bool all_l
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const Tensor kc = k_cache_[size_t(l)].t, vc = v_cache_[size_t(l)].t;
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, kc.slice(length_, Tk), vc.slice(length_, Tk), att.t, lse.t,
-                              h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t};
+                              h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
     // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
     model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kc.slice(0, Tk), vc.slice(0, Tk), pos.t, Tensor{},
                                  inv, 1, Tq, Tk, x.t, l);

@@ -47,7 +47,6 @@ MemCategory term_category(Term t) {
 
 namespace {
 
-int64_t dsize(DType d) { return int64_t(dtype_size(d)); }
 
 // Temporaries of one op: the CPU matmul widens each bf16 operand (and a bf16 output) to an f32
 // copy; all of one call's copies are alive together. Arguments: element counts and whether that
@@ -215,8 +214,7 @@ Estimate estimate(const EstimateInput& in) {
                               shard::strategy_name(sc.strategy), S, W),
                   {.key = "shard_group_size"});
   }
-  const bool sharded = sc.shard_optimizer(), shard_grads = sc.shard_gradients();
-  const int64_t pd = dsize(sc.param_dtype);
+  const bool sharded = sc.shard_optimizer();
   const DType act = sc.param_dtype;  // the trainer computes in the parameter dtype
 
   Estimate est;
@@ -224,8 +222,7 @@ Estimate estimate(const EstimateInput& in) {
   est.parameters = parameter_count(cfg);
   Tracker tr;
   const int64_t N = in.micro_batch_size * in.seq_len;
-  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
-  const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), a = dsize(act);
+  const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
   const bool act16 = act == DType::BF16, w16 = sc.param_dtype == DType::BF16;
   const BlockTemps temps = block_temps(cfg, N, act16, w16);
   const int64_t C = std::min(kCeChunkRows, N);

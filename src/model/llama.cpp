@@ -351,7 +351,7 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
     auto t = [&](size_t i) -> const OwnedTensor& { return *src[i]; };
     acts_[l] = {rows(t(0)),  rows(t(1)),  rows(t(2)).reshape({N}), rows(t(3)), rows(t(4)),  rows(t(5)),
                 rows(t(6)),  rows(t(7)).reshape({B, H, T}),          rows(t(8)), rows(t(9)),  rows(t(10)).reshape({N}),
-                rows(t(11)), rows(t(12)), rows(t(13))};
+                rows(t(11)), rows(t(12)), rows(t(13)),           {}};
     for (size_t i = 0; i < lora_modules.size(); ++i) acts_[l].lora_u[lora_modules[i]] = rows(t(14 + i));
   }
   r.v_h_final = rows(r.h_final);

@@ -22,7 +22,7 @@ struct LoraSpec {
   std::vector<std::string> target_modules;  // HF names (kLoraModules) or "all-linear"
   bool use_rslora = false;       // scale alpha / sqrt(r) instead of alpha / r
   LoraInit init = LoraInit::Kaiming;  // PEFT's init_lora_weights: true (kaiming) or "gaussian"
-  std::string base_model_name_or_path;      // informative: where the base model came from
+  std::string base_model_name_or_path = "";  // informative: where the base model came from
   std::string task_type = "CAUSAL_LM";      // written to adapter_config.json
 
   // alpha / rank, or alpha / sqrt(rank) with use_rslora.

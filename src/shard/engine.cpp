@@ -142,7 +142,7 @@ struct ShardedModel::Unit {
 
 namespace {
 // A tensor's bytes seen as f32 for the communicators (a gather copies bits; sizes are multiples of 16).
-Tensor as_f32(const Tensor& bytes) { return Tensor::view(bytes.data, DType::F32, {bytes.nbytes() / 4}, bytes.device); }
+Tensor as_f32(const Tensor& bytes) { return Tensor::view(bytes.data, DType::F32, {int64_t(bytes.nbytes() / 4)}, bytes.device); }
 
 int64_t nf4_blocks(int64_t n) { return (n + ops::kNf4BlockSize - 1) / ops::kNf4BlockSize; }
 

@@ -60,7 +60,7 @@ enum class BufferRole : uint8_t {
 struct Nf4Piece {
   FlatEntry entry;           // its place in the unit's `quantized` layout (the dequantized weight)
   int64_t chunk_elems = 0;   // a multiple of 16384, or n for a single chunk
-  ops::Nf4Layout chunk;      // the layout of the largest chunk
+  ops::Nf4Layout chunk{};    // the layout of the largest chunk
   size_t offset = 0;         // bytes, in a rank's NF4 store
   // Elements [lo, hi) of chunk c (empty when the weight is shorter).
   int64_t lo(int c) const { return std::min(entry.info.numel(), c * chunk_elems); }

@@ -272,21 +272,28 @@ MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, const comm::Commu
 // Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet.
 class Reporter {
  public:
-  Reporter(const TrainConfig& c, bool lead) : progress_(lead ? c.progress : ProgressMode::None, c.log_every) {
+  Reporter(const TrainConfig& c, bool lead)
+      : progress_(lead ? c.progress : ProgressMode::None, c.log_every), lead_(lead),
+        metrics_path_((fs::path(c.output_dir) / c.metrics_file).string()) {
     if (!lead) return;
     std::error_code ec;
     fs::create_directories(c.output_dir, ec);
     if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
-    metrics_ = std::make_unique<MetricsFile>((fs::path(c.output_dir) / c.metrics_file).string());
   }
   void print(const std::string& line) { progress_.print(line); }
+  // The metrics file is opened (and a previous run's truncated) at the first record, so a run
+  // refused while loading leaves output_dir as it was.
   void write(const nlohmann::json& rec) {
-    if (metrics_) metrics_->write(rec);
+    if (!lead_) return;
+    if (!metrics_) metrics_ = std::make_unique<MetricsFile>(metrics_path_);
+    metrics_->write(rec);
   }
   Progress& progress() { return progress_; }
 
  private:
   Progress progress_;
+  bool lead_;
+  std::string metrics_path_;
   std::unique_ptr<MetricsFile> metrics_;
 };
 

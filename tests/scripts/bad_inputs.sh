@@ -206,7 +206,7 @@ row model_zero_layers       "layers/config\.json.*num_hidden_layers"            
 row model_key_wrong_type    "hidtype/config\.json.*hidden_size"                        T model="$d_hidtype"
 row generate_no_config      "noconf.*config\.json|config\.json.*noconf"                S generate --model "$d_noconf" --prompt hi
 # weights
-KNOWN=1 row weights_none            "noweights.*(safetensors)"                                 T model="$d_noweights"
+row weights_none                    "noweights.*(safetensors)"                                 T model="$d_noweights"
 row weights_truncated       "trunc/model\.safetensors"                                 T model="$d_trunc"
 row weights_corrupt_header  "hdr/model\.safetensors.*(header|JSON)"                    T model="$d_hdr"
 row weights_header_length   "hdrlen/model\.safetensors.*header"                        T model="$d_hdrlen"
