@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
     g_world = world.get();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A bad command line is one line, like every other error (CLI11 would add a second).
+    std::fprintf(stderr, "shardlm: error: %s (see --help)\n", e.what());
+    return 2;
   } catch (const shardlm::Error& e) {
     return fail(e.what());
   } catch (const std::exception& e) {

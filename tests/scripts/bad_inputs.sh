@@ -242,15 +242,15 @@ row lora_unknown_module     "lora_target\.yaml.*target_modules.*qq_proj"        
 row lora_dropout_range      "lora\.(lora_)?dropout"                                    T 'lora={dropout: 1.5}'
 # command line
 KNOWN=1 row cli_unknown_command     "frobnicate"                                               S frobnicate
-KNOWN=1 row cli_unknown_flag        "--frobnicate"                                             S train --config "$cfg" --frobnicate
-KNOWN=1 row cli_missing_required    "--config"                                                 S train
+row cli_unknown_flag                "--frobnicate"                                             S train --config "$cfg" --frobnicate
+row cli_missing_required            "--config"                                                 S train
 KNOWN=1 row cli_init_bad_dtype      "--dtype.*f8"                                    S init --preset tiny --out "$work/newinit" --dtype f8
 row cli_init_bad_preset     "llama9"                                                   S init --preset llama9 --out "$work/newinit"
 KNOWN=1 row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
 KNOWN=1 row cli_convert_bad_dtype   "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
 KNOWN=1 row cli_generate_bad_topp   "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
-KNOWN=1 row mem_world_size_text     "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
+row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
 row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16
 row mem_bad_model           "--model.*nosuchpreset"                                    S estimate-memory --model nosuchpreset
 KNOWN=1 row mem_hybrid_group        "HYBRID_SHARD.*shard group of 4.*world of 6"                               S estimate-memory --model tiny --world-size 6 --shard-group-size 4 --sharding-strategy HYBRID_SHARD
@@ -282,7 +282,7 @@ row generate_other_adapter  "lora_other/adapter.*lora_[AB]"                     
 row merge_missing_adapter   "no_such_adapter"                                          S merge --base "$m" --adapter "$work/no_such_adapter" --out "$work/merged"
 # launch
 row launch_nnodes_no_hosts  "--hostfile"                                               S launch --nproc-per-node 1 --nnodes 2 -- train --config "$cfg"
-KNOWN=1 row launch_hostfile_missing "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
+row launch_hostfile_missing         "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
 if [[ $mpi == mpi ]]; then
   KNOWN=1 row launch_hybrid_group   "shard_group_size.*(2|3)"                                  S launch --nproc-per-node 3 -- train --config "$cfg" sharding_strategy=HYBRID_SHARD shard_group_size=2
   KNOWN=1 row launch_bad_key        "max_stepz"                                                S launch --nproc-per-node 2 -- train --config "$cfg" max_stepz=1
