@@ -38,9 +38,7 @@ void register_convert(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     ckpt::ConvertOptions opt;
     opt.out = o->out;
-    opt.dtype = parse_dtype(o->dtype);
-    if (opt.dtype != DType::F32 && opt.dtype != DType::BF16 && opt.dtype != DType::F16)
-      throw Error(fmt::format("--dtype: expected bf16, f32 or f16, got '{}'", o->dtype));
+    opt.dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     opt.max_shard_bytes = io::parse_size(o->max_shard_size);
     std::string dir = o->checkpoint;
     if (!std::filesystem::exists(std::filesystem::path(dir) / ckpt::kMetadataName)) {

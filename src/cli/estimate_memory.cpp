@@ -32,17 +32,6 @@ ModelConfig resolve_model(const std::string& m) {
                           fmt::join(names, ", ")));
 }
 
-DType float_dtype(const std::string& flag, const std::string& s) {
-  DType d;
-  try {
-    d = parse_dtype(s);
-  } catch (const Error&) {
-    throw Error(fmt::format("{} {}: expected f32 or bf16", flag, s));
-  }
-  if (d != DType::F32 && d != DType::BF16) throw Error(fmt::format("{} {}: expected f32 or bf16", flag, s));
-  return d;
-}
-
 // An Error from a parser, with the flag it came from in front.
 template <class Parse>
 auto for_flag(const char* flag, const std::string& value, Parse parse) {
@@ -123,8 +112,8 @@ void run(const Opts& o) {
   memory::EstimateInput in;
   in.model = resolve_model(o.model);
   in.sharding.strategy = for_flag("--sharding-strategy", o.strategy, shard::parse_strategy);
-  in.sharding.param_dtype = float_dtype("--param-dtype", o.param_dtype);
-  in.sharding.reduce_dtype = float_dtype("--reduce-dtype", o.reduce_dtype);
+  in.sharding.param_dtype = dtype_flag("--param-dtype", o.param_dtype, {DType::F32, DType::BF16});
+  in.sharding.reduce_dtype = dtype_flag("--reduce-dtype", o.reduce_dtype, {DType::F32, DType::BF16});
   in.sharding.wrap = for_flag("--auto-wrap-policy", o.wrap, shard::parse_wrap_policy);
   in.sharding.min_num_params = o.min_num_params;
   in.sharding.forward_prefetch = o.forward_prefetch;

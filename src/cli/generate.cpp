@@ -30,9 +30,15 @@ void register_generate(CLI::App& app) {
                   "Stop after this many new tokens (at most max_position_embeddings minus the prompt: "
                   "generate says so when it caps the request)")
       ->capture_default_str();
-  cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", o->s.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
-  cmd->add_option("--top-p", o->s.top_p, "Nucleus sampling mass; 1 = off")->capture_default_str();
+  cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->s.top_k, "Sample among the k most likely tokens; 0 = all")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->s.top_p, "Nucleus sampling mass, in (0, 1]; 1 = off")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
   cmd->add_option("--seed", o->s.seed, "Sampling seed")->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "Do not start the prompt with the BOS token");
   cmd->footer(

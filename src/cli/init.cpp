@@ -60,7 +60,7 @@ void register_init(CLI::App& app) {
         fmt::print("head_dim {} = hidden_size {} / num_attention_heads {} (--set head_dim=N to choose another)\n",
                    cfg.head_dim, cfg.hidden_size, cfg.num_attention_heads);
     }
-    const DType dtype = parse_dtype(o->dtype);
+    const DType dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     train::ParamStore params(cfg, DType::F32);
     params.init_random(o->seed);
     params.save(o->out, dtype, ~uint64_t(0), "");

@@ -42,11 +42,7 @@ void register_merge(CLI::App& app) {
     opt.base = o->base;
     opt.adapter = o->adapter;
     opt.out = o->out;
-    if (!o->dtype.empty()) {
-      opt.dtype = parse_dtype(o->dtype);
-      if (*opt.dtype != DType::F32 && *opt.dtype != DType::BF16 && *opt.dtype != DType::F16)
-        throw Error(fmt::format("--dtype: expected f32, bf16 or f16, got '{}'", o->dtype));
-    }
+    if (!o->dtype.empty()) opt.dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     opt.max_shard_bytes = io::parse_size(o->max_shard_size);
     const MergeReport r = merge_peft_adapter(opt);
     fmt::print("merged {} weights ({} per layer: {}) of {} with rank {}, lora_alpha {}, scale {:g}{} -> {} ({} tensors in "

@@ -244,11 +244,11 @@ row lora_dropout_range      "lora\.(lora_)?dropout"                             
 KNOWN=1 row cli_unknown_command     "frobnicate"                                               S frobnicate
 row cli_unknown_flag                "--frobnicate"                                             S train --config "$cfg" --frobnicate
 row cli_missing_required            "--config"                                                 S train
-KNOWN=1 row cli_init_bad_dtype      "--dtype.*f8"                                    S init --preset tiny --out "$work/newinit" --dtype f8
+row cli_init_bad_dtype              "--dtype.*f8"                                    S init --preset tiny --out "$work/newinit" --dtype f8
 row cli_init_bad_preset     "llama9"                                                   S init --preset llama9 --out "$work/newinit"
 KNOWN=1 row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
-KNOWN=1 row cli_convert_bad_dtype   "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
-KNOWN=1 row cli_generate_bad_topp   "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
+row cli_convert_bad_dtype           "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
+row cli_generate_bad_topp           "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
 row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
 row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16
