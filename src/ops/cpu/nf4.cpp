@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/nf4_codes.h"
 
 namespace shardlm::ops::cpu {
 
@@ -32,42 +33,6 @@ inline void store_value(void* p, DType t, int64_t i, float v) {
   }
 }
 
-// The number of thresholds below x: bitsandbytes' decision tree as a count (NaN: 0).
-inline uint8_t nf4_code(float x) {
-  int c = 0;
-  for (float t : kNf4Thresholds) c += x > t ? 1 : 0;
-  return uint8_t(c);
-}
-
-// bitsandbytes' dQuantize<0> over the 256-value dynamic map: a binary search from index 127 in
-// steps 64, 32, ..., 1 that remembers the last index below and above x, then a comparison with
-// the f32 midpoint to the neighbour on x's side. Ties go to the searched index.
-inline uint8_t dynamic_code(float x) {
-  const std::array<float, 256>& code = kNf4DynamicMap;
-  int pivot = 127, upper_pivot = 255, lower_pivot = 0;
-  float lower = -1.0f, upper = 1.0f;
-  float val = code[pivot];
-  for (int step = 64; step > 0; step >>= 1) {
-    if (x > val) {
-      lower_pivot = pivot;
-      lower = val;
-      pivot += step;
-    } else {
-      upper_pivot = pivot;
-      upper = val;
-      pivot -= step;
-    }
-    val = code[pivot];
-  }
-  if (upper_pivot == 255) upper = code[255];
-  if (lower_pivot == 0) lower = code[0];
-  if (x > val) {
-    const float midpoint = (upper + val) * 0.5f;
-    return uint8_t(x > midpoint ? upper_pivot : pivot);
-  }
-  const float midpoint = (lower + val) * 0.5f;
-  return uint8_t(x < midpoint ? lower_pivot : pivot);
-}
 
 }  // namespace
 
@@ -89,8 +54,9 @@ void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x) {
     for (int64_t i = len; i < kNf4BlockSize; ++i) v[i] = 0.0f;  // bitsandbytes' padding
     const float inv = 1.0f / amax;
     amax_out[b] = amax;
+    const float* t = kNf4Thresholds.data();
     for (int64_t j = 0; 2 * j < len; ++j)
-      out[begin / 2 + j] = uint8_t(nf4_code(v[2 * j] * inv) << 4 | nf4_code(v[2 * j + 1] * inv));
+      out[begin / 2 + j] = uint8_t(nf4_code(v[2 * j] * inv, t) << 4 | nf4_code(v[2 * j + 1] * inv, t));
   }
 }
 
@@ -117,7 +83,7 @@ void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, con
     for (int64_t i = 0; i < len; ++i) amax = std::fmax(amax, std::fabs(a[begin + i] - off));
     const float inv = 1.0f / amax;
     nested[g] = amax;
-    for (int64_t i = 0; i < len; ++i) q[begin + i] = dynamic_code((a[begin + i] - off) * inv);
+    for (int64_t i = 0; i < len; ++i) q[begin + i] = uint8_t(dynamic_code((a[begin + i] - off) * inv, kNf4DynamicMap.data()));
   }
 }
 

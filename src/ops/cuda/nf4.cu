@@ -6,6 +6,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/nf4_codes.h"
 
 namespace shardlm::ops::gpu {
 
@@ -29,40 +30,6 @@ DynamicMap dynamic_map() {
   DynamicMap m;
   std::memcpy(m.v, kNf4DynamicMap.data(), sizeof(m.v));
   return m;
-}
-
-__device__ __forceinline__ unsigned nf4_code(float x, const float* thresholds) {
-  unsigned c = 0;
-#pragma unroll
-  for (int k = 0; k < 15; ++k) c += x > thresholds[k] ? 1u : 0u;
-  return c;
-}
-
-// bitsandbytes' dQuantize<0>, as ops/cpu/nf4.cpp's dynamic_code.
-__device__ __forceinline__ unsigned dynamic_code(float x, const float* code) {
-  int pivot = 127, upper_pivot = 255, lower_pivot = 0;
-  float lower = -1.0f, upper = 1.0f;
-  float val = code[pivot];
-  for (int step = 64; step > 0; step >>= 1) {
-    if (x > val) {
-      lower_pivot = pivot;
-      lower = val;
-      pivot += step;
-    } else {
-      upper_pivot = pivot;
-      upper = val;
-      pivot -= step;
-    }
-    val = code[pivot];
-  }
-  if (upper_pivot == 255) upper = code[255];
-  if (lower_pivot == 0) lower = code[0];
-  if (x > val) {
-    const float midpoint = __fmul_rn(__fadd_rn(upper, val), 0.5f);
-    return unsigned(x > midpoint ? upper_pivot : pivot);
-  }
-  const float midpoint = __fmul_rn(__fadd_rn(lower, val), 0.5f);
-  return unsigned(x < midpoint ? lower_pivot : pivot);
 }
 
 // One warp per block of 64 elements: lane l owns elements 2l and 2l+1 (byte l of the block).
