@@ -86,9 +86,10 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
       }
     const Init a_init = c.lora->init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
     for (const LoraTarget& t : lora_targets(c, *c.lora)) {
-      std::vector<ParamInfo>& params = parts[size_t(1 + t.layer)].params;
-      params.push_back({t.a_name, {c.lora->rank, t.in_features}, a_init, true, true});
-      params.push_back({t.b_name, {t.out_features, c.lora->rank}, Init::Zeros, true, true});
+      ModelPart& layer = parts[size_t(1 + t.layer)];
+      layer.params.push_back({t.a_name, {c.lora->rank, t.in_features}, a_init, true, true});
+      layer.params.push_back({t.b_name, {t.out_features, c.lora->rank}, Init::Zeros, true, true});
+      layer.lora.push_back({lora_module_index(t.module), t.a_name, t.b_name});
     }
   }
   return parts;
@@ -107,13 +108,10 @@ void bind_part(const ModelConfig& c, const ModelPart& part, LlamaWeights& w, con
       if (w.layers.size() != size_t(c.num_hidden_layers)) w.layers.resize(size_t(c.num_hidden_layers));
       LayerWeights& L = w.layers[size_t(part.layer)];
       for (const LayerTensorSpec& t : kLayerTensors) L.*t.slot = get(t.spec, layer_prefix(part.layer));
-      if (c.lora)
-        for (const LoraTarget& t : lora_targets(c, *c.lora)) {
-          if (t.layer != part.layer) continue;
-          const int m = lora_module_index(t.module);
-          L.lora_a[m] = lookup ? lookup(t.a_name) : Tensor{};
-          L.lora_b[m] = lookup ? lookup(t.b_name) : Tensor{};
-        }
+      for (const LoraSlot& slot : part.lora) {
+        L.lora_a[slot.module] = lookup ? lookup(slot.a_name) : Tensor{};
+        L.lora_b[slot.module] = lookup ? lookup(slot.b_name) : Tensor{};
+      }
       return;
     }
     case PartKind::Head:

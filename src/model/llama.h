@@ -109,11 +109,17 @@ inline constexpr TopTensorSpec kHeadTensors[] = {
 
 // ---- parts ------------------------------------------------------------------------------------
 enum class PartKind : uint8_t { Embedding, Layer, Head };
+// One LoRA adapter of a layer: its module (a LoraModule index) and the PEFT names of A and B.
+struct LoraSlot {
+  int module = 0;
+  std::string a_name, b_name;
+};
 struct ModelPart {
   PartKind kind = PartKind::Layer;
   int64_t layer = -1;  // PartKind::Layer only
   std::string name;    // "model.embed_tokens", "model.layers.N", "lm_head"
   std::vector<ParamInfo> params;
+  std::vector<LoraSlot> lora = {};  // a layer's adapters (ModelConfig::lora), which bind_part binds
   int64_t numel() const;
 };
 // Part 0 = the embedding, part 1 + l = layer l, the last part = the head (final norm, and lm_head
