@@ -990,7 +990,10 @@ void add_large_cases(std::vector<Case>& cases) {
   }
 
   // attention at T = 2048, head_dim 64 and 128 (GQA 4:2), bf16; backward from the CPU forward.
-  for (auto [Dh, seg_len] : {std::pair<int64_t, int>{64, 0}, std::pair<int64_t, int>{128, 700}}) {
+  for (const auto& shape : {std::pair<int64_t, int>{64, 0}, std::pair<int64_t, int>{128, 700}}) {
+    // Named variables, not a structured binding: the lambdas below capture them (clang < 16).
+    const int64_t Dh = shape.first;
+    const int seg_len = shape.second;
     const int64_t B = 1, T = 2048, Hq = 4, Hkv = 2;
     const std::string label = fmt::format("bf16 B={} T={} H={} Hkv={} Dh={}{} (production)", B, T, Hq, Hkv, Dh,
                                           seg_len ? fmt::format(" segments of {}", seg_len) : "");

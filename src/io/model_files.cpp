@@ -131,7 +131,8 @@ void write_model_weights(const std::string& dir, const std::vector<std::pair<std
   std::vector<PlannedTensor> plan;
   std::unordered_map<std::string, Tensor> by_name;
   for (const auto& [name, t] : tensors) {
-    auto bad = [&](std::string msg) { return Error(std::move(msg)).set_file(dir).set_tensor(name); };
+    // (name captured by copy: clang before 16 cannot capture a structured binding)
+    auto bad = [&, tensor = name](std::string msg) { return Error(std::move(msg)).set_file(dir).set_tensor(tensor); };
     if (t.device != Device::CPU) throw bad(fmt::format("cannot save {}: only CPU tensors", t.describe()));
     if (!t.is_contiguous()) throw bad(fmt::format("cannot save non-contiguous {}", t.describe()));
     if (t.numel() > 0 && !t.defined()) throw bad("tensor has no data");

@@ -206,7 +206,8 @@ void SafetensorsFile::parse() {
       }
       continue;
     }
-    auto bad = [&](std::string msg) { return file_error(path_, name, std::move(msg)); };
+    // (name captured by copy: clang before 16 cannot capture a structured binding)
+    auto bad = [this, tensor = name](std::string msg) { return file_error(path_, tensor, std::move(msg)); };
     if (name.empty()) throw file_error(path_, "", "header holds a tensor with an empty name");
     if (!entry.is_object()) throw bad(fmt::format("header entry is JSON {}, not an object", entry.type_name()));
 
