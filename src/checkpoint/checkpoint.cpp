@@ -329,26 +329,31 @@ const StoredTensor& CheckpointReader::tensor(const std::string& name) const {
 CheckpointReader::File& CheckpointReader::open_file(size_t i) {
   File& f = *files_[i];
   if (!f.st) {
-    f.st = std::make_unique<io::SafetensorsFile>(f.path);
+    // Opened into a local and kept only once every check passed: a file that failed them once
+    // must fail them again on the next read, not be taken as checked.
+    auto st = std::make_unique<io::SafetensorsFile>(f.path);
+    std::map<std::string, std::vector<uint8_t>> verified;
     // The header must agree with the metadata: the same tensors, sizes and checksum lists.
     for (const File::Range& r : f.ranges) {
-      auto begin = f.st->metadata().find(fmt::format("unit{}.begin", r.unit));
-      if (begin == f.st->metadata().end() || begin->second != std::to_string(r.begin))
+      auto begin = st->metadata().find(fmt::format("unit{}.begin", r.unit));
+      if (begin == st->metadata().end() || begin->second != std::to_string(r.begin))
         throw Error(fmt::format("the file's header does not place unit {} at element {} as the metadata does", r.unit,
                                 r.begin),
                     {.file = f.path});
       for (Field fl : kFields) {
         const std::string name = unit_tensor(r.unit, fl);
-        if (!f.st->has(name) || f.st->info(name).numel() != r.numel || f.st->info(name).dtype != DType::F32)
+        if (!st->has(name) || st->info(name).numel() != r.numel || st->info(name).dtype != DType::F32)
           throw Error(fmt::format("does not hold the f32 [{}] tensor the metadata lists", r.numel),
                       {.file = f.path, .tensor = name});
         auto crc = f.crc.find(name);
         const uint64_t blocks = (uint64_t(r.numel) * 4 + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
         if (crc == f.crc.end() || crc->second.size() != blocks)
           throw Error("the metadata has no checksums for this tensor", {.file = f.path, .tensor = name});
-        f.verified[name].assign(size_t(blocks), 0);
+        verified[name].assign(size_t(blocks), 0);
       }
     }
+    f.verified = std::move(verified);
+    f.st = std::move(st);
   }
   return f;
 }

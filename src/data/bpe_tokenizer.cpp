@@ -703,9 +703,7 @@ void read_pre_tokenizer(const json& pt, BpeSpec& spec, bool& byte_level, const s
   }
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
+std::unique_ptr<Tokenizer> read_hf_tokenizer_json(const std::string& path) {
   const json doc = parse_json_file(path);
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
     throw Error("no \"model\" object", {.file = path});
@@ -813,6 +811,18 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
                                : first_of({"<|begin_of_text|>", "<s>", "<|endoftext|>"}));
   spec.eos = eos ? *eos : first_of({"<|end_of_text|>", "<|endoftext|>", "</s>"});
   return std::make_unique<BpeTokenizer>(std::move(spec));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
+  try {
+    return read_hf_tokenizer_json(path);
+  } catch (const json::exception& e) {
+    // A field of an unexpected JSON type somewhere the reader did not check it one by one
+    // (json::value() throws on a present key of another type): still one line naming the file.
+    throw Error(fmt::format("unexpected JSON: {}", e.what()), {.file = path});
+  }
 }
 
 }  // namespace shardlm::data

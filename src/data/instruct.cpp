@@ -289,6 +289,10 @@ json parse_record(const std::string& path, const RawRecord& r) {
     if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
     throw Error("malformed JSON: " + what,
                 {.file = path, .line = r.line + std::count(r.text.begin(), r.text.begin() + int64_t(at), '\n')});
+  } catch (const json::exception& e) {  // out_of_range: a number too large for any JSON type we hold
+    std::string what = e.what();
+    if (const size_t close = what.find("] "); close != std::string::npos) what = what.substr(close + 2);
+    throw Error("malformed JSON: " + what, {.file = path, .line = r.line});
   }
 }
 

@@ -402,7 +402,7 @@ ModelConfig load_model_config(const std::string& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw Error(fmt::format("invalid JSON: {}", e.what()), file_context(name));
   }
   try {
