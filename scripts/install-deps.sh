@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages shardlm needs, and only those missing (quiet when all present).
 #   scripts/install-deps.sh          build dependencies
-#   scripts/install-deps.sh --test   build and test dependencies (PyTorch, SentencePiece, gtest)
+#   scripts/install-deps.sh --test   build and test dependencies (PyTorch, SentencePiece, gtest, and
+#                                    clang with libFuzzer for scripts/fuzz.sh and scripts/sanitize.sh)
 # Debian's packages are the only source of libraries: nothing is downloaded from anywhere else.
 set -euo pipefail
 
 BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev libsentencepiece-dev libpcre2-dev zlib1g-dev)
-TEST_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
+TEST_PACKAGES=(clang libclang-rt-dev libomp-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
   python3-sentencepiece python3-regex)
 
 packages=("${BUILD_PACKAGES[@]}")
