@@ -155,10 +155,14 @@ void run(const Opts& o) {
   }
 
   const ModelConfig& m = in.model;
-  const double params = double(parameter_count(m));
-  fmt::print("shardlm estimate-memory: {} ({} parameters, {} layers, hidden {}, vocab {})\n", o.model,
-             params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
-             m.num_hidden_layers, m.hidden_size, m.vocab_size);
+  // Printed once the inputs are known to be possible, so a refused mesh is one line, not a header
+  // and then an error.
+  auto print_header = [&] {
+    const double params = double(parameter_count(m));
+    fmt::print("shardlm estimate-memory: {} ({} parameters, {} layers, hidden {}, vocab {})\n", o.model,
+               params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
+               m.num_hidden_layers, m.hidden_size, m.vocab_size);
+  };
   const std::string ckpt = in.checkpoint_every == 0   ? "no activation checkpointing"
                            : in.checkpoint_every == 1 ? "activation checkpointing on every layer"
                                                       : fmt::format("activation checkpointing every {} layers",
@@ -167,6 +171,7 @@ void run(const Opts& o) {
     const std::vector<shard::Strategy> all = {shard::Strategy::NoShard, shard::Strategy::Zero1,
                                               shard::Strategy::ShardGradOp, shard::Strategy::FullShard,
                                               shard::Strategy::HybridShard, shard::Strategy::HybridShardZero2};
+    print_header();
     fmt::print("peak per rank (tracked), param {}, micro-batch {} x {} tokens, {}{}\n", dtype_name(in.sharding.param_dtype),
                in.micro_batch_size, in.seq_len, ckpt,
                budget > 0 ? fmt::format("; * = fits {}", format_bytes(budget)) : "");
@@ -209,6 +214,7 @@ void run(const Opts& o) {
   } catch (const Error& err) {  // the mesh: name the flags, not the training config's key
     throw Error(fmt::format("{} (--world-size {}, --nproc-per-node / --shard-group-size)", err.message(), in.world_size));
   }
+  print_header();
   fmt::print("{} on {} rank{} (shard groups of {}, {} units), param {}, reduce {}; micro-batch {} x {} tokens, {} "
              "accumulation step{}, {}\n",
              shard::strategy_name(in.sharding.strategy), in.world_size, in.world_size > 1 ? "s" : "", e.shard_group,

@@ -1,5 +1,7 @@
 // `shardlm init`: a randomly initialized model directory in Hugging Face layout.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <vector>
 
 #include <set>
 
@@ -56,6 +58,15 @@ void register_init(CLI::App& app) {
           (keys.count("hidden_size") || keys.count("num_attention_heads")) && !keys.count("head_dim");
       if (derive_head_dim) j.erase("head_dim");
       cfg = model_config_from_json(j);
+      // config.json holds many keys shardlm does not read; a --set of one of those (a typo, most
+      // likely) would change nothing, so it is refused rather than silently dropped.
+      const nlohmann::json used = to_hf_json(cfg);
+      for (const std::string& key : keys) {
+        if (used.contains(key)) continue;
+        std::vector<std::string> known;
+        for (const auto& kv : used.items()) known.push_back(kv.key());
+        throw Error(fmt::format("--set {}: not a config.json key shardlm reads (it reads: {})", key, fmt::join(known, ", ")));
+      }
       if (derive_head_dim)
         fmt::print("head_dim {} = hidden_size {} / num_attention_heads {} (--set head_dim=N to choose another)\n",
                    cfg.head_dim, cfg.hidden_size, cfg.num_attention_heads);

@@ -5,9 +5,12 @@
 // prints its message once, naming itself, and MPI_Abort takes the other ranks down (never a hang).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <csignal>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "comm/communicator.h"
@@ -60,6 +63,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlm: error: %s\n", what);
     return 1;
   };
+  // CLI11 reports an unknown first word as "a subcommand is required", which does not say what
+  // was wrong; name it and the commands there are.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+      known = known || sub->check_name(argv[1]);
+    }
+    if (!known) {
+      std::fprintf(stderr, "shardlm: error: unknown command '%s' (commands: %s; see --help)\n", argv[1],
+                   fmt::format("{}", fmt::join(names, ", ")).c_str());
+      return 2;
+    }
+  }
   try {
     world = shardlm::comm::make_world_communicator();
     g_world = world.get();

@@ -31,6 +31,11 @@ bool held_out_record(int64_t k, double fraction) {
 
 }  // namespace
 
+bool reads_text(const DataConfig& dc) {
+  const std::string type = resolve_type(dc, dc.train);
+  return type == "text" || type == "alpaca" || type == "chat";
+}
+
 RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
                       int64_t model_vocab_size) {
   RunData d;

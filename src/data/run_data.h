@@ -51,6 +51,9 @@ struct RunData {
   bool packing = false;
   std::vector<std::string> report;           // what loading found, one line each, for the log
 };
+// Whether the run's data is text to tokenize (text, alpaca, chat), as opposed to token files or
+// the built-in task.
+bool reads_text(const DataConfig& dc);
 // Loads (tokenizes, renders, splits) the data of a run. Errors name the file and line at fault.
 // Token files (pre-tokenized data) are checked against model_vocab_size, the model's vocab_size:
 // the ids index its embedding, whatever tokenizer the directory has (none: the byte-level

@@ -38,6 +38,10 @@ TrainResult run_training(const TrainConfig& c) {
 
 namespace {
 
+// The largest vocabulary the byte-level fallback tokenizer may stand in for (its 259 ids fit
+// shardlm init's small presets; real tokenizers have tens of thousands).
+constexpr int64_t kByteFallbackMaxVocab = 4096;
+
 // ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
 // The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
 // process at once. The handlers are the trainer's while it runs (SignalGuard restores the old ones).
@@ -220,6 +224,15 @@ Inputs load_inputs(const TrainConfig& c) {
     }
   }
   in.tok = data::load_tokenizer(c.model);
+  // No tokenizer files: the byte-level fallback serves byte-sized models (shardlm init's presets
+  // for experiments). For a real vocabulary its ids would mean nothing to the embedding, and the
+  // run would learn garbage or find no example that fits, so say what is missing instead.
+  if (in.tok->name() == data::ByteTokenizer().name() && in.model.vocab_size >= kByteFallbackMaxVocab &&
+      data::reads_text(c.data))
+    throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
+                            "ids; copy the model's tokenizer files beside its config.json",
+                            in.model.vocab_size),
+                {.file = c.model});
   if (in.tok->vocab_size() > in.model.vocab_size)
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
                             in.tok->vocab_size(), in.model.vocab_size),

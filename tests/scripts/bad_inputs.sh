@@ -241,19 +241,19 @@ row lora_rank_zero          "lora\.(rank|r)"                                    
 row lora_unknown_module     "lora_target\.yaml.*target_modules.*qq_proj"               S train --config "$fx/lora_target.yaml"
 row lora_dropout_range      "lora\.(lora_)?dropout"                                    T 'lora={dropout: 1.5}'
 # command line
-KNOWN=1 row cli_unknown_command     "frobnicate"                                               S frobnicate
+row cli_unknown_command     "frobnicate"                                               S frobnicate
 row cli_unknown_flag                "--frobnicate"                                             S train --config "$cfg" --frobnicate
 row cli_missing_required            "--config"                                                 S train
 row cli_init_bad_dtype              "--dtype.*f8"                                    S init --preset tiny --out "$work/newinit" --dtype f8
 row cli_init_bad_preset     "llama9"                                                   S init --preset llama9 --out "$work/newinit"
-KNOWN=1 row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
+row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
 row cli_convert_bad_dtype           "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
 row cli_generate_bad_topp           "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
 row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
 row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16
 row mem_bad_model           "--model.*nosuchpreset"                                    S estimate-memory --model nosuchpreset
-KNOWN=1 row mem_hybrid_group        "HYBRID_SHARD.*shard group of 4.*world of 6"                               S estimate-memory --model tiny --world-size 6 --shard-group-size 4 --sharding-strategy HYBRID_SHARD
+row mem_hybrid_group        "HYBRID_SHARD.*shard group of 4.*world of 6"                               S estimate-memory --model tiny --world-size 6 --shard-group-size 4 --sharding-strategy HYBRID_SHARD
 row mem_nproc_not_divide    "--nproc-per-node 4 does not divide --world-size 6"        S estimate-memory --model tiny --world-size 6 --nproc-per-node 4
 # datasets
 row data_missing_file       "no_such_data\.json"                                       TA data.train="$work/no_such_data.json"
@@ -264,7 +264,7 @@ row data_token_id_range     "ids\.bin.*600"                                     
 row data_bad_type           "data\.type.*csv"                                          T data.type=csv
 row data_preview_missing    "no_such_data\.json"                                       S data-preview --config "$fx/alpaca.yaml" data.train="$work/no_such_data.json"
 # tokenizers
-KNOWN=1 row tokenizer_missing       "notok.*tokenizer"                                                    TA model="$d_notok"
+row tokenizer_missing       "notok.*tokenizer"                                                    TA model="$d_notok"
 row tokenizer_corrupt       "badtok/tokenizer\.model"                                  TA model="$d_badtok"
 row tokenize_corrupt        "badtok/tokenizer\.model"                                  S tokenize --model "$d_badtok" --text hi
 # checkpoints
