@@ -363,13 +363,24 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Waits on the host for the comm stream, polling NCCL's asynchronous error state meanwhile: a
-  // dead peer that NCCL detects becomes an Error rather than a hang.
-  void host_wait(const char* op) const {
+  // dead peer that NCCL detects becomes an Error rather than a hang. Past collective_timeout (the
+  // watchdog, as the MPI path's), a peer that never arrives: one line naming the collective and
+  // what the program was doing, then the communicator is aborted (its kernels stop waiting) and
+  // the job ended.
+  void host_wait(const char* op) {
+    using Clock = std::chrono::steady_clock;
+    const double limit = collective_timeout();
+    const auto t0 = Clock::now();
     for (int spins = 0;; ++spins) {
       const cudaError_t err = cudaStreamQuery(stream_);
       if (err == cudaSuccess) return;
       if (err != cudaErrorNotReady) cuda_ok(err, world_rank_, op, "cudaStreamQuery(comm stream)");
       check_async(op);
+      if (limit > 0 && (spins & 255) == 0 &&
+          std::chrono::duration<double>(Clock::now() - t0).count() > limit)
+        abort(fmt::format("{} ({}) did not complete within collective_timeout {:.0f} s on the NCCL communicator "
+                          "(a peer stopped, died or is slower than the timeout); aborting it",
+                          op, describe_activity(), limit));
       if (spins < 1000)
         std::this_thread::yield();
       else
