@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "shard/sharding.h"
 #include "train/config_fields.h"
+#include "train/deepspeed_config.h"
 #include "train/progress.h"
 #include "train/schedule.h"
 
@@ -82,6 +83,10 @@ struct TrainConfig {
   int keep_last_n = 0;             // complete checkpoints kept; 0: all
   std::string checkpoint_dir;      // where step_NNNNNNNN/ directories go; "" = <output_dir>/checkpoints
   std::string resume_from;         // "" (start from `model`), "auto" (the newest complete one), or a directory
+  // What a deepspeed_config (docs/deepspeed.md) said that is not a key above: its warnings (printed
+  // by the commands that read the config) and train_batch_size (checked by check_batch_size).
+  DeepSpeedSettings deepspeed;
+
   bool saves_checkpoints() const { return save_every > 0 || save_every_minutes > 0; }
   std::string checkpoint_root() const;
 };
@@ -94,6 +99,9 @@ const std::vector<ConfigField<TrainConfig>>& train_config_fields();
 // A YAML file with `key=value` overrides applied, read as above (what `shardlm train` and
 // `shardlm data-preview` take).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+// A DeepSpeed train_batch_size against micro_batch_size x gradient_accumulation_steps x ranks (every
+// rank is a data-parallel rank in every strategy): an error at the DeepSpeed key when they differ.
+void check_batch_size(const TrainConfig& c, int world_size);
 
 }  // namespace shardlm::train
 
