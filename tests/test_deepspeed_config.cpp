@@ -186,10 +186,27 @@ TEST(DeepSpeedConfig, TrainBatchSizeIsCheckedAgainstTheWorld) {
   const train::TrainConfig c = read_with(dir, R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
     "gradient_accumulation_steps": 2})");
   EXPECT_EQ(c.deepspeed.train_batch_size, 32);
-  EXPECT_NO_THROW(train::check_batch_size(c, 4));
-  const std::string e = error_of([&] { train::check_batch_size(c, 2); });
+  EXPECT_EQ(train::with_batch_size(c, 4).micro_batch_size, 4);
+  const std::string e = error_of([&] { train::with_batch_size(c, 2); });
   EXPECT_TRUE(has(e, "ds.json:1: key 'train_batch_size': 32 is not micro_batch_size 4 x gradient_accumulation_steps 2 "
                      "x 2 ranks = 16"))
+      << e;
+}
+
+// As DeepSpeed does: the one of micro-batch and accumulation not given is derived.
+TEST(DeepSpeedConfig, TrainBatchSizeDerivesWhatIsNotGiven) {
+  TempDir dir;
+  train::TrainConfig c = train::with_batch_size(read_with(dir, R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2})"), 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = train::with_batch_size(read_with(dir, R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})"), 4);
+  EXPECT_EQ(c.micro_batch_size, 4);
+  c = train::with_batch_size(read_with(dir, R"({"train_batch_size": 32})"), 4);  // neither: accumulation 1
+  EXPECT_EQ(c.micro_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  c = train::with_batch_size(read_with(dir, R"({"train_batch_size": 32})", "micro_batch_size: 4\n"), 2);  // the YAML's
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  const std::string e = error_of([&] { train::with_batch_size(read_with(dir, R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})"), 2); });
+  EXPECT_TRUE(has(e, "key 'train_batch_size': 30 is not micro_batch_size 4 x gradient_accumulation_steps 1 x 2 ranks = 8"))
       << e;
 }
 

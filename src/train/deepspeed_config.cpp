@@ -390,6 +390,8 @@ void translate_json(Translator& x, DeepSpeedSettings& out) {
   scheduler(x);
 }
 
+void translate_section(ConfigTree& t, DeepSpeedSettings& out);
+
 ConfigTree load_json(const ConfigTree& t, const std::string& key, const std::string& path) {
   try {
     return ConfigTree::load(path);
@@ -416,9 +418,18 @@ DeepSpeedSettings apply_deepspeed_config(ConfigTree& t) {
     Translator x(t, load_json(t, "deepspeed_config", path), "", out);
     translate_json(x, out);
     x.warn_unread("", path);
-    return out;
+  } else {
+    translate_section(t, out);
   }
-  // accelerate's section: its own names, or a JSON file beside launch settings.
+  out.micro_batch_set = t.has("micro_batch_size");
+  out.accumulation_set = t.has("gradient_accumulation_steps");
+  return out;
+}
+
+namespace {
+
+// accelerate's section: its own names, or a JSON file beside launch settings.
+void translate_section(ConfigTree& t, DeepSpeedSettings& out) {
   Translator x(t, t, "deepspeed_config.", out);
   for (const char* launch : {"deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_exclusion_filter",
                              "deepspeed_inclusion_filter", "zero3_init_flag", "zero3_save_16bit_model"})
@@ -447,7 +458,8 @@ DeepSpeedSettings apply_deepspeed_config(ConfigTree& t) {
       x.set("max_grad_norm", number_text(*v), "gradient_clipping", number_text(*v));
   }
   x.warn_unread("deepspeed_config", t.file() + ": deepspeed_config");
-  return out;
 }
+
+}  // namespace
 
 }  // namespace shardlm::train

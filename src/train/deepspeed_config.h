@@ -30,9 +30,12 @@ namespace shardlm::train {
 struct DeepSpeedSettings {
   bool present = false;               // the config has a deepspeed_config key
   std::vector<std::string> warnings;  // one line each (at most one per DeepSpeed file)
-  // train_batch_size: micro-batch x accumulation x ranks, checked once the world size is known.
+  // train_batch_size: micro-batch x accumulation x ranks, applied once the world size is known.
   int64_t train_batch_size = 0;  // 0: not given (or "auto")
   ErrorContext train_batch_size_at;
+  // Whether micro_batch_size / gradient_accumulation_steps were set (by a DeepSpeed key, the YAML
+  // or the command line): train_batch_size derives the one that was not, as DeepSpeed does.
+  bool micro_batch_set = false, accumulation_set = false;
 };
 
 // Translates the tree's `deepspeed_config` (absent: nothing) into shardlm keys of `t`.

@@ -479,14 +479,28 @@ TrainConfig read_train_config(ConfigTree& t) {
   return c;
 }
 
-void check_batch_size(const TrainConfig& c, int world_size) {
-  const int64_t tbs = c.deepspeed.train_batch_size;
+TrainConfig with_batch_size(const TrainConfig& config, int world_size) {
+  TrainConfig c = config;
+  const DeepSpeedSettings& ds = c.deepspeed;
+  const int64_t tbs = ds.train_batch_size;
+  if (tbs == 0) return c;
+  // DeepSpeed's rule: the setting not given is what makes the product come out; with neither,
+  // one micro-batch per step.
+  if (!ds.micro_batch_set || !ds.accumulation_set) {
+    if (!ds.accumulation_set) c.gradient_accumulation_steps = 1;
+    const int64_t other = ds.micro_batch_set ? c.micro_batch_size : c.gradient_accumulation_steps;
+    const int64_t derived = tbs / std::max<int64_t>(1, other * world_size);
+    if (derived >= 1 && derived * other * world_size == tbs) {
+      (ds.micro_batch_set ? c.gradient_accumulation_steps : c.micro_batch_size) = derived;
+      return c;
+    }
+  }
   const int64_t got = c.micro_batch_size * c.gradient_accumulation_steps * world_size;
-  if (tbs == 0 || tbs == got) return;
+  if (tbs == got) return c;
   throw Error(fmt::format("{} is not micro_batch_size {} x gradient_accumulation_steps {} x {} rank{} = {}", tbs,
                           c.micro_batch_size, c.gradient_accumulation_steps, world_size, world_size == 1 ? "" : "s",
                           got),
-              c.deepspeed.train_batch_size_at);
+              ds.train_batch_size_at);
 }
 
 std::string TrainConfig::checkpoint_root() const {

@@ -84,7 +84,7 @@ struct TrainConfig {
   std::string checkpoint_dir;      // where step_NNNNNNNN/ directories go; "" = <output_dir>/checkpoints
   std::string resume_from;         // "" (start from `model`), "auto" (the newest complete one), or a directory
   // What a deepspeed_config (docs/deepspeed.md) said that is not a key above: its warnings (printed
-  // by the commands that read the config) and train_batch_size (checked by check_batch_size).
+  // by the commands that read the config) and train_batch_size (applied by with_batch_size).
   DeepSpeedSettings deepspeed;
 
   bool saves_checkpoints() const { return save_every > 0 || save_every_minutes > 0; }
@@ -99,9 +99,11 @@ const std::vector<ConfigField<TrainConfig>>& train_config_fields();
 // A YAML file with `key=value` overrides applied, read as above (what `shardlm train` and
 // `shardlm data-preview` take).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
-// A DeepSpeed train_batch_size against micro_batch_size x gradient_accumulation_steps x ranks (every
-// rank is a data-parallel rank in every strategy): an error at the DeepSpeed key when they differ.
-void check_batch_size(const TrainConfig& c, int world_size);
+// The config with a DeepSpeed train_batch_size applied at `world_size` ranks, as DeepSpeed applies
+// it (every rank is a data-parallel rank in every strategy): train_batch_size = micro_batch_size x
+// gradient_accumulation_steps x ranks. Whichever of the two the configs do not set is derived
+// (neither: accumulation 1); an error at the DeepSpeed key when they do not multiply out.
+TrainConfig with_batch_size(const TrainConfig& c, int world_size);
 
 }  // namespace shardlm::train
 

@@ -756,10 +756,10 @@ void Trainer::report_memory() {
 
 }  // namespace
 
-RunCheck check_run(const TrainConfig& c, int world_size, int node_ranks, const ModelConfig* shape) {
+RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, const ModelConfig* shape) {
   RunCheck check;
   std::vector<std::string>& out = check.lines;
-  check_batch_size(c, world_size);
+  const TrainConfig c = with_batch_size(config, world_size);
   Inputs in;
   if (shape) {
     in.model = *shape;
@@ -798,8 +798,9 @@ RunCheck check_run(const TrainConfig& c, int world_size, int node_ranks, const M
   return check;
 }
 
-TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
-  check_batch_size(c, world.size());
+TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
+  // A DeepSpeed train_batch_size completes or checks the batch shape once the world is known.
+  const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
   const SignalGuard signals(c.save_on_signal);
   return Trainer(c, world).run();
