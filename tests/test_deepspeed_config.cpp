@@ -77,6 +77,17 @@ TEST(DeepSpeedConfig, EachStage) {
   EXPECT_TRUE(has(e, "ds.json:1: key 'zero_optimization.stage': expected 0, 1, 2, 3 or \"auto\", got '4'")) << e;
 }
 
+// Absent keys: DeepSpeed's default where it changes the results (no clipping), shardlm's own
+// where only memory would differ (the strategy).
+TEST(DeepSpeedConfig, AbsentKeys) {
+  TempDir dir;
+  train::TrainConfig c = read_with(dir, "{}");
+  EXPECT_EQ(c.max_grad_norm, 0.0);
+  EXPECT_EQ(c.sharding.strategy, shard::Strategy::FullShard);
+  EXPECT_EQ(read_with(dir, "{}", "max_grad_norm: 2.0\n").max_grad_norm, 2.0);
+  EXPECT_EQ(read_with(dir, R"({"gradient_clipping": "auto"})").max_grad_norm, 1.0);  // shardlm's default
+}
+
 TEST(DeepSpeedConfig, ConflictWithTheYamlNamesBoth) {
   TempDir dir;
   const std::string e =

@@ -381,6 +381,12 @@ void translate_json(Translator& x, DeepSpeedSettings& out) {
     x.set("gradient_accumulation_steps", number_text(*v), "gradient_accumulation_steps", number_text(*v));
   if (std::optional<double> v = x.number("gradient_clipping"))
     x.set("max_grad_norm", number_text(*v), "gradient_clipping", number_text(*v));
+  else if (!x.is_auto("gradient_clipping"))
+    // DeepSpeed does not clip unless told to (its default is 0), and clipping changes the results:
+    // a JSON without the key runs unclipped unless the YAML sets max_grad_norm. (An absent
+    // zero_optimization.stage, DeepSpeed's 0, keeps shardlm's strategy instead: every strategy
+    // trains the same losses, so only memory would differ.)
+    x.set_default("max_grad_norm", "0", "");
   if (std::optional<double> v = x.number("train_batch_size")) {
     if (*v < 1 || *v != std::floor(*v)) throw x.error("train_batch_size", "must be a positive integer");
     out.train_batch_size = int64_t(*v);
