@@ -474,6 +474,8 @@ TrainConfig read_train_config(ConfigTree& t) {
   // DeepSpeed's keys become the table's keys first, placed where the DeepSpeed file wrote them.
   c.deepspeed = apply_deepspeed_config(t);
   read_fields(train_config_fields(), t, c);
+  // The budget is checked against estimates only once the model is known (training, validate).
+  c.max_memory_per_rank_at = t.error_at("max_memory_per_rank", "").context();
   check_relations(t, c);
   t.reject_unknown_keys();
   return c;

@@ -67,6 +67,7 @@ struct TrainConfig {
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
   int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)
+  ErrorContext max_memory_per_rank_at;  // where it was written (file, line, key), for errors found later
 
   // LoRA / QLoRA (docs/lora.md): set when the config has a `lora:` section (torchtune's key names
   // accepted in it). The spec's target_modules are expanded (kLoraModules order, no "all-linear")

@@ -269,7 +269,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, int world_size, i
     try {
       p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
     } catch (const Error& e) {
-      throw Error(e.message(), {.file = c.source, .key = "max_memory_per_rank"});
+      throw Error(e.message(), c.max_memory_per_rank_at);
     }
   }
   if (p.sharding.offload_params && !p.sharding.shard_gradients())
@@ -791,7 +791,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
                               "activation_checkpointing, a smaller micro_batch_size or seq_len, or LoRA/QLoRA",
                               format_bytes(c.max_memory_per_rank), format_bytes(need),
                               shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s"),
-                  {.file = c.source, .key = "max_memory_per_rank"});
+                  c.max_memory_per_rank_at);
     out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
                               100.0 * double(need) / double(c.max_memory_per_rank)));
   }
