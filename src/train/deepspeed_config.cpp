@@ -103,10 +103,10 @@ class Translator {
       std::string existing;
       try {
         existing = *run_.get_optional<std::string>(to);
-      } catch (const Error&) {  // a list (betas): compare its numbers
+      } catch (const Error&) {  // a list (betas): compare the numbers
         const std::vector<double> v = *run_.get_optional<std::vector<double>>(to);
+        if (v == ConfigTree::parse("v: " + text).get<std::vector<double>>("v", {})) return;
         existing = fmt::format("[{}]", fmt::join(v, ", "));
-        if (same_list(existing, text)) return;
       }
       if (same_value(to, existing, text)) return;
       throw error(from, fmt::format("{} ({}: {}) disagrees with {}: {} at {}; set one of them", shown, to, text, to,
@@ -135,24 +135,6 @@ class Translator {
   }
 
  private:
-  static bool same_list(const std::string& a, const std::string& b) {
-    const auto numbers = [](std::string s) {
-      std::vector<double> v;
-      for (char& c : s)
-        if (c == '[' || c == ']' || c == ',') c = ' ';
-      size_t i = 0;
-      while (i < s.size()) {
-        while (i < s.size() && s[i] == ' ') ++i;
-        const size_t j = s.find(' ', i);
-        const std::string tok = s.substr(i, j == std::string::npos ? std::string::npos : j - i);
-        if (!tok.empty()) v.push_back(as_number(tok).value_or(NAN));
-        i = j == std::string::npos ? s.size() : j;
-      }
-      return v;
-    };
-    return numbers(a) == numbers(b);
-  }
-
   ConfigTree& run_;
   ConfigTree ds_;
   std::string prefix_;
