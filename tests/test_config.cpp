@@ -378,12 +378,13 @@ TEST(ModelConfigTest, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(parameter_count(preset("llama2-70b")), 68'976'648'192);
   EXPECT_EQ(parameter_count(preset("llama3-70b")), 70'553'706'496);
   EXPECT_EQ(parameter_count(preset("llama3.2-3b")), 3'212'749'824);
+  EXPECT_EQ(parameter_count(preset("llama3.1-70b")), 70'553'706'496);  // Meta-Llama-3.1-70B
 }
 
 TEST(ModelConfigTest, PresetNames) {
   const std::vector<std::string> names = preset_names();
   for (const char* want : {"tiny", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b",
-                           "llama3.2-1b", "llama3.2-3b", "mistral-7b", "qwen2-0.5b"})
+                           "llama3.1-70b", "llama3.2-1b", "llama3.2-3b", "mistral-7b", "qwen2-0.5b"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   const std::string msg = error_of([] { preset("llama4"); });
   EXPECT_TRUE(contains(msg, "unknown model preset 'llama4'")) << msg;

@@ -315,3 +315,24 @@ TEST(YamlConfig, EmptyFileIsEmptyConfig) {
   none.apply_override("lr=0.5");
   EXPECT_DOUBLE_EQ(none.require<double>("lr"), 0.5);
 }
+
+// set_from: another file's value becomes a key of this tree, and messages about it name the other
+// file, its line and its own key (how a DeepSpeed JSON's settings are read).
+TEST(YamlConfig, SetFromKeepsTheOtherFilesPlace) {
+  ConfigTree run = ConfigTree::parse("a: 1\n", "run.yaml");
+  ConfigTree other = ConfigTree::parse("{\n  \"x\": {\"y\": 5},\n  \"z\": [1, 2]\n}\n", "ds.json");
+  run.set_from("b.c", "5", other, "x.y");
+  run.set_from("list", "[1, 2]", other, "z");
+  EXPECT_EQ(run.get<int>("b.c", 0), 5);
+  EXPECT_EQ(run.get<std::vector<int>>("list", {}), (std::vector<int>{1, 2}));
+  EXPECT_EQ(run.source_of("b.c"), "ds.json:2");
+  EXPECT_EQ(std::string(run.error_at("b.c", "bad").what()), "ds.json:2: key 'x.y': bad");
+  // The other tree's unread keys, in file order; mark_read takes them off the list.
+  (void)other.get<int>("x.y", 0);
+  EXPECT_EQ(other.unread_keys(), (std::vector<std::string>{"z"}));
+  other.mark_read("z");
+  EXPECT_TRUE(other.unread_keys().empty());
+  EXPECT_NO_THROW(other.reject_unknown_keys());
+  (void)run.get<int>("a", 0);
+  EXPECT_NO_THROW(run.reject_unknown_keys());
+}

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
       "  shardlm convert runs/demo/checkpoints --out runs/demo-hf  a sharded checkpoint -> Hugging Face model\n"
       "  shardlm merge --base DIR --adapter LORA --out MERGED   a PEFT LoRA adapter merged into its base model\n"
       "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
+      "  shardlm recipes                                         built-in configs (full, LoRA, QLoRA); `recipes cp NAME FILE`\n"
+      "  shardlm validate --config run.yaml                      check a config (keys, model, data, memory) without training\n"
       "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
       "Run 'shardlm <command> --help' for a command's options.");
@@ -52,6 +54,8 @@ int main(int argc, char** argv) {
   shardlm::cli::register_convert(app);
   shardlm::cli::register_merge(app);
   shardlm::cli::register_estimate_memory(app);
+  shardlm::cli::register_recipes(app);
+  shardlm::cli::register_validate(app);
   shardlm::cli::register_env(app);
 
   // A file-size limit (ulimit -f, a quota) should fail the write that crosses it with EFBIG,

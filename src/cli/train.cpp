@@ -23,10 +23,14 @@ void register_train(CLI::App& app) {
       "  shardlm train --config configs/demo-addition.yaml max_steps=50 optimizer.lr=1e-3\n"
       "  shardlm launch --nproc-per-node 4 -- train --config run.yaml sharding_strategy=HYBRID_SHARD shard_group_size=2\n"
       "  mpirun -np 2 shardlm train --config run.yaml          (ranks started by srun are detected too)\n"
+      "  shardlm train --config run.yaml deepspeed_config=ds_z3.json   a DeepSpeed JSON's settings (docs/deepspeed.md)\n"
+      "  shardlm recipes cp llama3_1-8b-lora-single-device run.yaml   a built-in recipe to start from\n"
       "\n"
       "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
   cmd->callback([o] {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
+    if (world().rank() == 0)
+      for (const std::string& w : cfg.deepspeed.warnings) fmt::print(stderr, "shardlm: warning: {}\n", w);
     train::run_training(cfg, world());
   });
 }

@@ -26,6 +26,7 @@ struct ConfigNode {
   bool command_line = false;
   int64_t line = -1;       // 1-based line of the key (or list item) in the file
   std::string origin_key;  // the key it was written under, when alias() moved it
+  std::string file;        // the file it was written in, when not the tree's (set_from: a DeepSpeed JSON)
   bool used = false;       // a reader consumed it
 
   ConfigNode* entry(const std::string& name) {
@@ -44,13 +45,14 @@ struct ConfigState {
   void record(const std::string& key) {
     if (requested_set.insert(key).second) requested.push_back(key);
   }
+  const std::string& file_of(const ConfigNode& n) const { return n.file.empty() ? file : n.file; }
   std::string source(const ConfigNode& n) const {
     if (n.command_line) return "command line";
-    return n.line > 0 ? fmt::format("{}:{}", file, n.line) : file;
+    return n.line > 0 ? fmt::format("{}:{}", file_of(n), n.line) : file_of(n);
   }
   Error error(const ConfigNode& n, const std::string& key, std::string message) const {
     ErrorContext ctx;
-    ctx.file = n.command_line ? "command line" : file;
+    ctx.file = n.command_line ? "command line" : file_of(n);
     if (!n.command_line) ctx.line = n.line;
     ctx.key = key;
     return Error(std::move(message), std::move(ctx));
@@ -558,6 +560,48 @@ void ConfigTree::reject_unknown_keys() const {
   std::string message = "unknown key";
   if (auto s = suggest(first->key, st.requested)) message += fmt::format("; did you mean '{}'?", *s);
   throw st.error(*first->node, first->key, message);
+}
+
+void ConfigTree::set_from(const std::string& key, const std::string& value, const ConfigTree& from,
+                          const std::string& from_key) {
+  std::string shown;
+  const ConfigNode* src = resolve(*from.state_, from.full_key(from_key), &shown);
+  if (!src) throw Error(fmt::format("set_from: '{}' is not set", from.full_key(from_key)));
+  const std::string full = full_key(key);
+  YAML::Node y;
+  try {
+    y = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw from.state_->error(*src, shown, fmt::format("invalid value '{}': {}", value, e.msg));
+  }
+  std::unique_ptr<ConfigNode> n = from_yaml(y, src->line, src->command_line, *state_, full);
+  // Every node of the value (a list's items too) is placed where `from_key` was written.
+  const std::string file = from.state_->file_of(*src);
+  const auto place = [&](auto&& self, ConfigNode& m) -> void {
+    m.file = file;
+    m.line = src->line;
+    for (auto& item : m.items) self(self, *item);
+    for (auto& [name, child] : m.entries) self(self, *child);
+  };
+  place(place, *n);
+  n->origin_key = shown;
+  std::unique_ptr<ConfigNode>& slot = slot_for(*state_, full, *n);
+  slot = std::move(n);
+}
+
+std::vector<std::string> ConfigTree::unread_keys() const {
+  std::string shown;
+  const ConfigNode* n = resolve(*state_, prefix_, &shown);
+  std::vector<std::string> out;
+  if (!n) return out;
+  std::vector<Unread> unread;
+  collect_unread(*n, shown, unread);
+  for (const Unread& u : unread) out.push_back(u.key);
+  return out;
+}
+
+void ConfigTree::mark_read(const std::string& key) {
+  if (ConfigNode* n = resolve(*state_, full_key(key))) mark_used(*n);
 }
 
 std::string ConfigTree::source_of(const std::string& key) const {

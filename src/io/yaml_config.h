@@ -102,6 +102,15 @@ class ConfigTree {
   // set: an Error, unless exactly one comes from the command line, which then wins.
   void alias(const std::string& from_key, const std::string& to_key);
 
+  // Sets `key` to the scalar `value` as if it had been written where `from_key` of the tree `from`
+  // was (its file, line and name in messages): how another file's settings (a DeepSpeed JSON)
+  // become this tree's keys, so that errors in them name the file the user wrote.
+  void set_from(const std::string& key, const std::string& value, const ConfigTree& from, const std::string& from_key);
+  // The keys of this section no reader asked for, in file order (what reject_unknown_keys would
+  // report first); mark_read(key) then marks a key and everything under it as read.
+  std::vector<std::string> unread_keys() const;
+  void mark_read(const std::string& key);
+
   // Throws for the first key (in file order, then command line) of this section that no reader
   // asked for, suggesting the nearest key that was asked for.
   void reject_unknown_keys() const;

@@ -555,6 +555,12 @@ const Preset kPresets[] = {
        c.rope_scaling = llama3_scaling(8.0f);
        return c;
      }},
+    {"llama3.1-70b",
+     [] {
+       ModelConfig c = llama3(8192, 28672, 80, 64, 131072);
+       c.rope_scaling = llama3_scaling(8.0f);
+       return c;
+     }},
     {"llama3.2-1b",
      [] {
        ModelConfig c = llama3(2048, 8192, 16, 32, 131072);

@@ -89,12 +89,18 @@ std::vector<ConfigField<ShardingConfig>> make_table() {
           .alias("fsdp_config.fsdp_offload_params"),
       // The rest of an accelerate config file describes the launch: accepted and ignored, except a
       // distributed type shardlm cannot be.
-      F::ignored<std::string>("distributed_type", "accelerate's: FSDP, NO, MULTI_CPU or MULTI_GPU; ignored",
-                              [](const std::string& dt) {
-                                return dt == "FSDP" || dt == "NO" || dt == "MULTI_CPU" || dt == "MULTI_GPU"
-                                           ? std::string()
-                                           : fmt::format("'{}' is not supported (shardlm is FSDP/DDP: use FSDP)", dt);
-                              }),
+      F::custom(
+          "distributed_type",
+          [](const ConfigTree& t, const std::string& k, ShardingConfig&) {
+            const std::optional<std::string> dt = t.get_optional<std::string>(k);
+            if (!dt || *dt == "FSDP" || *dt == "NO" || *dt == "MULTI_CPU" || *dt == "MULTI_GPU") return;
+            // accelerate's DeepSpeed files: their deepspeed_config section is translated (docs/deepspeed.md).
+            if (*dt == "DEEPSPEED" && t.has("deepspeed_config")) return;
+            throw t.error_at(k, *dt == "DEEPSPEED"
+                                    ? std::string("DEEPSPEED needs a deepspeed_config (a JSON file or accelerate's section)")
+                                    : fmt::format("'{}' is not supported (shardlm is FSDP/DDP: use FSDP)", *dt));
+          },
+          "accelerate's: FSDP, NO, MULTI_CPU, MULTI_GPU, or DEEPSPEED with a deepspeed_config; ignored"),
   };
   for (const char* key : {"compute_environment", "machine_rank", "main_process_ip", "main_training_function",
                           "rdzv_backend", "gpu_ids", "tpu_env"})

@@ -106,8 +106,12 @@ std::vector<ConfigField<ops::AdamWConfig>> optimizer_fields() {
 std::vector<ConfigField<LrSchedule>> schedule_fields() {
   using F = ConfigFields<LrSchedule>;
   return {
-      F::parsed("type", &LrSchedule::kind, parse_schedule_kind, "constant, linear or cosine"),
-      F::field("warmup_steps", &LrSchedule::warmup_steps, "linear warmup steps", non_negative("must be >= 0")),
+      F::parsed("type", &LrSchedule::kind, parse_schedule_kind, "constant, linear, cosine or deepspeed_cosine"),
+      F::field("warmup_steps", &LrSchedule::warmup_steps, "warmup steps", non_negative("must be >= 0")),
+      F::field("warmup_type", &LrSchedule::warmup, "the warmup ramp: linear or log (DeepSpeed's)"),
+      F::field("warmup_min_ratio", &LrSchedule::warmup_min_ratio, "the warmup starts at this fraction of lr",
+               [](double v) { return v >= 0 && v <= 1 ? std::string() : "must be in [0, 1]"; }),
+      F::field("total_steps", &LrSchedule::total_steps, "where the decay ends (default: max_steps)", positive),
       F::field("min_lr_ratio", &LrSchedule::min_lr_ratio, "the floor, as a fraction of lr",
                [](double v) { return v >= 0 && v <= 1 ? std::string() : "must be in [0, 1]"; }),
   };
@@ -336,6 +340,10 @@ std::vector<ConfigField<TrainConfig>> make_table() {
   add({
       F::required("model", &TrainConfig::model, "Hugging Face model directory to start from"),
       F::required("output_dir", &TrainConfig::output_dir, "where the trained model and metrics go"),
+      // Read (translated into the keys below) by apply_deepspeed_config before this table.
+      F::custom(
+          "deepspeed_config", [](const ConfigTree&, const std::string&, TrainConfig&) {},
+          "a DeepSpeed JSON file, or accelerate's deepspeed_config section (docs/deepspeed.md)"),
       F::field("seed", &TrainConfig::seed, "data order (and built-in task problems)"),
       F::parsed("compute_dtype", &TrainConfig::compute_dtype, float_dtype, "f32 or bf16",
                 [](DType d) { return d == DType::F16 ? std::string("f16 compute is not supported (use bf16)") : ""; }),
@@ -450,7 +458,7 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
   check_lora(t, c);
   // The schedule's peak and length are the optimizer's and the run's.
   c.schedule.lr = c.optimizer.lr;
-  c.schedule.total_steps = c.max_steps;
+  if (!t.has("lr_scheduler.total_steps")) c.schedule.total_steps = c.max_steps;
 }
 
 }  // namespace
@@ -463,10 +471,38 @@ const std::vector<ConfigField<TrainConfig>>& train_config_fields() {
 TrainConfig read_train_config(ConfigTree& t) {
   TrainConfig c;
   c.source = t.file();
+  // DeepSpeed's keys become the table's keys first, placed where the DeepSpeed file wrote them.
+  c.deepspeed = apply_deepspeed_config(t);
   read_fields(train_config_fields(), t, c);
+  // The budget is checked against estimates only once the model is known (training, validate).
+  c.max_memory_per_rank_at = t.error_at("max_memory_per_rank", "").context();
   check_relations(t, c);
   t.reject_unknown_keys();
   return c;
+}
+
+TrainConfig with_batch_size(const TrainConfig& config, int world_size) {
+  TrainConfig c = config;
+  const DeepSpeedSettings& ds = c.deepspeed;
+  const int64_t tbs = ds.train_batch_size;
+  if (tbs == 0) return c;
+  // DeepSpeed's rule: the setting not given is what makes the product come out; with neither,
+  // one micro-batch per step.
+  if (!ds.micro_batch_set || !ds.accumulation_set) {
+    if (!ds.accumulation_set) c.gradient_accumulation_steps = 1;
+    const int64_t other = ds.micro_batch_set ? c.micro_batch_size : c.gradient_accumulation_steps;
+    const int64_t derived = tbs / std::max<int64_t>(1, other * world_size);
+    if (derived >= 1 && derived * other * world_size == tbs) {
+      (ds.micro_batch_set ? c.gradient_accumulation_steps : c.micro_batch_size) = derived;
+      return c;
+    }
+  }
+  const int64_t got = c.micro_batch_size * c.gradient_accumulation_steps * world_size;
+  if (tbs == got) return c;
+  throw Error(fmt::format("{} is not micro_batch_size {} x gradient_accumulation_steps {} x {} rank{} = {}", tbs,
+                          c.micro_batch_size, c.gradient_accumulation_steps, world_size, world_size == 1 ? "" : "s",
+                          got),
+              ds.train_batch_size_at);
 }
 
 std::string TrainConfig::checkpoint_root() const {

@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "shard/sharding.h"
 #include "train/config_fields.h"
+#include "train/deepspeed_config.h"
 #include "train/progress.h"
 #include "train/schedule.h"
 
@@ -66,6 +67,7 @@ struct TrainConfig {
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
   int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)
+  ErrorContext max_memory_per_rank_at;  // where it was written (file, line, key), for errors found later
 
   // LoRA / QLoRA (docs/lora.md): set when the config has a `lora:` section (torchtune's key names
   // accepted in it). The spec's target_modules are expanded (kLoraModules order, no "all-linear")
@@ -82,6 +84,10 @@ struct TrainConfig {
   int keep_last_n = 0;             // complete checkpoints kept; 0: all
   std::string checkpoint_dir;      // where step_NNNNNNNN/ directories go; "" = <output_dir>/checkpoints
   std::string resume_from;         // "" (start from `model`), "auto" (the newest complete one), or a directory
+  // What a deepspeed_config (docs/deepspeed.md) said that is not a key above: its warnings (printed
+  // by the commands that read the config) and train_batch_size (applied by with_batch_size).
+  DeepSpeedSettings deepspeed;
+
   bool saves_checkpoints() const { return save_every > 0 || save_every_minutes > 0; }
   std::string checkpoint_root() const;
 };
@@ -94,6 +100,11 @@ const std::vector<ConfigField<TrainConfig>>& train_config_fields();
 // A YAML file with `key=value` overrides applied, read as above (what `shardlm train` and
 // `shardlm data-preview` take).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+// The config with a DeepSpeed train_batch_size applied at `world_size` ranks, as DeepSpeed applies
+// it (every rank is a data-parallel rank in every strategy): train_batch_size = micro_batch_size x
+// gradient_accumulation_steps x ranks. Whichever of the two the configs do not set is derived
+// (neither: accumulation 1); an error at the DeepSpeed key when they do not multiply out.
+TrainConfig with_batch_size(const TrainConfig& c, int world_size);
 
 }  // namespace shardlm::train
 

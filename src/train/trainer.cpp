@@ -179,6 +179,8 @@ nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig
           {"lr_scheduler",
            {{"kind", int(c.schedule.kind)},
             {"warmup_steps", c.schedule.warmup_steps},
+            {"warmup_type", enum_name(c.schedule.warmup)},
+            {"warmup_min_ratio", c.schedule.warmup_min_ratio},
             {"total_steps", c.schedule.total_steps},
             {"min_lr_ratio", c.schedule.min_lr_ratio}}},
           {"max_grad_norm", c.max_grad_norm},
@@ -196,12 +198,28 @@ struct Inputs {
   std::string base_note;  // how a bitsandbytes 4-bit model directory's base is read ("" otherwise)
 };
 
+// The run's rows against what the model can attend over.
+void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
+  if (T > m.max_position_embeddings)
+    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T, m.max_position_embeddings),
+                {.file = c.source, .key = "seq_len"});
+  if (m.sliding_window > 0 && T > m.sliding_window)
+    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", T,
+                            m.sliding_window),
+                {.file = c.source, .key = "seq_len"});
+}
+
+// The model config with the run's LoRA / QLoRA settings, as the estimator and the engine see it.
+void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
+  m.lora = c.lora;
+  m.nf4_base = c.lora && c.lora_quantize_base;
+  m.nf4_double_quant = c.lora_double_quant;
+}
+
 Inputs load_inputs(const TrainConfig& c) {
   Inputs in;
   in.model = load_hf_config(c.model);
-  in.model.lora = c.lora;
-  in.model.nf4_base = c.lora && c.lora_quantize_base;
-  in.model.nf4_double_quant = c.lora_double_quant;
+  apply_run_to_model(c, in.model);
   if (in.model.quantization && in.model.quantization->is_bnb_nf4()) {
     // A directory saved by transformers from a bitsandbytes 4-bit model. QLoRA keeps its NF4
     // weights as stored (not re-quantized), so their double quantization is the file's whatever
@@ -240,14 +258,7 @@ Inputs load_inputs(const TrainConfig& c) {
   in.data = data::load_run_data(c.data, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
   in.T = in.data.seq_len;
   in.B = c.micro_batch_size;
-  if (in.T > in.model.max_position_embeddings)
-    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", in.T,
-                            in.model.max_position_embeddings),
-                {.file = c.source, .key = "seq_len"});
-  if (in.model.sliding_window > 0 && in.T > in.model.sliding_window)
-    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", in.T,
-                            in.model.sliding_window),
-                {.file = c.source, .key = "seq_len"});
+  check_row_length(c, in.model, in.T);
   return in;
 }
 
@@ -259,11 +270,11 @@ struct MemoryPlan {
   std::string auto_why;
 };
 
-MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, const comm::Communicator& world) {
+MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, int world_size, int node_ranks) {
   MemoryPlan p;
   p.sharding = c.sharding;
-  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world.size(),
-                            .ranks_per_node = ranks_per_node(world), .micro_batch_size = in.B, .seq_len = in.T,
+  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world_size,
+                            .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
                             .grad_accum = c.gradient_accumulation_steps,
                             .checkpoint_every = c.activation_checkpointing,
                             .offload = p.sharding.offload_params};
@@ -271,7 +282,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, const comm::Commu
     try {
       p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
     } catch (const Error& e) {
-      throw Error(e.message(), {.file = c.source, .key = "max_memory_per_rank"});
+      throw Error(e.message(), c.max_memory_per_rank_at);
     }
   }
   if (p.sharding.offload_params && !p.sharding.shard_gradients())
@@ -428,7 +439,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       world_(world),
       lead_(world.rank() == 0),
       in_(load_inputs(c)),
-      mem_(plan_memory(c, in_, world)),
+      mem_(plan_memory(c, in_, world.size(), ranks_per_node(world))),
       mesh_([&] {
         try {
           return shard::make_mesh(world, mem_.sharding, ranks_per_node(world), c.device);
@@ -758,7 +769,51 @@ void Trainer::report_memory() {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& c, comm::Communicator& world) {
+RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, const ModelConfig* shape) {
+  RunCheck check;
+  std::vector<std::string>& out = check.lines;
+  const TrainConfig c = with_batch_size(config, world_size);
+  Inputs in;
+  if (shape) {
+    in.model = *shape;
+    apply_run_to_model(c, in.model);
+    in.B = c.micro_batch_size;
+    in.T = c.seq_len;
+    check_row_length(c, in.model, in.T);
+  } else {
+    in = load_inputs(c);  // config.json, the tokenizer and every data file, exactly as training reads them
+    out.push_back(fmt::format("tokenizer: {} ({} ids)", in.tok->name(), in.tok->vocab_size()));
+    for (const std::string& line : in.data.report) out.push_back("data: " + line);
+  }
+  const double params = double(parameter_count(in.model));
+  out.insert(out.begin(), fmt::format("model: {} ({}, {} layers, hidden {}, vocab {}){}", c.model,
+                                      params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
+                                                    : fmt::format("{:.2f}M parameters", params / 1e6),
+                                      in.model.num_hidden_layers, in.model.hidden_size, in.model.vocab_size,
+                                      shape ? " -- the preset's shape; the directory, tokenizer and data are not read"
+                                            : ""));
+  const MemoryPlan p = plan_memory(c, in, world_size, node_ranks);
+  const int64_t need = check.memory_per_rank = p.estimate.device_bytes;
+  out.push_back(fmt::format("memory per rank (estimated peak of tracked buffers): {} with {} on {} rank{}{}{}",
+                            format_bytes(need), shard::strategy_name(p.sharding.strategy), world_size,
+                            world_size == 1 ? "" : "s", p.auto_why.empty() ? "" : " -- ",
+                            p.auto_why));
+  if (c.max_memory_per_rank > 0) {
+    if (need > c.max_memory_per_rank)
+      throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; use more ranks, "
+                              "activation_checkpointing, a smaller micro_batch_size or seq_len, or LoRA/QLoRA",
+                              format_bytes(c.max_memory_per_rank), format_bytes(need),
+                              shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s"),
+                  c.max_memory_per_rank_at);
+    out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
+                              100.0 * double(need) / double(c.max_memory_per_rank)));
+  }
+  return check;
+}
+
+TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
+  // A DeepSpeed train_batch_size completes or checks the batch shape once the world is known.
+  const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
   const SignalGuard signals(c.save_on_signal);
   return Trainer(c, world).run();

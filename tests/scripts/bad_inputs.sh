@@ -240,6 +240,15 @@ row override_bad_yaml       "optimizer"                                         
 row lora_rank_zero          "lora\.(rank|r)"                                           T 'lora={rank: 0}'
 row lora_unknown_module     "lora_target\.yaml.*target_modules.*qq_proj"               S train --config "$fx/lora_target.yaml"
 row lora_dropout_range      "lora\.(lora_)?dropout"                                    T 'lora={dropout: 1.5}'
+# DeepSpeed configs (docs/deepspeed.md), recipes and validate (docs/recipes.md)
+printf '{"zero_optimization": {"stage": 3}, "fp16": {"enabled": true}}\n' > "$fx/ds_fp16.json"
+printf '{\n  "train_micro_batch_size_per_gpu": 2\n}\n' > "$fx/ds_micro.json"
+row ds_missing_file         "key 'deepspeed_config': cannot read the DeepSpeed config .*no_such_ds\.json" T deepspeed_config="$work/no_such_ds.json"
+row ds_fp16_refused         "ds_fp16\.json:1: key 'fp16\.enabled'"                       T deepspeed_config="$fx/ds_fp16.json"
+row ds_conflicts_with_yaml  "ds_micro\.json:2: key 'train_micro_batch_size_per_gpu'.*micro_batch_size: 4 at .*run\.yaml" T deepspeed_config="$fx/ds_micro.json"
+row validate_over_budget    "key 'max_memory_per_rank'.*does not fit"                   S validate --config "$cfg" max_memory_per_rank=1KB
+row validate_unknown_recipe "unknown recipe 'llama3_1-8b-lora'; close: "                S validate --recipe llama3_1-8b-lora
+row recipes_cp_exists       "run\.yaml exists; pass --force"                           S recipes cp qwen2-0_5b-lora-single-device "$fx/run.yaml"
 # command line
 row cli_unknown_command     "frobnicate"                                               S frobnicate
 row cli_unknown_flag                "--frobnicate"                                             S train --config "$cfg" --frobnicate
