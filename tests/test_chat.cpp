@@ -159,3 +159,33 @@ TEST(ChatFormats, FormatFromTheTemplateThenTheSpecialTokens) {
   std::ofstream(d / "tokenizer_config.json") << R"({"chat_template": "<|im_start|>"})";
   EXPECT_EQ(data::read_chat_template(d.string()), "<|im_start|>");
 }
+
+TEST(ChatFormats, DefaultSystemMessageOfAChatMLTemplate) {
+  // Qwen2-Instruct's template (as tokenizer_config.json holds it, "\n" written as an escape).
+  const std::string qwen2 =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+      "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+      "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  EXPECT_EQ(data::chat_format_of_template(qwen2), data::ChatFormat::ChatML);
+  EXPECT_EQ(data::chat_default_system(qwen2), "You are a helpful assistant.");
+  // A template that only renders the conversation's own system message has none.
+  EXPECT_FALSE(data::chat_default_system(
+                   "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{{ '<|im_start|>' }}")
+                   .has_value());
+  EXPECT_FALSE(data::chat_default_system("{{ '<|start_header_id|>' }}").has_value());
+  // Training data in that format gets it, as apply_chat_template renders it.
+  const StubTokenizer tok({"<|im_start|>", "<|im_end|>"});
+  const fs::path d = fresh_dir("chat_default_system");
+  std::ofstream(d / "c.jsonl")
+      << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})" << "\n";
+  data::InstructOptions opt;
+  opt.chat_template = qwen2;
+  data::LoadReport rep;
+  const std::vector<data::Example> ex = data::load_instruct_file((d / "c.jsonl").string(), "chat", tok, opt, rep);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(data::render_masked(tok, ex[0]),
+            "«<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n»Yo<|im_end|>");
+  EXPECT_EQ(rep.format, "chat (chatml, default system message)");
+}

@@ -218,13 +218,16 @@ void run_generate(const Opts& o) {
   const bool any_chat =
       o.chat || std::any_of(rows.begin(), rows.end(), [](const PromptRow& r) { return !r.messages.empty(); });
   std::optional<data::ChatFormat> format;
+  std::optional<std::string> default_system;  // a ChatML template's (Qwen2's), added as training adds it
   if (any_chat) {
+    const std::string chat_template = data::read_chat_template(o.model);
     try {
-      format = data::resolve_chat_format(o.chat_format, *tok, data::read_chat_template(o.model));
+      format = data::resolve_chat_format(o.chat_format, *tok, chat_template);
     } catch (Error& e) {
       e.set_key("--chat-format");
       throw;
     }
+    if (*format == data::ChatFormat::ChatML) default_system = data::chat_default_system(chat_template);
   }
 
   // Tokenize every request; its prompt text is what the completion is decoded after.
@@ -241,6 +244,8 @@ void run_generate(const Opts& o) {
     try {
       if (!r.messages.empty() || o.chat) {
         if (r.messages.empty()) r.messages = {{"user", r.prompt}};
+        if (default_system && r.messages[0].role != "system")
+          r.messages.insert(r.messages.begin(), {"system", *default_system});
         try {
           ids = data::chat_prompt_ids(*tok, *format, r.messages);
           r.prompt = data::chat_text(*format, r.messages, *tok, true);
@@ -277,7 +282,9 @@ void run_generate(const Opts& o) {
     requests.push_back({std::move(ids), r.s});
   }
 
-  if (format) std::fprintf(stderr, "generate: chat format %s\n", data::chat_format_name(*format));
+  if (format)
+    std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(*format),
+                 default_system ? " (with the template's default system message)" : "");
   train::ParamStore params(cfg, DType::F32);
   load_weights(o, cfg, params);
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
@@ -291,6 +298,7 @@ void run_generate(const Opts& o) {
   if (stream) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
   const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id) {
     outs[i].push_back(id);
+    if (!stream && rows[i].stop.empty()) return false;  // nothing to match or show: decode once at the end
     std::string text = completion_text(*tok, requests[i].prompt, prompt_texts[i], outs[i]);
     const size_t stop_at = find_stop(text, rows[i].stop);
     if (stop_at != std::string::npos) text.resize(stop_at);

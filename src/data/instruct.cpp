@@ -120,6 +120,34 @@ const char* chat_format_name(ChatFormat f) {
   return "?";
 }
 
+std::optional<std::string> chat_default_system(std::string_view tpl) {
+  // In the template's source the literal reads '<|im_start|>system\nTEXT<|im_end|>\n' with the
+  // line break written as the escape \n. A literal that ends right after "system\n" (followed by
+  // + messages[0]['content']) is the template rendering the conversation's own system message.
+  static constexpr std::string_view kOpen = "<|im_start|>system";
+  for (size_t at = tpl.find(kOpen); at != std::string_view::npos; at = tpl.find(kOpen, at + 1)) {
+    size_t p = at + kOpen.size();
+    if (tpl.substr(p, 2) == "\\n") p += 2;
+    else if (tpl.substr(p, 1) == "\n") p += 1;
+    else continue;
+    const size_t end = tpl.find("<|im_end|>", p);
+    if (end == std::string_view::npos) break;
+    const std::string_view body = tpl.substr(p, end - p);
+    if (body.empty() || body.find_first_of("'\"{}") != std::string_view::npos) continue;  // not one literal
+    std::string text;
+    for (size_t i = 0; i < body.size(); ++i) {  // the literal's escapes
+      if (body[i] == '\\' && i + 1 < body.size()) {
+        const char c = body[++i];
+        text += c == 'n' ? '\n' : c;
+      } else {
+        text += body[i];
+      }
+    }
+    return text;
+  }
+  return std::nullopt;
+}
+
 std::string read_chat_template(const std::string& model_dir) {
   const std::string path = model_dir + "/tokenizer_config.json";
   std::ifstream f(path, std::ios::binary);
@@ -523,7 +551,12 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
   const std::vector<RawRecord> recs = split_records(path, text);
   const ChatFormat fmt_ =
       kind == "chat" ? resolve_chat_format(opt.chat_format, tok, opt.chat_template) : ChatFormat::Llama2;
-  report.format = kind == "chat" ? fmt::format("chat ({})", chat_format_name(fmt_)) : "alpaca";
+  // ChatML templates that add a default system message (Qwen2's) get it here, as they render.
+  const std::optional<std::string> default_system =
+      kind == "chat" && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
+  report.format = kind == "chat" ? fmt::format("chat ({}{})", chat_format_name(fmt_),
+                                               default_system ? ", default system message" : "")
+                                 : "alpaca";
   const std::string what = fmt::format("an Alpaca record; data.columns maps {{instruction: {}, input: {}, output: {}}}",
                                        opt.columns.instruction, opt.columns.input, opt.columns.output);
   std::vector<Example> out;
@@ -539,7 +572,10 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
         const std::string output = string_field(rec, opt.columns.output, true, what);
         e = alpaca_example(tok, alpaca_prompt(instruction, input), output, opt.train_on_input, &mismatch);
       } else {
-        e = chat_example(tok, fmt_, chat_messages_of(rec), opt.train_on_input, &mismatch);
+        std::vector<ChatMessage> msgs = chat_messages_of(rec);
+        if (default_system && !msgs.empty() && msgs[0].role != "system")
+          msgs.insert(msgs.begin(), {"system", *default_system});
+        e = chat_example(tok, fmt_, msgs, opt.train_on_input, &mismatch);
       }
       for (int32_t id : e.ids)
         if (id < 0 || id >= tok.vocab_size())

@@ -63,6 +63,11 @@ const char* chat_format_name(ChatFormat f);
 // The family a Jinja chat template renders, told by its markers: <|start_header_id|> (llama3),
 // <|im_start|> (chatml), [INST] with <<SYS>> (llama2), [INST] without (mistral); nullopt otherwise.
 std::optional<ChatFormat> chat_format_of_template(std::string_view chat_template);
+// The system message a ChatML template adds when a conversation has none (Qwen2's "You are a
+// helpful assistant."): the text of a string literal '<|im_start|>system\n...<|im_end|>' in the
+// template; nullopt when it has none. Training's chat data and `generate --chat` insert it, as
+// transformers' apply_chat_template renders it.
+std::optional<std::string> chat_default_system(std::string_view chat_template);
 // tokenizer_config.json's "chat_template" in a model directory: "" when the file or the key is
 // absent; of a list of named templates, the one named "default".
 std::string read_chat_template(const std::string& model_dir);
