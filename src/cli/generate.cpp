@@ -381,7 +381,9 @@ void register_generate(CLI::App& app) {
                   "generate says so when it caps the request)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--stop", o->stop, "Stop a completion where this text appears (repeatable; not included)")
+  cmd->add_option("--stop", o->stop,
+                  "Stop a completion where this text appears (repeatable; not included; taken as given: "
+                  "in a shell, $'\\n' is a line break)")
       ->check([](const std::string& s) { return s.empty() ? std::string("--stop must not be empty") : std::string(); });
   cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::NonNegativeNumber)
@@ -405,7 +407,7 @@ void register_generate(CLI::App& app) {
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0\n"
       "  shardlm generate --model runs/demo --prompts prompts.jsonl --batch-size 16 --output out.jsonl\n"
-      "  shardlm generate --model models/llama3-8b-instruct --chat --prompt \"Hi\" --stop \"\\n\\n\"\n"
+      "  shardlm generate --model models/llama3-8b-instruct --chat --prompt \"Hi\" --stop $'\\n\\n'\n"
       "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"\n"
       "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"");
   cmd->callback([o, prompt, prompts] {
