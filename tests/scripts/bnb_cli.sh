@@ -139,5 +139,14 @@ cmp -s "$work/gen_bnb.txt" "$work/gen_dense.txt" || fail "generate on the bitsan
 gen --model "$work/bnb_dq" --adapter "$adapter" > "$work/gen_bnb_adapter.txt"
 gen --model "$work/merged_f32" > "$work/gen_merged.txt"
 cmp -s "$work/gen_bnb_adapter.txt" "$work/gen_merged.txt" || fail "generate --adapter on the bitsandbytes directory and the merged model differ"
+# Batched, with the adapter: the bitsandbytes base gives what its dense dequantization gives.
+printf 'Give three tips\nWhat is a llama?\n' > "$work/prompts.txt"
+for b in bnb_dq dense_dq; do
+  "$shardlm" generate --model "$work/$b" --adapter "$adapter" --prompts "$work/prompts.txt" --batch-size 2 \
+    --max-new-tokens 12 --temperature 0 2>/dev/null | "$py" -c 'import json,sys; [print(json.dumps(json.loads(l)["text"])) for l in sys.stdin]' \
+    > "$work/batch_$b.txt"
+done
+cmp -s "$work/batch_bnb_dq.txt" "$work/batch_dense_dq.txt" || fail "generate --prompts --adapter on the bitsandbytes directory and on its dequantization differ"
+[[ $(wc -l < "$work/batch_bnb_dq.txt") -eq 2 ]] || fail "generate --prompts did not give 2 results"
 echo "generate on bnb == dense: $(od -c "$work/gen_bnb.txt" | head -1 | tr -s ' ')"
 echo "OK"
