@@ -37,6 +37,7 @@ struct PromptRow {
   std::vector<data::ChatMessage> messages;  // non-empty: a conversation
   infer::SamplingOptions s;
   std::vector<std::string> stop;
+  json id = nullptr;  // a JSONL row's "id", echoed in its result
 };
 
 // The value of an optional numeric field, or `dflt`; errors name the field (the caller adds FILE:LINE).
@@ -89,7 +90,7 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   for (int64_t n = 1; std::getline(f, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    PromptRow r{.line = n, .prompt = line, .messages = {}, .s = o.s, .stop = o.stop};
+    PromptRow r{.line = n, .prompt = line, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr};
     if (!jsonl) {
       rows.push_back(std::move(r));
       continue;
@@ -127,6 +128,7 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
       r.s.repetition_penalty = number_field<float>(rec, "repetition_penalty", o.s.repetition_penalty);
       r.s.seed = number_field<uint64_t>(rec, "seed", o.s.seed);
       r.stop = stop_field(rec, o.stop);
+      if (const auto it = rec.find("id"); it != rec.end()) r.id = *it;
       check_sampling(r.s);
       static const char* known[] = {"prompt",  "messages", "max_new_tokens",     "temperature", "top_k",
                                     "top_p",   "seed",     "repetition_penalty", "stop",        "id"};
@@ -214,7 +216,7 @@ void run_generate(const Opts& o) {
   const auto tok = data::load_tokenizer(o.model);
   std::vector<PromptRow> rows;
   if (!o.prompts.empty()) rows = read_prompts(o);
-  else rows.push_back({.line = 0, .prompt = o.prompt, .messages = {}, .s = o.s, .stop = o.stop});
+  else rows.push_back({.line = 0, .prompt = o.prompt, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr});
   const bool any_chat =
       o.chat || std::any_of(rows.begin(), rows.end(), [](const PromptRow& r) { return !r.messages.empty(); });
   std::optional<data::ChatFormat> format;
@@ -339,6 +341,7 @@ void run_generate(const Opts& o) {
                  {"finish_reason", infer::finish_reason_name(c.finish)},
                  {"prefill_seconds", c.prefill_seconds},
                  {"decode_seconds", c.decode_seconds}};
+    if (!rows[i].id.is_null()) line["id"] = rows[i].id;
     const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     if (std::fputs(s.c_str(), out) < 0) throw Error("cannot write the output", {.file = o.output});
   }
