@@ -40,7 +40,9 @@ void register_data_preview(CLI::App& app) {
   cmd->callback([o] {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(cfg.model);
-    const data::RunData d = data::load_run_data(cfg.data, cfg.seq_len, cfg.seed, *tok,
+    data::DataConfig dc = cfg.data;
+    dc.chat_template = data::read_chat_template(cfg.model);
+    const data::RunData d = data::load_run_data(dc, cfg.seq_len, cfg.seed, *tok,
                                                  load_hf_config(cfg.model).vocab_size);
     fmt::print("data: {} (tokenizer: {})\n", d.type, tok->name());
     for (const std::string& line : d.report) fmt::print("  {}\n", line);

@@ -1,35 +1,393 @@
-// `shardlm generate`: continue a prompt with a trained model (KV-cached decoding).
+// `shardlm generate`: continue a prompt, or a file of prompts in batches, with a trained model
+// (KV-cached decoding; infer/generator.h). docs/generation.md describes the flags and the output.
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "data/instruct.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "model/peft_adapter.h"
+#include "ops/nf4.h"
 #include "train/param_store.h"
 
 namespace shardlm::cli {
 
+namespace {
+
+using nlohmann::json;
+
+struct Opts {
+  std::string model, prompt, prompts, output, adapter, chat_format = "auto";
+  std::vector<std::string> stop;
+  infer::SamplingOptions s;
+  int64_t batch_size = 8;
+  bool no_bos = false, chat = false, load_in_4bit = false;
+};
+
+// One request as read from --prompt or --prompts: its text or messages, options and stop strings.
+struct PromptRow {
+  int64_t line = 0;  // in --prompts (1-based); 0 for --prompt
+  std::string prompt;
+  std::vector<data::ChatMessage> messages;  // non-empty: a conversation
+  infer::SamplingOptions s;
+  std::vector<std::string> stop;
+  json id = nullptr;  // a JSONL row's "id", echoed in its result
+};
+
+// The value of an optional numeric field, or `dflt`; errors name the field (the caller adds FILE:LINE).
+template <class T>
+T number_field(const json& rec, const char* name, T dflt) {
+  const auto it = rec.find(name);
+  if (it == rec.end() || it->is_null()) return dflt;
+  if (!it->is_number())
+    throw Error(fmt::format("field '{}' must be a number, got {}", name, it->type_name()), {.key = name});
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) throw Error(fmt::format("field '{}' must be an integer", name), {.key = name});
+    if (std::is_unsigned_v<T> && it->get<int64_t>() < 0)
+      throw Error(fmt::format("field '{}' must be >= 0", name), {.key = name});
+  }
+  return it->get<T>();
+}
+
+// Checks what the command line checks for --max-new-tokens and the sampling flags.
+void check_sampling(const infer::SamplingOptions& s) {
+  auto bad = [](const char* key, const std::string& why) { throw Error(why, {.key = key}); };
+  if (s.max_new_tokens < 0) bad("max_new_tokens", fmt::format("max_new_tokens must be >= 0, got {}", s.max_new_tokens));
+  if (!(s.temperature >= 0)) bad("temperature", fmt::format("temperature must be >= 0, got {}", s.temperature));
+  if (s.top_k < 0) bad("top_k", fmt::format("top_k must be >= 0, got {}", s.top_k));
+  if (!(s.top_p > 0 && s.top_p <= 1)) bad("top_p", fmt::format("top_p must be in (0, 1], got {}", s.top_p));
+  if (!(s.repetition_penalty > 0))
+    bad("repetition_penalty", fmt::format("repetition_penalty must be > 0, got {}", s.repetition_penalty));
+}
+
+std::vector<std::string> stop_field(const json& rec, const std::vector<std::string>& dflt) {
+  const auto it = rec.find("stop");
+  if (it == rec.end() || it->is_null()) return dflt;
+  if (it->is_string()) return {it->get<std::string>()};
+  if (!it->is_array()) throw Error("field 'stop' must be a string or an array of strings", {.key = "stop"});
+  std::vector<std::string> out;
+  for (const json& s : *it) {
+    if (!s.is_string() || s.get<std::string>().empty())
+      throw Error("field 'stop' must hold non-empty strings", {.key = "stop"});
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// --prompts FILE: .jsonl = one JSON object per non-empty line, else one prompt per non-empty line.
+std::vector<PromptRow> read_prompts(const Opts& o) {
+  std::ifstream f(o.prompts, std::ios::binary);
+  if (!f) throw Error("cannot open the prompts file", {.file = o.prompts, .key = "--prompts"});
+  const bool jsonl = o.prompts.ends_with(".jsonl");
+  std::vector<PromptRow> rows;
+  std::string line;
+  for (int64_t n = 1; std::getline(f, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    PromptRow r{.line = n, .prompt = line, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr};
+    if (!jsonl) {
+      rows.push_back(std::move(r));
+      continue;
+    }
+    try {
+      json rec;
+      try {
+        rec = json::parse(line);
+      } catch (const json::parse_error& e) {
+        std::string what = e.what();
+        if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
+        throw Error("malformed JSON: " + what);
+      }
+      if (!rec.is_object()) throw Error(fmt::format("expected a JSON object, got {}", rec.type_name()));
+      const bool has_prompt = rec.contains("prompt"), has_messages = rec.contains("messages");
+      if (has_prompt == has_messages)
+        throw Error("a row needs exactly one of 'prompt' (text) and 'messages' (a conversation)", {.key = "prompt"});
+      if (has_prompt) {
+        if (!rec["prompt"].is_string() || rec["prompt"].get<std::string>().empty())
+          throw Error("field 'prompt' must be a non-empty string", {.key = "prompt"});
+        r.prompt = rec["prompt"].get<std::string>();
+      } else {
+        try {
+          r.messages = data::chat_messages_of(rec);
+        } catch (Error& e) {
+          e.set_key("messages");
+          throw;
+        }
+        r.prompt.clear();
+      }
+      r.s.max_new_tokens = number_field<int64_t>(rec, "max_new_tokens", o.s.max_new_tokens);
+      r.s.temperature = number_field<float>(rec, "temperature", o.s.temperature);
+      r.s.top_k = number_field<int64_t>(rec, "top_k", o.s.top_k);
+      r.s.top_p = number_field<float>(rec, "top_p", o.s.top_p);
+      r.s.repetition_penalty = number_field<float>(rec, "repetition_penalty", o.s.repetition_penalty);
+      r.s.seed = number_field<uint64_t>(rec, "seed", o.s.seed);
+      r.stop = stop_field(rec, o.stop);
+      if (const auto it = rec.find("id"); it != rec.end()) r.id = *it;
+      check_sampling(r.s);
+      static const char* known[] = {"prompt",  "messages", "max_new_tokens",     "temperature", "top_k",
+                                    "top_p",   "seed",     "repetition_penalty", "stop",        "id"};
+      for (const auto& [key, value] : rec.items())
+        if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
+            std::end(known))
+          throw Error(fmt::format("unknown field '{}' (known: prompt, messages, max_new_tokens, temperature, top_k, "
+                                  "top_p, repetition_penalty, seed, stop, id)",
+                                  key),
+                      {.key = key});
+    } catch (Error& e) {
+      e.set_file(o.prompts);
+      e.set_line(n);
+      throw;
+    }
+    rows.push_back(std::move(r));
+  }
+  if (rows.empty()) throw Error("the prompts file holds no prompts", {.file = o.prompts, .key = "--prompts"});
+  return rows;
+}
+
+// The model's weights in f32, with what --load-in-4bit and --adapter ask for.
+//  - A bitsandbytes NF4 directory (config.json's quantization_config) is dequantized once at load,
+//    exactly as bitsandbytes dequantizes it (ParamStore::load, model/nf4_loader.h).
+//  - --load-in-4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double
+//    quantization: what QLoRA training keeps, lora.quantize_base) and dequantizes them back, so the
+//    model generates from exactly the base weights a QLoRA run trained its adapter against.
+// Neither saves memory here (generation computes in f32): both are about the NF4 base's values.
+void load_weights(const Opts& o, const ModelConfig& cfg, train::ParamStore& params) {
+  const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
+  params.load(io::ModelWeights(o.model), o.model);
+  if (stored_nf4)
+    std::fprintf(stderr, "generate: %s is bitsandbytes NF4: its weights are dequantized to f32\n", o.model.c_str());
+  if (o.load_in_4bit && !stored_nf4) {
+    ModelConfig qcfg = cfg;  // which weights QLoRA keeps in NF4: every decoder Linear weight
+    qcfg.lora.emplace().target_modules = {"all-linear"};
+    qcfg.nf4_base = true;
+    int64_t n = 0;
+    for (const model::ModelPart& part : model::llama_parts(qcfg))
+      for (const model::ParamInfo& info : part.params) {
+        if (!info.nf4) continue;
+        const Tensor w = params.master(info.name);
+        const ops::Nf4Layout layout = ops::Nf4Layout::of(w.numel(), true);
+        const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
+        const ops::Nf4Tensor q = ops::nf4_view(buf.data(), layout, info.shape, DType::F32);
+        const Tensor flat = w.reshape({w.numel()});
+        ops::nf4_quantize(q, flat);
+        ops::nf4_dequantize(flat, q);
+        ++n;
+      }
+    std::fprintf(stderr, "generate: --load-in-4bit: %lld Linear weights quantized to NF4 and dequantized to f32\n",
+                 (long long)n);
+  } else if (o.load_in_4bit) {
+    std::fprintf(stderr, "generate: --load-in-4bit: the model is stored in NF4 already\n");
+  }
+  if (!o.adapter.empty()) {
+    const PeftAdapter adapter = read_peft_adapter(o.adapter, cfg);
+    merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
+    std::fprintf(stderr, "generate: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n",
+                 o.adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());
+  }
+  params.sync_compute();
+}
+
+// The text `ids` decode to after the prompt's own text (decoding the prompt together with the
+// output keeps word boundaries right: SentencePiece drops the space of a leading "▁" piece when it
+// is decoded on its own, and multi-byte characters may need several tokens).
+std::string completion_text(const data::Tokenizer& tok, const std::vector<int32_t>& prompt,
+                            const std::string& prompt_text, const std::vector<int32_t>& out) {
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  const std::string text = tok.decode(all);
+  return text.compare(0, prompt_text.size(), prompt_text) == 0 ? text.substr(prompt_text.size()) : text;
+}
+
+// The earliest position where any of `stops` occurs in `text`, or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops) {
+  size_t at = std::string::npos;
+  for (const std::string& s : stops) at = std::min(at, text.find(s));
+  return at;
+}
+
+void run_generate(const Opts& o) {
+  const ModelConfig cfg = load_hf_config(o.model);
+  const auto tok = data::load_tokenizer(o.model);
+  std::vector<PromptRow> rows;
+  if (!o.prompts.empty()) rows = read_prompts(o);
+  else rows.push_back({.line = 0, .prompt = o.prompt, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr});
+  const bool any_chat =
+      o.chat || std::any_of(rows.begin(), rows.end(), [](const PromptRow& r) { return !r.messages.empty(); });
+  std::optional<data::ChatFormat> format;
+  std::optional<std::string> default_system;  // a ChatML template's (Qwen2's), added as training adds it
+  if (any_chat) {
+    const std::string chat_template = data::read_chat_template(o.model);
+    try {
+      format = data::resolve_chat_format(o.chat_format, *tok, chat_template);
+    } catch (Error& e) {
+      e.set_key("--chat-format");
+      throw;
+    }
+    if (*format == data::ChatFormat::ChatML) default_system = data::chat_default_system(chat_template);
+  }
+
+  // Tokenize every request; its prompt text is what the completion is decoded after.
+  const int64_t context = cfg.max_position_embeddings;
+  std::vector<infer::Request> requests;
+  std::vector<std::string> prompt_texts;
+  std::vector<int32_t> stops = {tok->eos_id()};
+  for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
+  if (format)
+    for (int32_t id : data::chat_stop_ids(*tok, *format)) stops.push_back(id);
+  int64_t max_len = 1;
+  for (PromptRow& r : rows) {
+    std::vector<int32_t> ids;
+    try {
+      if (!r.messages.empty() || o.chat) {
+        if (r.messages.empty()) r.messages = {{"user", r.prompt}};
+        if (default_system && r.messages[0].role != "system")
+          r.messages.insert(r.messages.begin(), {"system", *default_system});
+        try {
+          ids = data::chat_prompt_ids(*tok, *format, r.messages);
+          r.prompt = data::chat_text(*format, r.messages, *tok, true);
+        } catch (Error& e) {
+          e.set_key(r.line ? "messages" : "--chat-format");
+          throw;
+        }
+      } else {
+        ids = tok->encode_with(r.prompt, !o.no_bos, false);
+      }
+      const int64_t P = int64_t(ids.size());
+      // The model has max_position_embeddings positions; the prompt takes some, the rest is all that
+      // can be generated. Say so up front rather than stopping short without a word.
+      if (P >= context)
+        throw Error(fmt::format("the prompt is {} tokens, but the model's max_position_embeddings is {}: no position "
+                                "is left for a new token",
+                                P, context),
+                    {.file = o.model + "/config.json", .key = "max_position_embeddings"});
+      if (P + r.s.max_new_tokens > context)
+        std::fprintf(stderr,
+                     "generate: %s--max-new-tokens %lld with a %lld-token prompt passes the model's "
+                     "max_position_embeddings %lld: at most %lld new tokens\n",
+                     r.line ? fmt::format("{}:{}: ", o.prompts, r.line).c_str() : "", (long long)r.s.max_new_tokens,
+                     (long long)P, (long long)context, (long long)(context - P));
+      max_len = std::max(max_len, std::min(context, P + r.s.max_new_tokens));
+    } catch (Error& e) {
+      if (r.line) {
+        e.set_file(o.prompts);
+        e.set_line(r.line);
+      }
+      throw;
+    }
+    prompt_texts.push_back(tok->decode(ids));
+    requests.push_back({std::move(ids), r.s});
+  }
+
+  if (format)
+    std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(*format),
+                 default_system ? " (with the template's default system message)" : "");
+  train::ParamStore params(cfg, DType::F32);
+  load_weights(o, cfg, params);
+  const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch);
+
+  // Stop strings are matched on each request's decoded completion as tokens arrive; with one
+  // --prompt and no --prompts, the completion is also streamed to stdout.
+  const bool stream = o.prompts.empty();
+  std::vector<std::vector<int32_t>> outs(requests.size());
+  std::vector<std::string> shown(requests.size());
+  if (stream) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
+  const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id) {
+    outs[i].push_back(id);
+    if (!stream && rows[i].stop.empty()) return false;  // nothing to match or show: decode once at the end
+    std::string text = completion_text(*tok, requests[i].prompt, prompt_texts[i], outs[i]);
+    const size_t stop_at = find_stop(text, rows[i].stop);
+    if (stop_at != std::string::npos) text.resize(stop_at);
+    if (stream && text.size() > shown[i].size() && text.compare(0, shown[i].size(), shown[i]) == 0) {
+      std::fputs(text.substr(shown[i].size()).c_str(), stdout);
+      std::fflush(stdout);
+      shown[i] = text;
+    }
+    return stop_at != std::string::npos;
+  });
+  if (stream) {
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    const infer::Completion& c = done[0];
+    if (c.finish == infer::FinishReason::Length && int64_t(requests[0].prompt.size() + c.tokens.size()) >= context)
+      std::fprintf(stderr, "generate: stopped after %lld new tokens: the model's context of %lld positions is full\n",
+                   (long long)c.tokens.size(), (long long)context);
+    return;
+  }
+
+  // One JSON line per request, in input order.
+  std::FILE* out = stdout;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(nullptr, &std::fclose);
+  if (!o.output.empty()) {
+    file.reset(std::fopen(o.output.c_str(), "w"));
+    if (!file) throw Error("cannot open the output file for writing", {.file = o.output, .key = "--output"});
+    out = file.get();
+  }
+  for (size_t i = 0; i < done.size(); ++i) {
+    const infer::Completion& c = done[i];
+    std::string text = completion_text(*tok, requests[i].prompt, prompt_texts[i], c.tokens);
+    if (const size_t at = find_stop(text, rows[i].stop); at != std::string::npos) text.resize(at);
+    nlohmann::ordered_json line = {{"index", i},
+                 {"prompt", rows[i].prompt},
+                 {"text", text},
+                 {"prompt_tokens", requests[i].prompt.size()},
+                 {"completion_tokens", c.tokens.size()},
+                 {"finish_reason", infer::finish_reason_name(c.finish)},
+                 {"prefill_seconds", c.prefill_seconds},
+                 {"decode_seconds", c.decode_seconds}};
+    if (!rows[i].id.is_null()) line["id"] = rows[i].id;
+    const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    if (std::fputs(s.c_str(), out) < 0) throw Error("cannot write the output", {.file = o.output});
+  }
+  if (std::fflush(out) != 0) throw Error("cannot write the output", {.file = o.output.empty() ? "stdout" : o.output});
+}
+
+}  // namespace
+
 void register_generate(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a model directory");
-  struct Opts {
-    std::string model, prompt, adapter;
-    infer::SamplingOptions s;
-    bool no_bos = false;
-  };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--model", o->model, "Hugging Face model directory")->required();
-  cmd->add_option("--prompt", o->prompt, "Text to continue")->required();
+  cmd->add_option("--model", o->model, "Hugging Face model directory (dense, or bitsandbytes NF4)")->required();
+  auto* prompt = cmd->add_option("--prompt", o->prompt, "Text to continue (streamed to stdout)");
+  auto* prompts = cmd->add_option("--prompts", o->prompts,
+                                  "A file of requests, generated in batches: .txt = one prompt per non-empty line; "
+                                  ".jsonl = one {\"prompt\": ...} or {\"messages\": [...]} per line, with optional "
+                                  "max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop. "
+                                  "Writes one JSON line per request (docs/generation.md)");
+  prompt->excludes(prompts);
+  prompts->excludes(prompt);
+  cmd->add_option("--output", o->output, "With --prompts: write the JSON lines here instead of stdout");
+  cmd->add_option("--batch-size", o->batch_size, "With --prompts: sequences decoded together")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--chat", o->chat,
+                "Render each prompt as a user message in the model's chat format, ready for the assistant's "
+                "answer (JSONL rows with \"messages\" always are)");
+  cmd->add_option("--chat-format", o->chat_format,
+                  "auto (from tokenizer_config.json's chat_template, else the tokenizer's special tokens), "
+                  "llama3, llama2, chatml or mistral")
+      ->capture_default_str();
   cmd->add_option("--adapter", o->adapter,
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
                   "(W + scale * B A; nothing is written; `shardlm merge` writes a merged copy)");
+  cmd->add_flag("--load-in-4bit", o->load_in_4bit,
+                "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and generate "
+                "from their dequantized values");
   cmd->add_option("--max-new-tokens", o->s.max_new_tokens,
                   "Stop after this many new tokens (at most max_position_embeddings minus the prompt: "
                   "generate says so when it caps the request)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--stop", o->stop,
+                  "Stop a completion where this text appears (repeatable; not included; taken as given: "
+                  "in a shell, $'\\n' is a line break)")
+      ->check([](const std::string& s) { return s.empty() ? std::string("--stop must not be empty") : std::string(); });
   cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -39,67 +397,27 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", o->s.top_p, "Nucleus sampling mass, in (0, 1]; 1 = off")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
-  cmd->add_option("--seed", o->s.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--repetition-penalty", o->s.repetition_penalty,
+                  "Divide positive (multiply negative) logits of tokens already in the prompt or output by this; "
+                  "1 = off")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o->s.seed, "Sampling seed (a request's tokens depend only on it and the request)")
+      ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "Do not start the prompt with the BOS token");
   cmd->footer(
       "Examples:\n"
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0\n"
-      "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"");
-  cmd->callback([o] {
-    const ModelConfig cfg = load_hf_config(o->model);
-    const auto tok = data::load_tokenizer(o->model);
-    train::ParamStore params(cfg, DType::F32);
-    params.load(io::ModelWeights(o->model), o->model);
-    if (!o->adapter.empty()) {
-      const PeftAdapter adapter = read_peft_adapter(o->adapter, cfg);
-      merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
-      params.sync_compute();
-      std::fprintf(stderr, "generate: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n",
-                   o->adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());
-    }
-    const std::vector<int32_t> prompt = tok->encode_with(o->prompt, !o->no_bos, false);
-    // The model has max_position_embeddings positions; the prompt takes some, the rest is all that
-    // can be generated. Say so up front rather than stopping short without a word.
-    const int64_t context = cfg.max_position_embeddings, P = int64_t(prompt.size());
-    if (P >= context)
-      throw Error(fmt::format("the prompt is {} tokens, but the model's max_position_embeddings is {}: no position is "
-                              "left for a new token",
-                              P, context),
-                  {.file = o->model + "/config.json", .key = "max_position_embeddings"});
-    const bool capped = P + o->s.max_new_tokens > context;
-    if (capped)
-      std::fprintf(stderr,
-                   "generate: --max-new-tokens %lld with a %lld-token prompt passes the model's max_position_embeddings "
-                   "%lld: at most %lld new tokens\n",
-                   (long long)o->s.max_new_tokens, (long long)P, (long long)context, (long long)(context - P));
-    const int64_t max_len = std::min<int64_t>(context, P + o->s.max_new_tokens);
-    infer::Generator gen(cfg, params.compute_weights(), max_len);
-    std::vector<int32_t> stops = {tok->eos_id()};
-    for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
-    std::fputs(o->prompt.c_str(), stdout);
-    // Decode incrementally: print what the new tokens add to the decoded text so far. Decoding the
-    // prompt together with the output keeps word boundaries right (SentencePiece drops the space
-    // of a leading "▁" piece when it is decoded on its own), and multi-byte characters may need
-    // several tokens.
-    std::vector<int32_t> all = prompt;
-    const std::string prompt_text = tok->decode(prompt);
-    std::string shown;
-    const std::vector<int32_t> out = gen.generate(prompt, o->s, stops, [&](int32_t id) {
-      all.push_back(id);
-      const std::string text = tok->decode(all);
-      const std::string added = text.compare(0, prompt_text.size(), prompt_text) == 0 ? text.substr(prompt_text.size()) : text;
-      if (added.size() > shown.size() && added.compare(0, shown.size(), shown) == 0) {
-        std::fputs(added.substr(shown.size()).c_str(), stdout);
-        std::fflush(stdout);
-        shown = added;
-      }
-    });
-    std::fputs("\n", stdout);
-    std::fflush(stdout);
-    if (capped && P + int64_t(out.size()) >= context)
-      std::fprintf(stderr, "generate: stopped after %lld new tokens: the model's context of %lld positions is full\n",
-                   (long long)out.size(), (long long)context);
+      "  shardlm generate --model runs/demo --prompts prompts.jsonl --batch-size 16 --output out.jsonl\n"
+      "  shardlm generate --model models/llama3-8b-instruct --chat --prompt \"Hi\" --stop $'\\n\\n'\n"
+      "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"\n"
+      "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"");
+  cmd->callback([o, prompt, prompts] {
+    if (prompt->count() == 0 && prompts->count() == 0)
+      throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
+    check_sampling(o->s);
+    run_generate(*o);
   });
 }
 

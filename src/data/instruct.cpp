@@ -88,55 +88,139 @@ Example alpaca_example(const Tokenizer& tok, std::string_view prompt, std::strin
 
 // ---- chat ------------------------------------------------------------------------------------
 
-ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok) {
-  if (name == "llama3") return ChatFormat::Llama3;
-  if (name == "llama2") return ChatFormat::Llama2;
-  if (name == "auto") return tok.special_token("<|start_header_id|>") ? ChatFormat::Llama3 : ChatFormat::Llama2;
-  throw Error(fmt::format("unknown chat format '{}' (expected auto, llama3 or llama2)", name));
+std::optional<ChatFormat> chat_format_of_template(std::string_view tpl) {
+  const auto has = [&](std::string_view m) { return tpl.find(m) != std::string_view::npos; };
+  if (has("<|start_header_id|>")) return ChatFormat::Llama3;
+  if (has("<|im_start|>")) return ChatFormat::ChatML;
+  if (has("[INST]")) return has("<<SYS>>") ? ChatFormat::Llama2 : ChatFormat::Mistral;
+  return std::nullopt;
 }
 
-const char* chat_format_name(ChatFormat f) { return f == ChatFormat::Llama3 ? "llama3" : "llama2"; }
+ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok, std::string_view chat_template) {
+  if (name == "llama3") return ChatFormat::Llama3;
+  if (name == "llama2") return ChatFormat::Llama2;
+  if (name == "chatml") return ChatFormat::ChatML;
+  if (name == "mistral") return ChatFormat::Mistral;
+  if (name == "auto") {
+    if (const std::optional<ChatFormat> f = chat_format_of_template(chat_template)) return *f;
+    if (tok.special_token("<|start_header_id|>")) return ChatFormat::Llama3;
+    if (tok.special_token("<|im_start|>")) return ChatFormat::ChatML;
+    return ChatFormat::Llama2;
+  }
+  throw Error(fmt::format("unknown chat format '{}' (expected auto, llama3, llama2, chatml or mistral)", name));
+}
+
+const char* chat_format_name(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::Llama3: return "llama3";
+    case ChatFormat::Llama2: return "llama2";
+    case ChatFormat::ChatML: return "chatml";
+    case ChatFormat::Mistral: return "mistral";
+  }
+  return "?";
+}
+
+std::optional<std::string> chat_default_system(std::string_view tpl) {
+  // In the template's source the literal reads '<|im_start|>system\nTEXT<|im_end|>\n' with the
+  // line break written as the escape \n. A literal that ends right after "system\n" (followed by
+  // + messages[0]['content']) is the template rendering the conversation's own system message.
+  static constexpr std::string_view kOpen = "<|im_start|>system";
+  for (size_t at = tpl.find(kOpen); at != std::string_view::npos; at = tpl.find(kOpen, at + 1)) {
+    size_t p = at + kOpen.size();
+    if (tpl.substr(p, 2) == "\\n") p += 2;
+    else if (tpl.substr(p, 1) == "\n") p += 1;
+    else continue;
+    const size_t end = tpl.find("<|im_end|>", p);
+    if (end == std::string_view::npos) break;
+    const std::string_view body = tpl.substr(p, end - p);
+    if (body.empty() || body.find_first_of("'\"{}") != std::string_view::npos) continue;  // not one literal
+    std::string text;
+    for (size_t i = 0; i < body.size(); ++i) {  // the literal's escapes
+      if (body[i] == '\\' && i + 1 < body.size()) {
+        const char c = body[++i];
+        text += c == 'n' ? '\n' : c;
+      } else {
+        text += body[i];
+      }
+    }
+    return text;
+  }
+  return std::nullopt;
+}
+
+std::string read_chat_template(const std::string& model_dir) {
+  const std::string path = model_dir + "/tokenizer_config.json";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "";
+  json cfg;
+  try {
+    cfg = json::parse(f);
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("malformed JSON: {}", e.what()), {.file = path});
+  }
+  const auto it = cfg.find("chat_template");
+  if (it == cfg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array())  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+    for (const json& t : *it)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"].get<std::string>();
+  return "";
+}
 
 namespace {
 
-int32_t required_special(const Tokenizer& tok, std::string_view text) {
+int32_t required_special(const Tokenizer& tok, std::string_view text, ChatFormat f) {
   const std::optional<int32_t> id = tok.special_token(text);
   if (!id)
-    throw Error(fmt::format("the llama3 chat format needs the special token {}, which the {} tokenizer lacks "
-                            "(use chat_format: llama2)",
-                            text, tok.name()));
+    throw Error(fmt::format("the {} chat format needs the special token {}, which the {} tokenizer lacks "
+                            "(choose another chat format)",
+                            chat_format_name(f), text, tok.name()));
   return *id;
 }
 
-Example render_llama3(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input) {
-  const int32_t start = required_special(tok, "<|start_header_id|>");
-  const int32_t end = required_special(tok, "<|end_header_id|>");
-  const int32_t eot = required_special(tok, "<|eot_id|>");
-  const int32_t begin = tok.special_token("<|begin_of_text|>").value_or(tok.bos_id());
-  std::vector<int32_t> seq{begin};
-  std::vector<char> trained{0};
-  auto add = [&](const std::vector<int32_t>& ids, bool train) {
+// A rendered conversation: its tokens and, per token, whether it is trained.
+struct ChatSeq {
+  std::vector<int32_t> seq;
+  std::vector<char> trained;
+  void add(const std::vector<int32_t>& ids, bool train) {
     seq.insert(seq.end(), ids.begin(), ids.end());
-    trained.insert(trained.end(), ids.size(), char(train || train_on_input));
-  };
+    trained.insert(trained.end(), ids.size(), char(train));
+  }
+};
+
+// generation_prompt: the conversation ends with a user message and the assistant's turn is opened.
+ChatSeq render_llama3(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
+                      bool generation_prompt) {
+  const ChatFormat f = ChatFormat::Llama3;
+  const int32_t start = required_special(tok, "<|start_header_id|>", f);
+  const int32_t end = required_special(tok, "<|end_header_id|>", f);
+  const int32_t eot = required_special(tok, "<|eot_id|>", f);
+  const int32_t begin = tok.special_token("<|begin_of_text|>").value_or(tok.bos_id());
+  ChatSeq out;
+  out.add({begin}, false);
   const std::vector<int32_t> nl2 = tok.encode("\n\n");
+  // The header is given, not learned; "\n\n" is its own pre-token in Llama 3's tokenizer, so
+  // encoding it apart from the content gives the tokens of the template's single string.
+  auto header = [&](const std::string& role) {
+    std::vector<int32_t> h{start};
+    const std::vector<int32_t> r = tok.encode(role);
+    h.insert(h.end(), r.begin(), r.end());
+    h.push_back(end);
+    h.insert(h.end(), nl2.begin(), nl2.end());
+    out.add(h, train_on_input);
+  };
   for (const ChatMessage& m : msgs) {
-    // The header is given, not learned; "\n\n" is its own pre-token in Llama 3's tokenizer, so
-    // encoding it apart from the content gives the tokens of the template's single string.
-    std::vector<int32_t> header{start};
-    const std::vector<int32_t> role = tok.encode(m.role);
-    header.insert(header.end(), role.begin(), role.end());
-    header.push_back(end);
-    header.insert(header.end(), nl2.begin(), nl2.end());
-    add(header, false);
+    header(m.role);
     std::vector<int32_t> body = tok.encode(strip(m.content));
     body.push_back(eot);
-    add(body, m.role == "assistant");
+    out.add(body, m.role == "assistant" || train_on_input);
   }
-  return from_sequence(seq, trained);
+  if (generation_prompt) header("assistant");
+  return out;
 }
 
-Example render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
+ChatSeq render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
                       bool* boundary_mismatch) {
   size_t first = 0;
   std::string system;
@@ -145,8 +229,7 @@ Example render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs
     first = 1;
   }
   if (first == msgs.size()) throw Error("the conversation has only a system message");
-  std::vector<int32_t> seq;
-  std::vector<char> trained;
+  ChatSeq out;
   for (size_t i = first; i < msgs.size(); i += 2) {
     const size_t turn = (i - first) / 2;
     if (msgs[i].role != "user")
@@ -157,8 +240,8 @@ Example render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs
     if (turn == 0 && first == 1) user = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + user;
     const std::string prompt = "[INST] " + std::string(strip(user)) + " [/INST]";
     const std::vector<int32_t> source = tok.encode_with(prompt, true, false);
-    if (i + 1 == msgs.size()) {  // a final question without an answer: context only
-      append_masked_prefix(seq, trained, source, source.size(), train_on_input);
+    if (i + 1 == msgs.size()) {  // a final question without an answer: context (or the generation prompt)
+      append_masked_prefix(out.seq, out.trained, source, source.size(), train_on_input);
       break;
     }
     if (msgs[i + 1].role != "assistant")
@@ -168,16 +251,68 @@ Example render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs
     const std::vector<int32_t> full =
         tok.encode_with(prompt + " " + std::string(strip(msgs[i + 1].content)) + " ", true, true);
     if (boundary_mismatch && !starts_with(full, source)) *boundary_mismatch = true;
-    append_masked_prefix(seq, trained, full, source.size(), train_on_input);
+    append_masked_prefix(out.seq, out.trained, full, source.size(), train_on_input);
   }
-  return from_sequence(seq, trained);
+  return out;
 }
 
-}  // namespace
+ChatSeq render_chatml(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
+                      bool* boundary_mismatch, bool generation_prompt) {
+  const ChatFormat f = ChatFormat::ChatML;
+  const int32_t start = required_special(tok, "<|im_start|>", f);
+  const int32_t end = required_special(tok, "<|im_end|>", f);
+  const std::vector<int32_t> nl = tok.encode("\n");
+  ChatSeq out;
+  for (const ChatMessage& m : msgs) {
+    out.add({start}, train_on_input);
+    // "role\ncontent" is one string between two special tokens in the template: tokenize it whole
+    // and mask the tokens of "role\n" (a merge across the line break is a boundary mismatch).
+    const std::vector<int32_t> head = tok.encode(m.role + "\n");
+    const std::vector<int32_t> full = tok.encode(m.role + "\n" + m.content);
+    if (boundary_mismatch && !starts_with(full, head)) *boundary_mismatch = true;
+    const bool answer = m.role == "assistant";
+    append_masked_prefix(out.seq, out.trained, full, answer ? head.size() : full.size(), train_on_input);
+    out.add({end}, answer || train_on_input);
+    out.add(nl, train_on_input);
+  }
+  if (generation_prompt) {
+    out.add({start}, train_on_input);
+    out.add(tok.encode("assistant\n"), train_on_input);
+  }
+  return out;
+}
 
-Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
-                     bool train_on_input, bool* boundary_mismatch) {
-  if (boundary_mismatch) *boundary_mismatch = false;
+ChatSeq render_mistral(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input) {
+  size_t first = 0;
+  std::string system;
+  if (msgs[0].role == "system") {
+    system = msgs[0].content;
+    first = 1;
+  }
+  if (first == msgs.size()) throw Error("the conversation has only a system message");
+  ChatSeq out;
+  out.add({tok.bos_id()}, false);
+  for (size_t i = first; i < msgs.size(); ++i) {
+    const bool user_turn = (i - first) % 2 == 0;
+    const std::string& role = msgs[i].role;
+    if (role != (user_turn ? "user" : "assistant"))
+      throw Error(fmt::format("message {} has role '{}' but the mistral format needs user/assistant turns in "
+                              "alternation after an optional system message",
+                              i, role));
+    if (user_turn) {
+      const std::string user = i == first && first == 1 ? system + "\n\n" + msgs[i].content : msgs[i].content;
+      out.add(tok.encode("[INST] " + user + " [/INST]"), train_on_input);
+    } else {
+      std::vector<int32_t> answer = tok.encode(msgs[i].content);
+      answer.push_back(tok.eos_id());
+      out.add(answer, true);
+    }
+  }
+  return out;
+}
+
+// Roles known, a system message only first; with generation_prompt, the last message a user's.
+void check_roles(const std::vector<ChatMessage>& messages, bool generation_prompt) {
   if (messages.empty()) throw Error("the conversation has no messages");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
@@ -185,8 +320,83 @@ Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<
       throw Error(fmt::format("message {} has unknown role '{}' (expected system, user or assistant)", i, r));
     if (r == "system" && i != 0) throw Error(fmt::format("message {}: a system message may only come first", i));
   }
-  return format == ChatFormat::Llama3 ? render_llama3(tok, messages, train_on_input)
-                                      : render_llama2(tok, messages, train_on_input, boundary_mismatch);
+  if (generation_prompt && messages.back().role != "user")
+    throw Error(fmt::format("the last message has role '{}': a prompt for the assistant must end with a user message",
+                            messages.back().role));
+}
+
+ChatSeq render_chat(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
+                    bool train_on_input, bool* boundary_mismatch, bool generation_prompt) {
+  check_roles(messages, generation_prompt);
+  switch (format) {
+    case ChatFormat::Llama3: return render_llama3(tok, messages, train_on_input, generation_prompt);
+    case ChatFormat::Llama2: return render_llama2(tok, messages, train_on_input, boundary_mismatch);
+    case ChatFormat::ChatML: return render_chatml(tok, messages, train_on_input, boundary_mismatch, generation_prompt);
+    case ChatFormat::Mistral: return render_mistral(tok, messages, train_on_input);
+  }
+  throw Error("unknown chat format");
+}
+
+}  // namespace
+
+Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
+                     bool train_on_input, bool* boundary_mismatch) {
+  if (boundary_mismatch) *boundary_mismatch = false;
+  const ChatSeq s = render_chat(tok, format, messages, train_on_input, boundary_mismatch, false);
+  return from_sequence(s.seq, s.trained);
+}
+
+std::vector<int32_t> chat_prompt_ids(const Tokenizer& tok, ChatFormat format,
+                                     const std::vector<ChatMessage>& messages) {
+  return render_chat(tok, format, messages, false, nullptr, true).seq;
+}
+
+std::string chat_text(ChatFormat format, const std::vector<ChatMessage>& msgs, const Tokenizer& tok,
+                      bool generation_prompt) {
+  check_roles(msgs, generation_prompt);
+  const std::string bos = tok.piece(tok.bos_id()), eos = tok.piece(tok.eos_id());
+  const bool has_system = msgs[0].role == "system";
+  std::string out;
+  switch (format) {
+    case ChatFormat::Llama3:
+      out = "<|begin_of_text|>";
+      for (const ChatMessage& m : msgs)
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(strip(m.content)) + "<|eot_id|>";
+      if (generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+    case ChatFormat::ChatML:
+      for (const ChatMessage& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      if (generation_prompt) out += "<|im_start|>assistant\n";
+      break;
+    case ChatFormat::Llama2:  // Meta's template (Llama-2-chat's tokenizer_config.json)
+      for (size_t i = has_system; i < msgs.size(); ++i) {
+        if (msgs[i].role == "user") {
+          std::string user = msgs[i].content;
+          if (i == 1 && has_system) user = "<<SYS>>\n" + msgs[0].content + "\n<</SYS>>\n\n" + user;
+          out += bos + "[INST] " + std::string(strip(user)) + " [/INST]";
+        } else {
+          out += " " + std::string(strip(msgs[i].content)) + " " + eos;
+        }
+      }
+      break;
+    case ChatFormat::Mistral:  // Mistral-7B-Instruct-v0.2's template
+      out = bos;
+      for (size_t i = has_system; i < msgs.size(); ++i) {
+        if (msgs[i].role == "user")
+          out += " [INST] " + (i == 1 && has_system ? msgs[0].content + "\n\n" : "") + msgs[i].content + " [/INST]";
+        else
+          out += " " + msgs[i].content + eos;
+      }
+      break;
+  }
+  return out;
+}
+
+std::vector<int32_t> chat_stop_ids(const Tokenizer& tok, ChatFormat format) {
+  std::optional<int32_t> id;
+  if (format == ChatFormat::Llama3) id = tok.special_token("<|eot_id|>");
+  if (format == ChatFormat::ChatML) id = tok.special_token("<|im_end|>");
+  return id ? std::vector<int32_t>{*id} : std::vector<int32_t>{};
 }
 
 // ---- files -----------------------------------------------------------------------------------
@@ -307,7 +517,9 @@ std::string string_field(const json& rec, const std::string& name, bool required
   return it->get<std::string>();
 }
 
-std::vector<ChatMessage> chat_messages(const json& rec) {
+}  // namespace
+
+std::vector<ChatMessage> chat_messages_of(const json& rec) {
   if (!rec.is_object()) throw Error(fmt::format("expected a JSON object with \"messages\", got {}", rec.type_name()));
   const auto it = rec.find("messages");
   if (it == rec.end()) throw Error("missing field 'messages'");
@@ -321,8 +533,6 @@ std::vector<ChatMessage> chat_messages(const json& rec) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns) {
   const std::string text = read_file(path);
@@ -343,8 +553,14 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
   SHARDLM_CHECK(kind == "alpaca" || kind == "chat", "unknown instruction data kind '{}'", kind);
   const std::string text = read_file(path);
   const std::vector<RawRecord> recs = split_records(path, text);
-  const ChatFormat fmt_ = kind == "chat" ? resolve_chat_format(opt.chat_format, tok) : ChatFormat::Llama2;
-  report.format = kind == "chat" ? fmt::format("chat ({})", chat_format_name(fmt_)) : "alpaca";
+  const ChatFormat fmt_ =
+      kind == "chat" ? resolve_chat_format(opt.chat_format, tok, opt.chat_template) : ChatFormat::Llama2;
+  // ChatML templates that add a default system message (Qwen2's) get it here, as they render.
+  const std::optional<std::string> default_system =
+      kind == "chat" && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
+  report.format = kind == "chat" ? fmt::format("chat ({}{})", chat_format_name(fmt_),
+                                               default_system ? ", default system message" : "")
+                                 : "alpaca";
   const std::string what = fmt::format("an Alpaca record; data.columns maps {{instruction: {}, input: {}, output: {}}}",
                                        opt.columns.instruction, opt.columns.input, opt.columns.output);
   std::vector<Example> out;
@@ -360,7 +576,10 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
         const std::string output = string_field(rec, opt.columns.output, true, what);
         e = alpaca_example(tok, alpaca_prompt(instruction, input), output, opt.train_on_input, &mismatch);
       } else {
-        e = chat_example(tok, fmt_, chat_messages(rec), opt.train_on_input, &mismatch);
+        std::vector<ChatMessage> msgs = chat_messages_of(rec);
+        if (default_system && !msgs.empty() && msgs[0].role != "system")
+          msgs.insert(msgs.begin(), {"system", *default_system});
+        e = chat_example(tok, fmt_, msgs, opt.train_on_input, &mismatch);
       }
       for (int32_t id : e.ids)
         if (id < 0 || id >= tok.vocab_size())

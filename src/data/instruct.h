@@ -6,13 +6,16 @@
 //           one JSON array; the prompt is stanford_alpaca's PROMPT_DICT template (prompt_input iff
 //           input is non-empty), tokenized as stanford_alpaca's train.py does (below).
 //   Chat    {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}, rendered
-//           in the Llama 3 or Llama 2 chat format; loss on assistant content and its end marker.
+//           in the Llama 3, Llama 2, ChatML (Qwen2) or Mistral chat format; loss on assistant
+//           content and its end marker. `shardlm generate --chat` renders prompts with the same code.
 //
 // Every problem with a record (malformed JSON, a missing field, invalid UTF-8, an unknown role)
 // is an Error naming FILE:LINE; with BadRowPolicy::Skip such records are counted and skipped.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,10 +51,26 @@ std::string alpaca_prompt(std::string_view instruction, std::string_view input);
 Example alpaca_example(const Tokenizer& tok, std::string_view prompt, std::string_view output, bool train_on_input,
                        bool* boundary_mismatch = nullptr);
 
-enum class ChatFormat { Llama3, Llama2 };
-// "llama3", "llama2", or "auto": llama3 when the tokenizer has <|start_header_id|>, else llama2.
-ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok);
+// The chat formats: the published templates of Llama 3, Llama 2, ChatML (Qwen2) and Mistral
+// (v0.1/v0.2 instruct, SentencePiece; [INST] written as text).
+enum class ChatFormat { Llama3, Llama2, ChatML, Mistral };
+// "llama3", "llama2", "chatml", "mistral", or "auto": the family of `chat_template` (the model's
+// tokenizer_config.json chat_template, "" when it has none) when chat_format_of_template knows it,
+// else from the tokenizer's special tokens: llama3 with <|start_header_id|>, chatml with
+// <|im_start|>, else llama2.
+ChatFormat resolve_chat_format(std::string_view name, const Tokenizer& tok, std::string_view chat_template = "");
 const char* chat_format_name(ChatFormat f);
+// The family a Jinja chat template renders, told by its markers: <|start_header_id|> (llama3),
+// <|im_start|> (chatml), [INST] with <<SYS>> (llama2), [INST] without (mistral); nullopt otherwise.
+std::optional<ChatFormat> chat_format_of_template(std::string_view chat_template);
+// The system message a ChatML template adds when a conversation has none (Qwen2's "You are a
+// helpful assistant."): the text of a string literal '<|im_start|>system\n...<|im_end|>' in the
+// template; nullopt when it has none. Training's chat data and `generate --chat` insert it, as
+// transformers' apply_chat_template renders it.
+std::optional<std::string> chat_default_system(std::string_view chat_template);
+// tokenizer_config.json's "chat_template" in a model directory: "" when the file or the key is
+// absent; of a list of named templates, the one named "default".
+std::string read_chat_template(const std::string& model_dir);
 
 struct ChatMessage {
   std::string role, content;
@@ -65,9 +84,31 @@ struct ChatMessage {
 //           roles must alternate user/assistant after an optional system message. Each turn is
 //           tokenized as one string; its first len(BOS + encode("[INST] ... [/INST]")) tokens
 //           are masked, the rest (answer and EOS) trained.
+//   chatml: per message <|im_start|>role\ncontent<|im_end|>\n (Qwen2's template without its
+//           default system message); "role\ncontent" is tokenized as one string and its first
+//           len(encode("role\n")) tokens masked; the loss covers assistant content and <|im_end|>.
+//   mistral: BOS, then per user turn "[INST] {user} [/INST]" and per answer "{answer}" EOS, the
+//           system message folded into the first user turn as "{system}\n\n{user}" (Mistral's
+//           v0.2 template: <s> [INST] ... [/INST] answer</s> [INST] ...); each string tokenized on
+//           its own (SentencePiece's word-boundary prefix is the template's space before [INST]
+//           and the answer); the loss covers answers and their EOS.
 // train_on_input: every token after the first is in the loss.
 Example chat_example(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages,
                      bool train_on_input = false, bool* boundary_mismatch = nullptr);
+// For generation: a conversation ending with a user message, and the start of the assistant's turn
+// (the template's add_generation_prompt; for llama2/mistral the prompt ends with [/INST]), with the
+// same renderer as chat_example, so its tokens are those training puts before an answer.
+std::vector<int32_t> chat_prompt_ids(const Tokenizer& tok, ChatFormat format, const std::vector<ChatMessage>& messages);
+// The string the format's published Jinja template renders for `messages` (special tokens written
+// out, BOS/EOS as the tokenizer's pieces), with the generation prompt when asked: for display and
+// for checking the renderer against the templates.
+std::string chat_text(ChatFormat format, const std::vector<ChatMessage>& messages, const Tokenizer& tok,
+                      bool generation_prompt);
+// The end-of-turn tokens of the format that the tokenizer has (<|eot_id|>, <|im_end|>): where an
+// assistant's answer ends besides EOS.
+std::vector<int32_t> chat_stop_ids(const Tokenizer& tok, ChatFormat format);
+// The "messages" of a chat record ({"role": ..., "content": ...} objects), checked for shape.
+std::vector<ChatMessage> chat_messages_of(const nlohmann::json& record);
 
 enum class BadRowPolicy { Fail, Skip };
 
@@ -75,6 +116,7 @@ struct InstructOptions {
   AlpacaColumns columns;
   bool train_on_input = false;
   std::string chat_format = "auto";
+  std::string chat_template;  // the model's tokenizer_config.json chat_template, for "auto"
   BadRowPolicy on_bad_row = BadRowPolicy::Fail;
   int64_t max_seq_len = 0;  // > 0: examples longer than this many input tokens are truncated
 };

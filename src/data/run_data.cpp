@@ -59,6 +59,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     opt.columns = dc.columns;
     opt.train_on_input = dc.train_on_input;
     opt.chat_format = std::string(enum_name(dc.chat_format));
+    opt.chat_template = dc.chat_template;
     opt.on_bad_row = dc.on_bad_row;
     opt.max_seq_len = seq_len;
     LoadReport rep;

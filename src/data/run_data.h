@@ -20,9 +20,10 @@ namespace shardlm::data {
 // data.type. Auto: builtin:addition by name, .bin/.tokens are token files, .json/.jsonl are
 // alpaca or chat by their first record, the rest is text.
 enum class DataType { Auto, Text, Tokens, Alpaca, Chat, BuiltinAddition };
-// data.chat_format. Auto: llama3 when the tokenizer has <|start_header_id|>, else llama2
+// data.chat_format. Auto: the family of the model's chat_template (tokenizer_config.json), else
+// llama3 when the tokenizer has <|start_header_id|>, chatml when it has <|im_start|>, else llama2
 // (resolve_chat_format decides, once the tokenizer is known).
-enum class ChatTemplate { Auto, Llama3, Llama2 };
+enum class ChatTemplate { Auto, Llama3, Llama2, ChatML, Mistral };
 
 struct DataConfig {
   DataType type = DataType::Auto;
@@ -34,6 +35,9 @@ struct DataConfig {
   AlpacaColumns columns;        // field names of instruction, input, output
   bool train_on_input = false;  // keep the prompt (and chat non-assistant turns) in the loss
   ChatTemplate chat_format = ChatTemplate::Auto;
+  // Not a config key: the model directory's tokenizer_config.json chat_template ("" if none), set
+  // by whoever loads the run (read_chat_template), for chat_format auto.
+  std::string chat_template;
   std::optional<bool> packing;  // unset: true for alpaca/chat, false otherwise
   BadRowPolicy on_bad_row = BadRowPolicy::Fail;
   // builtin:addition
@@ -84,7 +88,8 @@ struct EnumNames<data::DataType> {
 template <>
 struct EnumNames<data::ChatTemplate> {
   static constexpr std::pair<data::ChatTemplate, const char*> values[] = {
-      {data::ChatTemplate::Auto, "auto"}, {data::ChatTemplate::Llama3, "llama3"}, {data::ChatTemplate::Llama2, "llama2"}};
+      {data::ChatTemplate::Auto, "auto"}, {data::ChatTemplate::Llama3, "llama3"}, {data::ChatTemplate::Llama2, "llama2"},
+      {data::ChatTemplate::ChatML, "chatml"}, {data::ChatTemplate::Mistral, "mistral"}};
 };
 template <>
 struct EnumNames<data::BadRowPolicy> {

@@ -1,6 +1,7 @@
 #include "infer/generator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -9,59 +10,117 @@
 
 namespace shardlm::infer {
 
-Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len)
+Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch)
     : cfg_(cfg), w_(weights), max_len_(max_len) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
+  SHARDLM_CHECK(max_batch >= 1, "generation batch size must be >= 1, got {}", max_batch);
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
-  const int64_t kvd = cfg.num_key_value_heads * cfg.head_dim;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    k_cache_.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len, kvd}, MemCategory::Activations, false);
-    v_cache_.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len, kvd}, MemCategory::Activations, false);
-  }
+  slots_.resize(size_t(max_batch));
 }
 
-std::vector<float> Generator::forward(const std::vector<int32_t>& tokens) { return run(tokens, false); }
+int Generator::acquire() {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].used) {
+      slots_[i].used = true;
+      slots_[i].length = 0;
+      return int(i);
+    }
+  return -1;
+}
+
+void Generator::release(int slot) {
+  SHARDLM_CHECK(slot >= 0 && slot < int(slots_.size()), "no generation slot {}", slot);
+  slots_[size_t(slot)].used = false;
+  slots_[size_t(slot)].length = 0;
+}
+
+std::vector<float> Generator::forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens) {
+  return run_rows(slots, tokens, false);
+}
 
 std::vector<float> Generator::forward_all(const std::vector<int32_t>& tokens) {
   reset();
-  return run(tokens, true);
+  return run_rows({0}, tokens, true);
 }
 
-std::vector<float> Generator::run(const std::vector<int32_t>& tokens, bool all_logits) {
-  const int64_t Tq = int64_t(tokens.size());
-  SHARDLM_CHECK(Tq >= 1, "nothing to run: no tokens");
-  SHARDLM_CHECK(length_ + Tq <= max_len_, "sequence of {} tokens exceeds the generation limit of {}", length_ + Tq,
-                max_len_);
-  const int64_t Tk = length_ + Tq, D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
+std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std::vector<int32_t>& tokens,
+                                       bool all_logits) {
+  const int64_t B = int64_t(slots.size());
+  SHARDLM_CHECK(B >= 1 && !tokens.empty() && int64_t(tokens.size()) % B == 0,
+                "{} tokens cannot be split evenly over {} sequences", tokens.size(), B);
+  const int64_t Tq = int64_t(tokens.size()) / B, N = B * Tq;
+  const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
+  const int64_t qd = H * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  for (int64_t b = 0; b < B; ++b) {
+    const int s = slots[size_t(b)];
+    SHARDLM_CHECK(s >= 0 && s < int(slots_.size()), "no generation slot {}", s);
+    SHARDLM_CHECK(std::count(slots.begin(), slots.end(), s) == 1, "slot {} appears twice in one step", s);
+    Slot& slot = slots_[size_t(s)];
+    SHARDLM_CHECK(slot.length + Tq <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
+                  slot.length + Tq, max_len_);
+    if (slot.k_cache.empty())  // first use of this slot
+      for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+        slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+                                  false);
+        slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+                                  false);
+      }
+  }
   const MemCategory ws = MemCategory::Workspace;
   auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false); };
-  OwnedTensor x = make({Tq, D}), xn1 = make({Tq, D}), rstd1 = make({Tq}), q = make({Tq, qd}), att = make({Tq, qd}),
-              lse = make({1, cfg_.num_attention_heads, Tq}), h1 = make({Tq, D}), xn2 = make({Tq, D}),
-              rstd2 = make({Tq}), gate = make({Tq, F}), up = make({Tq, F}), act = make({Tq, F});
-  OwnedTensor ids(DType::I32, {Tq}, ws, false), pos(DType::I32, {1, Tq}, ws, false);
-  for (int64_t t = 0; t < Tq; ++t) {
-    ids.t.i32()[t] = tokens[size_t(t)];
-    pos.t.i32()[t] = int32_t(length_ + t);
-  }
+  // The block's activations for the N = B * Tq new rows (sequence b's rows are b*Tq .. b*Tq+Tq-1).
+  OwnedTensor x = make({N, D}), xn1 = make({N, D}), rstd1 = make({N}), q = make({N, qd}), k = make({N, kvd}),
+              v = make({N, kvd}), att = make({N, qd}), lse = make({B, H, Tq}), h1 = make({N, D}), xn2 = make({N, D}),
+              rstd2 = make({N}), gate = make({N, F}), up = make({N, F}), act = make({N, F});
+  OwnedTensor ids(DType::I32, {N}, ws, false), pos(DType::I32, {B, Tq}, ws, false);  // pos: each sequence's own
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tq; ++t) {
+      ids.t.i32()[b * Tq + t] = tokens[size_t(b * Tq + t)];
+      pos.t.i32()[b * Tq + t] = int32_t(slots_[size_t(slots[size_t(b)])].length + t);
+    }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
   ops::embedding_forward(x.t, w_.embed, ids.t);
+  model::AttentionKv kv;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    const Tensor kc = k_cache_[size_t(l)].t, vc = v_cache_[size_t(l)].t;
-    model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, kc.slice(length_, Tk), vc.slice(length_, Tk), att.t, lse.t,
+    kv.k_seq.clear();
+    kv.v_seq.clear();
+    for (int s : slots) {  // each sequence's cache through its Tq new rows
+      const Slot& slot = slots_[size_t(s)];
+      kv.k_seq.push_back(slot.k_cache[size_t(l)].t.slice(0, slot.length + Tq));
+      kv.v_seq.push_back(slot.v_cache[size_t(l)].t.slice(0, slot.length + Tq));
+    }
+    model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
     // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
-    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kc.slice(0, Tk), vc.slice(0, Tk), pos.t, Tensor{},
-                                 inv, 1, Tq, Tk, x.t, l);
+    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, Tq, x.t, l);
   }
-  length_ = Tk;
-  // Final norm and logits: of every row for forward_all, else of the last row only.
-  const Tensor rows = all_logits ? x.t : x.t.slice(Tq - 1, Tq);
-  OwnedTensor xn = make({rows.shape[0], D}), rstd = make({rows.shape[0]});
+  for (int s : slots) slots_[size_t(s)].length += Tq;
+  // Final norm and logits: of every row for all_logits, else of each sequence's last row.
+  Tensor rows = x.t;
+  OwnedTensor last;
+  if (!all_logits && Tq > 1) {
+    last = make({B, D});
+    for (int64_t b = 0; b < B; ++b) ops::cast(last.t.slice(b, b + 1), x.t.slice(b * Tq + Tq - 1, b * Tq + Tq));
+    rows = last.t;
+  }
+  const int64_t R = rows.shape[0];
+  OwnedTensor xn = make({R, D}), rstd = make({R});
   ops::rmsnorm_forward(xn.t, rstd.t, rows, w_.final_norm, float(cfg_.rms_norm_eps));
-  std::vector<float> logits(static_cast<size_t>(rows.shape[0] * V));
-  ops::matmul(Tensor::view(logits.data(), DType::F32, {rows.shape[0], V}), xn.t, w_.lm_head, false, true);
+  std::vector<float> logits(static_cast<size_t>(R * V));
+  ops::matmul(Tensor::view(logits.data(), DType::F32, {R, V}), xn.t, w_.lm_head, false, true);
   return logits;
+}
+
+void apply_repetition_penalty(std::vector<float>& logits, const std::vector<int32_t>& seen, float penalty) {
+  if (penalty == 1.0f) return;
+  std::vector<int32_t> ids = seen;  // each distinct token once, as transformers' gather/scatter does
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int32_t id : ids) {
+    if (id < 0 || size_t(id) >= logits.size()) continue;
+    float& l = logits[size_t(id)];
+    l = l < 0.0f ? l * penalty : l / penalty;
+  }
 }
 
 int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, uint64_t step) {
@@ -95,21 +154,95 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
   return order[size_t(keep - 1)];
 }
 
+std::vector<Completion> Generator::run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
+                                      const TokenHook& on_token) {
+  using clock = std::chrono::steady_clock;
+  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  struct Active {
+    size_t req;
+    int slot;
+    std::vector<int32_t> seen;  // prompt + generated (the repetition penalty's tokens)
+    std::vector<float> logits;  // [V]: the next token's
+  };
+  const int64_t V = cfg_.vocab_size;
+  std::vector<Completion> out(requests.size());
+  std::vector<Active> active;
+  size_t next = 0;
+  while (next < requests.size() || !active.empty()) {
+    // Sequences join: each waiting request takes a free slot and is prefilled on its own.
+    while (next < requests.size()) {
+      const Request& r = requests[next];
+      const int64_t P = int64_t(r.prompt.size());
+      SHARDLM_CHECK(P >= 1, "request {}: the prompt is empty", next);
+      SHARDLM_CHECK(P <= max_len_, "request {}: a prompt of {} tokens exceeds the generation limit of {}", next, P,
+                    max_len_);
+      if (r.opt.max_new_tokens <= 0 || P == max_len_) {  // no position left for a new token
+        ++next;
+        continue;
+      }
+      const int slot = acquire();
+      if (slot < 0) break;
+      const auto t0 = clock::now();
+      std::vector<float> logits = forward(std::vector<int>{slot}, r.prompt);
+      out[next].prefill_seconds = seconds(t0, clock::now());
+      active.push_back({next, slot, r.prompt, std::move(logits)});
+      ++next;
+    }
+    // Each sequence samples its next token from its own logits, at its own step; those that
+    // finish leave the batch, the rest go through one decode step together.
+    const auto t0 = clock::now();
+    std::vector<size_t> took_part;
+    std::vector<Active> running;
+    std::vector<int> step_slots;
+    std::vector<int32_t> step_tokens;
+    for (Active& s : active) {
+      const Request& r = requests[s.req];
+      Completion& c = out[s.req];
+      took_part.push_back(s.req);
+      apply_repetition_penalty(s.logits, s.seen, r.opt.repetition_penalty);
+      const int32_t tok = sample_token(s.logits, r.opt, uint64_t(c.tokens.size()));
+      bool done = true;
+      if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+        c.finish = FinishReason::Stop;
+      } else {
+        c.tokens.push_back(tok);
+        s.seen.push_back(tok);
+        if (on_token && on_token(s.req, tok)) c.finish = FinishReason::Stop;
+        else if (int64_t(c.tokens.size()) >= r.opt.max_new_tokens ||
+                 int64_t(r.prompt.size() + c.tokens.size()) >= max_len_)
+          c.finish = FinishReason::Length;  // the next token would have no position
+        else
+          done = false;
+      }
+      if (done) {
+        release(s.slot);
+        continue;
+      }
+      step_slots.push_back(s.slot);
+      step_tokens.push_back(tok);
+      running.push_back(std::move(s));
+    }
+    active = std::move(running);
+    if (!active.empty()) {
+      const std::vector<float> logits = forward(step_slots, step_tokens);  // [B, V]
+      for (size_t b = 0; b < active.size(); ++b)
+        active[b].logits.assign(logits.begin() + int64_t(b) * V, logits.begin() + int64_t(b + 1) * V);
+    }
+    const double dt = seconds(t0, clock::now());
+    for (size_t i : took_part) out[i].decode_seconds += dt;
+  }
+  return out;
+}
+
 std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
                                          const std::vector<int32_t>& stop_ids,
                                          const std::function<void(int32_t)>& on_token) {
-  reset();
-  std::vector<int32_t> out;
-  std::vector<float> logits = forward(prompt);
-  for (int64_t step = 0; step < opt.max_new_tokens && length_ < max_len_; ++step) {
-    const int32_t next = sample_token(logits, opt, uint64_t(step));
-    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
-    out.push_back(next);
-    if (on_token) on_token(next);
-    if (step + 1 == opt.max_new_tokens || length_ >= max_len_) break;
-    logits = forward({next});
-  }
-  return out;
+  TokenHook hook;
+  if (on_token) hook = [&](size_t, int32_t id) {
+    on_token(id);
+    return false;
+  };
+  return run({{prompt, opt}}, stop_ids, hook)[0].tokens;
 }
 
 }  // namespace shardlm::infer

@@ -1,12 +1,19 @@
-// Text generation with a KV cache, one sequence at a time.
+// Text generation with a KV cache, for a batch of sequences of different lengths.
 //
-// The Generator reads weights it does not own (views that must outlive it) and owns its caches:
-// per layer, keys and values of every position so far ([max_len, Hkv * Dh], f32). Each decoder
-// block runs model::decoder_block_forward, the same code training uses.
+// The Generator reads weights it does not own (views that must outlive it) and owns the KV caches
+// of a running batch: up to max_batch slots, each one sequence's keys and values per layer
+// ([max_len, Hkv * Dh], f32, allocated when the slot is first used). Sequences join the batch
+// (prefill, one at a time) and leave it (release) between decode steps; one decode step runs the
+// next token of every listed sequence through each layer together: norms, projections, MLP and
+// head as one [n, d] computation, attention per sequence against its own cache length
+// (model::decoder_block_forward with per-sequence keys and values, the block training runs).
+// That is the engine a continuous-batching server drives; run() is the scheduler `shardlm
+// generate` uses, and generate() (one prompt) is run() with a batch of one.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -16,44 +23,98 @@ namespace shardlm::infer {
 
 struct SamplingOptions {
   int64_t max_new_tokens = 64;
-  float temperature = 0.8f;  // 0 = greedy
-  int64_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // 1 = off
+  float temperature = 0.8f;        // 0 = greedy
+  int64_t top_k = 0;               // 0 = off
+  float top_p = 1.0f;              // 1 = off
+  float repetition_penalty = 1.0f; // 1 = off; transformers' RepetitionPenaltyLogitsProcessor
   uint64_t seed = 0;
+};
+
+// One request of a batch: a tokenized prompt and how to continue it.
+struct Request {
+  std::vector<int32_t> prompt;
+  SamplingOptions opt;
+};
+
+enum class FinishReason { Stop, Length };
+inline const char* finish_reason_name(FinishReason r) { return r == FinishReason::Stop ? "stop" : "length"; }
+
+struct Completion {
+  std::vector<int32_t> tokens;  // new tokens, without the stop token that ended them
+  FinishReason finish = FinishReason::Length;
+  double prefill_seconds = 0.0;  // this request's prefill
+  double decode_seconds = 0.0;   // wall time of the decode steps (and sampling) it took part in
 };
 
 class Generator {
  public:
-  Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len);
+  // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
+  Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1);
 
-  // Runs `tokens` through the model after what is cached (prefill or one decode step) and returns
-  // the logits of the last position, [vocab].
-  std::vector<float> forward(const std::vector<int32_t>& tokens);
-  // Logits of every position of `tokens` from an empty cache, [T, vocab] (for tests).
+  int64_t max_len() const { return max_len_; }
+  int64_t max_batch() const { return int64_t(slots_.size()); }
+
+  // ---- the running batch ------------------------------------------------------------------------
+  // A free slot, or -1 when all max_batch are in use.
+  int acquire();
+  // Frees a slot (its sequence leaves the batch; its cache is reused by the next one).
+  void release(int slot);
+  int64_t length(int slot) const { return slots_[size_t(slot)].length; }
+  // Appends tokens[b] to the sequence in slots[b] (B distinct slots, each given tokens.size() / B
+  // tokens: a prefill of one sequence, or one decode step of many) and returns the logits of each
+  // sequence's last new position, [B, vocab].
+  std::vector<float> forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
+
+  // ---- one sequence in slot 0 (tests, scoring) -----------------------------------------------------
+  // Runs `tokens` through the model after what slot 0 holds and returns the last logits, [vocab].
+  std::vector<float> forward(const std::vector<int32_t>& tokens) { return forward(std::vector<int>{0}, tokens); }
+  // Logits of every position of `tokens` from an empty slot 0, [T, vocab].
   std::vector<float> forward_all(const std::vector<int32_t>& tokens);
-  void reset() { length_ = 0; }
-  int64_t length() const { return length_; }
+  void reset() { slots_[0].length = 0; }
+  int64_t length() const { return slots_[0].length; }
 
-  // Prompt in, new tokens out; stops at any of `stop_ids`, at max_new_tokens or at max_len.
-  // on_token (optional) sees each new token as it is produced (for streaming output).
+  // ---- scheduling -------------------------------------------------------------------------------
+  // on_token(request, token) sees each new token of a request as it is produced (streaming, stop
+  // strings); returning true ends that request with FinishReason::Stop, the token kept.
+  using TokenHook = std::function<bool(size_t request, int32_t token)>;
+  // Runs every request to completion, at most max_batch at a time: a request enters the batch (its
+  // prefill) as soon as a slot is free, and leaves it when it stops (one of stop_ids, the hook),
+  // reaches its max_new_tokens or max_len. Each request's tokens depend only on its own prompt and
+  // options: sampling draws from the counter-based RNG at (its seed, its own step), so the batch
+  // it shares changes nothing (at temperature 0 the result is token for token the one-at-a-time one).
+  std::vector<Completion> run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
+                              const TokenHook& on_token = {});
+
+  // One prompt: run() with a batch of one. on_token (optional) sees each new token.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
                                 const std::vector<int32_t>& stop_ids,
                                 const std::function<void(int32_t)>& on_token = {});
 
  private:
-  std::vector<float> run(const std::vector<int32_t>& tokens, bool all_logits);
+  struct Slot {
+    bool used = false;
+    int64_t length = 0;                       // positions cached
+    std::vector<OwnedTensor> k_cache, v_cache;  // per layer [max_len, Hkv * Dh] f32; empty until first used
+  };
+  // The forward of `slots`, each with Tq = tokens.size() / slots.size() new tokens; logits of the
+  // last new row of each ([B, V]) or, with all_logits, of every new row ([B * Tq, V]).
+  std::vector<float> run_rows(const std::vector<int>& slots, const std::vector<int32_t>& tokens, bool all_logits);
 
   ModelConfig cfg_;
   model::LlamaWeights w_;
   int64_t max_len_;
-  int64_t length_ = 0;
   std::vector<float> inv_freq_;
-  std::vector<OwnedTensor> k_cache_, v_cache_;
+  std::vector<Slot> slots_;
 };
+
+// transformers' RepetitionPenaltyLogitsProcessor: for every distinct token of `seen` (prompt and
+// tokens generated so far), a positive logit is divided by `penalty`, a negative one multiplied.
+void apply_repetition_penalty(std::vector<float>& logits, const std::vector<int32_t>& seen, float penalty);
 
 // Picks a token from logits: greedy at temperature 0, else softmax(logits / temperature)
 // restricted to the top_k largest and the smallest set whose mass reaches top_p, sampled with
-// the counter-based RNG at (seed, "sample", step).
+// the counter-based RNG at (seed, "sample", step). (The repetition penalty is applied before, by
+// the caller, which knows the sequence.)
 int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, uint64_t step);
 
 }  // namespace shardlm::infer

@@ -172,9 +172,9 @@ void lora_forward(const ModelConfig& c, const LayerWeights& w, int m, const Tens
 }  // namespace
 
 void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const BlockActivations& a,
-                           const Tensor& k_all, const Tensor& v_all, const Tensor& positions,
-                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk,
-                           const Tensor& out, int64_t layer, const LoraDropout& drop) {
+                           const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
+                           const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer,
+                           const LoraDropout& drop) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   using M = LoraModule;
@@ -189,8 +189,28 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
   ops::rope_forward(q4, q4, positions, inv_freq);
   ops::rope_forward(k4, k4, positions, inv_freq);
-  ops::attention_forward(a.att.reshape({B, Tq, H, Dh}), a.lse, q4, k_all.reshape({B, Tk, Hkv, Dh}),
-                         v_all.reshape({B, Tk, Hkv, Dh}), segment_ids, 1.0f / std::sqrt(float(Dh)));
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  if (kv.k_seq.empty()) {
+    ops::attention_forward(a.att.reshape({B, Tq, H, Dh}), a.lse, q4, kv.k_all.reshape({B, kv.Tk, Hkv, Dh}),
+                           kv.v_all.reshape({B, kv.Tk, Hkv, Dh}), segment_ids, scale);
+  } else {
+    SHARDLM_CHECK(int64_t(kv.k_seq.size()) == B && int64_t(kv.v_seq.size()) == B && !segment_ids.defined(),
+                  "per-sequence keys and values: {} caches for {} sequences", kv.k_seq.size(), B);
+    const Tensor lse = a.lse.reshape({B, H * Tq});  // [B, H, Tq]: sequence b's slice is row b
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t Tk = kv.k_seq[size_t(b)].shape[0];
+      SHARDLM_CHECK(Tk >= Tq, "sequence {}: a cache of {} rows for {} new tokens", b, Tk, Tq);
+      // Sequence b's new keys and values go to the end of its cache; its queries sit at
+      // positions Tk - Tq .. Tk - 1 (attention's convention), which read the cache causally.
+      copy(kv.k_seq[size_t(b)].slice(Tk - Tq, Tk), a.k.slice(b * Tq, (b + 1) * Tq));
+      copy(kv.v_seq[size_t(b)].slice(Tk - Tq, Tk), a.v.slice(b * Tq, (b + 1) * Tq));
+      ops::attention_forward(a.att.slice(b * Tq, (b + 1) * Tq).reshape({1, Tq, H, Dh}),
+                             lse.slice(b, b + 1).reshape({1, H, Tq}),
+                             a.q.slice(b * Tq, (b + 1) * Tq).reshape({1, Tq, H, Dh}),
+                             kv.k_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}),
+                             kv.v_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}), Tensor{}, scale);
+    }
+  }
   // h1 = x_in + o_proj(att): start from the residual and let the matmul accumulate onto it.
   copy(a.h1, a.x_in);
   ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, 1.0f);
@@ -414,8 +434,9 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   // The block's output is the next block's input (or the final hidden state).
   Tensor out;
   if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
-  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, a.k, a.v, arena_->v_positions, seg, inv_freq_t_, B_, T_,
-                        T_, out, layer, {batch_.dropout_key, arena_->v_drop_x});
+  const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
+  decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, kv, arena_->v_positions, seg, inv_freq_t_, B_, T_, out,
+                        layer, {batch_.dropout_key, arena_->v_drop_x});
 }
 
 void LlamaCompute::set_checkpointing(int every) {

@@ -272,16 +272,31 @@ struct LoraDropout {
   Tensor scratch;
 };
 
+// The keys and values attention reads in decoder_block_forward, in one of two layouts.
+//  Shared (training; k_seq empty): k_all / v_all [B, Tk, Hkv, Dh] hold every sequence's keys and
+//    values; the block writes its new rows into a.k / a.v, which the caller makes the last Tq
+//    positions of k_all / v_all (in training they are the same tensors and Tk == Tq).
+//  Per sequence (generation, B sequences of different lengths in one batch): k_seq[b] / v_seq[b]
+//    are views of sequence b's KV cache up to and including its Tq new positions, [Tk_b, Hkv*Dh]
+//    with Tk_b >= Tq. The block computes the new keys and values of all B*Tq rows into a.k / a.v
+//    (scratch) with one matmul each, copies sequence b's Tq rows into the last Tq rows of its
+//    cache, and runs attention per sequence: its Tq queries against its own Tk_b keys. Everything
+//    else in the block (norms, projections, MLP) is one [B*Tq, *] computation for the batch.
+struct AttentionKv {
+  Tensor k_all, v_all;
+  int64_t Tk = 0;  // shared layout: the key length
+  std::vector<Tensor> k_seq, v_seq;
+};
+
 // The forward of one decoder block on rows x_in (B*Tq rows), writing into `a` (whose tensors
 // must already be sized) and, when `out` is defined, the block's output out = h1 + down(act)
-// [B*Tq, D] (a recomputing backward leaves it undefined). k_all / v_all are the keys and values
-// attention reads ([B, Tk, Hkv, Dh]); the new rows' keys and values are written into a.k / a.v
-// first, which for training are k_all / v_all themselves and for generation the tail of a KV cache.
+// [B*Tq, D] (a recomputing backward leaves it undefined). `kv` says where attention reads keys and
+// values (above); positions [B, Tq] are the new rows' positions (RoPE).
 // Adapters bound in `w` (w.lora_a) are applied as PEFT does, their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.
 void decoder_block_forward(const ModelConfig& cfg, const LayerWeights& w, const BlockActivations& a,
-                           const Tensor& k_all, const Tensor& v_all, const Tensor& positions,
-                           const Tensor& segment_ids, const Tensor& inv_freq, int64_t B, int64_t Tq, int64_t Tk,
-                           const Tensor& out, int64_t layer = 0, const LoraDropout& dropout = {});
+                           const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
+                           const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer = 0,
+                           const LoraDropout& dropout = {});
 
 }  // namespace shardlm::model

@@ -67,7 +67,7 @@ std::vector<ConfigField<DataConfig>> data_fields() {
     table.push_back(std::move(f));
   for (ConfigField<DataConfig> f : {
            F::field("train_on_input", &DataConfig::train_on_input, "alpaca/chat: keep the prompt in the loss"),
-           F::field("chat_format", &DataConfig::chat_format, "chat: auto, llama3 or llama2"),
+           F::field("chat_format", &DataConfig::chat_format, "chat: auto, llama3, llama2, chatml or mistral"),
            F::field("packing", &DataConfig::packing, "pack several examples per row"),
            F::field("on_bad_row", &DataConfig::on_bad_row, "alpaca/chat: fail or skip on a bad record"),
            F::field("digits", &DataConfig::digits, "builtin:addition: operand digits"),

@@ -255,7 +255,9 @@ Inputs load_inputs(const TrainConfig& c) {
     throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
                             in.tok->vocab_size(), in.model.vocab_size),
                 {.file = c.model + "/config.json", .key = "vocab_size"});
-  in.data = data::load_run_data(c.data, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
+  data::DataConfig dc = c.data;
+  dc.chat_template = data::read_chat_template(c.model);
+  in.data = data::load_run_data(dc, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
   in.T = in.data.seq_len;
   in.B = c.micro_batch_size;
   check_row_length(c, in.model, in.T);

@@ -130,6 +130,7 @@ d_badtok=$(bad badtok "$ml"); head -c 4096 /dev/urandom > "$d_badtok/tokenizer.m
 
 # Datasets.
 printf '[{"instruction": "a", "output": "b"},\n {"instruction": "c", "output": \n' > "$fx/malformed.json"
+printf '{"prompt": "a"}\n{"prompt": "b", "temperature": -1}\n' > "$fx/prompts_bad.jsonl"
 printf '{"instruction": "a", "input": "", "output": "b"}\n{"instruction": "c", "input": ""}\n{"instruction": "e", "output": "f"}\n' > "$fx/nooutput.jsonl"
 printf '[]\n' > "$fx/empty.json"
 "$py" -c "import struct; open('$fx/ids.bin','wb').write(struct.pack('<64H', *([5]*40 + [600] + [7]*23)))"
@@ -258,6 +259,10 @@ row cli_init_bad_preset     "llama9"                                            
 row cli_init_bad_set        "--set.*frobs|frobs"                                       S init --preset tiny --out "$work/newinit" --set frobs=1
 row cli_convert_bad_dtype           "--dtype.*int3"                                       S convert "$ck" --out "$work/conv" --dtype int3
 row cli_generate_bad_topp           "--top-p"                                                  S generate --model "$m" --prompt hi --top-p 2
+row generate_prompts_missing        "no_such_prompts\.txt"                                      S generate --model "$m" --prompts "$work/no_such_prompts.txt"
+row generate_prompts_bad_row        "prompts_bad\.jsonl:2: key 'temperature'"                   S generate --model "$m" --prompts "$fx/prompts_bad.jsonl"
+row generate_chat_format            "--chat-format.*vicuna"                                    S generate --model "$m" --prompt hi --chat --chat-format vicuna
+row generate_prompt_and_prompts     "--prompt.*--prompts"                                      S generate --model "$m" --prompt hi --prompts "$fx/prompts_bad.jsonl"
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
 row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
 row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16

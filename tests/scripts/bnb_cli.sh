@@ -14,7 +14,8 @@
 #     bitsandbytes dequantizes it, against a dense directory holding that dequantization (f32):
 #     merge (default dtype: the quant_state's bf16) passes check-merged, merge_on_save writes the
 #     same plain model, and `generate` (with and without --adapter) prints what it prints from the
-#     dense directory and from the merged f32 model.
+#     dense directory and from the merged f32 model, one prompt or a batch; `generate --load-in-4bit`
+#     on the bf16 base generates what the bitsandbytes directory does.
 # Usage: bnb_cli.sh SHARDLM PYTHON SOURCE_DIR DATA_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -139,5 +140,24 @@ cmp -s "$work/gen_bnb.txt" "$work/gen_dense.txt" || fail "generate on the bitsan
 gen --model "$work/bnb_dq" --adapter "$adapter" > "$work/gen_bnb_adapter.txt"
 gen --model "$work/merged_f32" > "$work/gen_merged.txt"
 cmp -s "$work/gen_bnb_adapter.txt" "$work/gen_merged.txt" || fail "generate --adapter on the bitsandbytes directory and the merged model differ"
+# Batched, with the adapter: the bitsandbytes base gives what its dense dequantization gives.
+printf 'Give three tips\nWhat is a llama?\n' > "$work/prompts.txt"
+for b in bnb_dq dense_dq; do
+  "$shardlm" generate --model "$work/$b" --adapter "$adapter" --prompts "$work/prompts.txt" --batch-size 2 \
+    --max-new-tokens 12 --temperature 0 2>/dev/null | "$py" -c 'import json,sys; [print(json.dumps(json.loads(l)["text"])) for l in sys.stdin]' \
+    > "$work/batch_$b.txt"
+done
+cmp -s "$work/batch_bnb_dq.txt" "$work/batch_dense_dq.txt" || fail "generate --prompts --adapter on the bitsandbytes directory and on its dequantization differ"
+[[ $(wc -l < "$work/batch_bnb_dq.txt") -eq 2 ]] || fail "generate --prompts did not give 2 results"
+# --load-in-4bit on the bf16 base (what bnb_dq was quantized from) quantizes as bitsandbytes did:
+# it generates what the bitsandbytes directory generates, and not what the dense base does.
+"$shardlm" init --preset tiny --out "$work/base_bf16" --set vocab_size=32000 --set max_position_embeddings=512 \
+  --set initializer_range=0.1 --dtype bf16 >/dev/null
+cp "$data/llama2_tokenizer.model" "$work/base_bf16/tokenizer.model"
+gen --model "$work/base_bf16" --load-in-4bit > "$work/gen_4bit.txt"
+gen --model "$work/base_bf16" > "$work/gen_bf16.txt"
+cmp -s "$work/gen_4bit.txt" "$work/gen_bnb.txt" || fail "generate --load-in-4bit differs from generate on the bitsandbytes directory"
+cmp -s "$work/gen_bf16.txt" "$work/gen_bnb.txt" && fail "the NF4 round trip does not change generation (vacuous test)"
+echo "generate --load-in-4bit on the bf16 base == generate on the bitsandbytes directory"
 echo "generate on bnb == dense: $(od -c "$work/gen_bnb.txt" | head -1 | tr -s ' ')"
 echo "OK"

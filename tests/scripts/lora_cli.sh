@@ -98,6 +98,21 @@ grep -q "merged in memory (14 weights, rank 16, scale 2)" "$work/gen_adapter.err
 cmp -s "$work/gen_adapter.txt" "$work/gen_merged.txt" || fail "generate --adapter and generate on the merged model differ"
 cmp -s "$work/gen_adapter.txt" "$work/gen_base.txt" && fail "the adapter does not change generation (vacuous test)"
 echo "generate --adapter == generate on the merged model: $(tr '\n' ' ' < "$work/gen_adapter.txt")"
+# Batched: --prompts with the adapter gives each prompt the merged model's text (docs/generation.md).
+printf 'Below is an instruction\nGive three tips\n' > "$work/prompts.txt"
+"$shardlm" generate --model "$base" --adapter "$work/full/adapter" --prompts "$work/prompts.txt" --batch-size 2 \
+  --max-new-tokens 12 --temperature 0 > "$work/gen_batch.jsonl" 2>/dev/null
+"$shardlm" generate --model "$work/merged_f32" --prompt "Give three tips" --max-new-tokens 12 --temperature 0 \
+  > "$work/gen_merged2.txt" 2>/dev/null
+"$py" - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{w}/gen_batch.jsonl")]
+for r, f in zip(rows, ["gen_merged.txt", "gen_merged2.txt"]):
+    alone = open(f"{w}/{f}", "rb").read().decode("utf-8", "replace")
+    assert r["text"] == alone[len(r["prompt"]):-1], (r, alone)
+print("generate --adapter --prompts (batch of 2) == generate on the merged model, prompt by prompt")
+PY
 
 # ---- C. merge_on_save against shardlm merge (save_dtype f32, so --dtype f32) ----
 for f in model.safetensors config.json generation_config.json tokenizer.model; do

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# `shardlm generate --prompts` (batched generation, docs/generation.md):
+#  1. a .txt file of prompts of different lengths, batched 2 at a time at temperature 0, gives
+#     each prompt exactly the text `generate --prompt` gives it alone;
+#  2. JSONL rows with per-request options: sampled rows give the same text in a batch as alone
+#     (their RNG is keyed by their own seed and step); --stop cuts the text and says "stop";
+#     max_new_tokens says "length"; every field of the output is there;
+#  3. --chat renders the prompt in the chat format (the JSON "prompt" shows the rendering);
+#  4. bad rows fail in one line naming FILE:LINE and the field, with a non-zero exit;
+#  5. --load-in-4bit generates from the NF4 round trip of the weights and says so.
+# Usage: generate_batch_cli.sh SHARDLM PYTHON WORKDIR
+set -euo pipefail
+shardlm=$1
+py=$2
+work=$3
+rm -rf "$work" && mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$shardlm" init --preset tiny --set max_position_embeddings=96 --seed 1 --out "$work/m" >/dev/null
+m=$work/m
+
+# ---- 1. batched greedy == one at a time ----
+printf 'hello\n\nthe quick brown fox\n12+34=\nx\n' > "$work/p.txt"
+"$shardlm" generate --model "$m" --prompts "$work/p.txt" --batch-size 2 --max-new-tokens 12 --temperature 0 \
+  --output "$work/batch.jsonl" 2> "$work/batch.err" || fail "generate --prompts failed: $(cat "$work/batch.err")"
+[[ $(wc -l < "$work/batch.jsonl") -eq 4 ]] || fail "expected 4 result lines (blank lines skipped), got $(wc -l < "$work/batch.jsonl")"
+i=0
+while IFS= read -r p; do
+  [[ -z "$p" ]] && continue
+  "$shardlm" generate --model "$m" --prompt "$p" --max-new-tokens 12 --temperature 0 > "$work/alone_$i.txt" 2>/dev/null
+  i=$((i + 1))
+done < "$work/p.txt"
+"$py" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{work}/batch.jsonl")]
+for i, r in enumerate(rows):
+    assert r["index"] == i, r
+    for k in ("prompt", "text", "prompt_tokens", "completion_tokens", "finish_reason", "prefill_seconds", "decode_seconds"):
+        assert k in r, (k, r)
+    alone = open(f"{work}/alone_{i}.txt", "rb").read().decode("utf-8", "replace")
+    want = alone[len(r["prompt"]):-1]  # generate --prompt prints prompt + completion + "\n"
+    assert r["text"] == want, f"request {i}: batched {r['text']!r} != alone {want!r}"
+    assert r["finish_reason"] in ("stop", "length"), r
+print(f"1. {len(rows)} batched completions equal their one-at-a-time runs")
+PY
+
+# ---- 2. per-request options, sampling, stop ----
+cat > "$work/r.jsonl" <<'EOF'
+{"prompt": "hello", "temperature": 1.0, "top_k": 20, "seed": 11, "max_new_tokens": 10}
+{"prompt": "a much longer prompt than the others", "temperature": 0.7, "top_p": 0.9, "seed": 5, "repetition_penalty": 1.3, "max_new_tokens": 6}
+{"prompt": "the quick brown fox", "temperature": 0, "max_new_tokens": 3}
+EOF
+"$shardlm" generate --model "$m" --prompts "$work/r.jsonl" --batch-size 3 > "$work/r_batch.jsonl" 2>/dev/null
+for k in 1 2 3; do
+  sed -n "${k}p" "$work/r.jsonl" > "$work/r$k.jsonl"
+  "$shardlm" generate --model "$m" --prompts "$work/r$k.jsonl" > "$work/r_alone$k.jsonl" 2>/dev/null
+done
+"$py" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+batch = [json.loads(l) for l in open(f"{work}/r_batch.jsonl")]
+for k in range(3):
+    alone = json.loads(open(f"{work}/r_alone{k + 1}.jsonl").read())
+    assert batch[k]["text"] == alone["text"], f"request {k}: in a batch {batch[k]['text']!r}, alone {alone['text']!r}"
+    assert batch[k]["completion_tokens"] == alone["completion_tokens"]
+assert batch[2]["completion_tokens"] == 3 and batch[2]["finish_reason"] == "length", batch[2]
+print("2. sampled requests give the same text in a batch of 3 as alone")
+PY
+# --stop: an ASCII character of a free greedy run's text (random weights: mostly other bytes) ends
+# the completion just before it.
+"$shardlm" generate --model "$m" --prompt "the quick brown fox" --prompts /dev/null 2>/dev/null && fail "--prompt with --prompts accepted"
+printf 'the quick brown fox\n' > "$work/fox.txt"
+"$shardlm" generate --model "$m" --prompts "$work/fox.txt" --max-new-tokens 60 --temperature 0 > "$work/free.jsonl" 2>/dev/null
+stop=$("$py" -c 'import json,sys; t=json.load(open(sys.argv[1]))["text"]; print(next((c for c in t if c.isascii() and c.isalnum()), ""))' "$work/free.jsonl")
+if [[ -n "$stop" ]]; then
+  "$shardlm" generate --model "$m" --prompts "$work/fox.txt" --max-new-tokens 60 --temperature 0 --stop "$stop" \
+    > "$work/stopped.jsonl" 2>/dev/null
+  "$py" - "$work" "$stop" <<'PY'
+import json, sys
+free = json.loads(open(f"{sys.argv[1]}/free.jsonl").read())
+r = json.loads(open(f"{sys.argv[1]}/stopped.jsonl").read())
+stop = sys.argv[2]
+assert r["finish_reason"] == "stop" and r["text"] == free["text"][: free["text"].index(stop)], (r, free)
+assert r["completion_tokens"] < free["completion_tokens"], (r, free)
+print(f"   --stop {stop!r}: text {r['text']!r}, finish_reason stop, {r['completion_tokens']} tokens")
+PY
+else
+  echo "   (no ASCII letter or digit in the free run: --stop not checked)"
+fi
+
+# ---- 3. chat ----
+printf '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_new_tokens": 2}\n' \
+  > "$work/chat.jsonl"
+"$shardlm" generate --model "$m" --prompts "$work/chat.jsonl" --chat-format llama2 > "$work/chat_out.jsonl" 2>/dev/null
+"$py" - "$work" <<'PY'
+import json, sys
+r = json.loads(open(f"{sys.argv[1]}/chat_out.jsonl").read())
+want = "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]"
+assert r["prompt"] == want, r["prompt"]
+print("3. the chat row is rendered in the llama2 format")
+PY
+
+# ---- 4. bad rows ----
+bad() {  # bad NAME CONTENT PATTERN
+  printf '%b' "$2" > "$work/$1.jsonl"
+  if "$shardlm" generate --model "$m" --prompts "$work/$1.jsonl" > /dev/null 2> "$work/$1.err"; then fail "$1 was accepted"; fi
+  [[ $(wc -l < "$work/$1.err") -eq 1 ]] || fail "$1: not one line: $(cat "$work/$1.err")"
+  grep -q -- "$3" "$work/$1.err" || fail "$1: expected '$3' in: $(cat "$work/$1.err")"
+  echo "4. $1: $(cat "$work/$1.err")"
+}
+bad bad_top_p '{"prompt": "x"}\n{"prompt": "x", "top_p": 3}\n' "bad_top_p.jsonl:2: key 'top_p'"
+bad bad_field '{"prompt": "x", "temprature": 1}\n' "bad_field.jsonl:1: key 'temprature'"
+bad bad_json '{"prompt": "x"}\n\n{"prompt": \n' "bad_json.jsonl:3: malformed JSON"
+bad bad_both '{"prompt": "x", "messages": []}\n' "bad_both.jsonl:1: key 'prompt'"
+bad bad_seed '{"prompt": "x", "seed": -1}\n' "bad_seed.jsonl:1: key 'seed'"
+bad bad_stop '{"prompt": "x", "stop": [1]}\n' "bad_stop.jsonl:1: key 'stop'"
+bad bad_role '{"messages": [{"role": "assistant", "content": "x"}]}\n' "bad_role.jsonl:1: key 'messages': .*user message"
+
+# ---- 5. --load-in-4bit ----
+"$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 4 --temperature 0 --load-in-4bit \
+  > /dev/null 2> "$work/nf4.err" || fail "--load-in-4bit failed: $(cat "$work/nf4.err")"
+grep -q "quantized to NF4 and dequantized" "$work/nf4.err" || fail "--load-in-4bit did not say what it did"
+echo "5. $(cat "$work/nf4.err")"
+echo "OK"

@@ -1,0 +1,202 @@
+// Batched generation (infer/generator.h): a decode step of several sequences of different
+// lengths computes what each computes alone, and what the training forward computes; sequences
+// stop on their own; sampling depends only on the request.
+#include <gtest/gtest.h>
+
+#include "infer/generator.h"
+#include "model/llama.h"
+#include "testing.h"
+#include "train/param_store.h"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+
+namespace {
+
+// Grouped-query attention and Qwen2's q/k/v biases, so every part of the block is exercised.
+ModelConfig gen_config() {
+  ModelConfig c = preset("tiny");
+  c.num_hidden_layers = 2;
+  c.initializer_range = 0.2;  // far from uniform attention, so tokens differ between prompts
+  c.num_key_value_heads = c.num_attention_heads / 2;
+  c.qkv_bias = true;
+  c.architecture = Architecture::Qwen2;
+  c.model_type = "qwen2";
+  return c;
+}
+
+std::vector<std::vector<int32_t>> prompts() {
+  return {{1, 40, 77, 300, 12}, {1, 9}, {1, 5, 91, 250, 3, 17, 60, 61, 62}, {1}, {1, 200, 201, 202}};
+}
+
+// Logits of every position of `tokens` by the training forward, [T, V].
+std::vector<float> training_logits(const ModelConfig& cfg, const model::LlamaWeights& w,
+                                   const std::vector<int32_t>& tokens) {
+  model::LlamaCompute m(cfg, DType::F32);
+  m.set_weights(w);
+  const int64_t T = int64_t(tokens.size());
+  std::vector<float> out(size_t(T * cfg.vocab_size));
+  model::Batch b;
+  b.B = 1;
+  b.T = T;
+  b.ids = tokens.data();
+  m.logits(b, Tensor::view(out.data(), DType::F32, {T, cfg.vocab_size}));
+  return out;
+}
+
+}  // namespace
+
+TEST(Generator, DecodeStepOfSequencesOfDifferentLengthsEqualsTheTrainingForward) {
+  const ModelConfig cfg = gen_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(3);
+  const int64_t V = cfg.vocab_size;
+  infer::Generator gen(cfg, p.compute_weights(), 16, 3);
+  // Three sequences prefilled one by one (lengths 5, 2, 9), then two decode steps of all three.
+  std::vector<std::vector<int32_t>> seqs = {prompts()[0], prompts()[1], prompts()[2]};
+  std::vector<int> slots;
+  for (const auto& s : seqs) {
+    const int slot = gen.acquire();
+    ASSERT_GE(slot, 0);
+    slots.push_back(slot);
+    const std::vector<float> last = gen.forward(std::vector<int>{slot}, s);
+    const std::vector<float> ref = training_logits(cfg, p.compute_weights(), s);
+    EXPECT_TRUE(all_close(last.data(), ref.data() + (int64_t(s.size()) - 1) * V, V, 1e-5, 1e-4, "prefill"));
+  }
+  EXPECT_EQ(gen.acquire(), -1);  // all three slots are taken
+  for (int step = 0; step < 2; ++step) {
+    std::vector<int32_t> next = {int32_t(100 + step), int32_t(7 + step), int32_t(33 * step + 2)};
+    const std::vector<float> logits = gen.forward(slots, next);  // [3, V]
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      seqs[b].push_back(next[b]);
+      EXPECT_EQ(gen.length(slots[b]), int64_t(seqs[b].size()));
+      const std::vector<float> ref = training_logits(cfg, p.compute_weights(), seqs[b]);
+      EXPECT_TRUE(all_close(logits.data() + int64_t(b) * V, ref.data() + (int64_t(seqs[b].size()) - 1) * V, V, 1e-5,
+                            1e-4, "decode step " + std::to_string(step) + " sequence " + std::to_string(b)));
+    }
+  }
+  // A sequence leaves and another joins between decode steps.
+  gen.release(slots[1]);
+  const int again = gen.acquire();
+  EXPECT_EQ(again, slots[1]);
+  EXPECT_EQ(gen.length(again), 0);
+}
+
+TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
+  const ModelConfig cfg = gen_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  std::vector<infer::Request> reqs;
+  for (size_t i = 0; i < prompts().size(); ++i) {
+    infer::SamplingOptions o;
+    o.temperature = 0;
+    o.max_new_tokens = 4 + int64_t(i) * 3;  // per-request lengths: sequences leave at different steps
+    reqs.push_back({prompts()[i], o});
+  }
+  const std::vector<int32_t> stops = {2};
+  // One at a time (a batch of one), as `generate --prompt` runs.
+  std::vector<std::vector<int32_t>> alone;
+  for (const infer::Request& r : reqs) {
+    infer::Generator g(cfg, p.compute_weights(), 40, 1);
+    alone.push_back(g.generate(r.prompt, r.opt, stops));
+  }
+  // Batches of 2 and of all: requests join as others finish (continuous batching).
+  for (int64_t batch : {2, 5}) {
+    infer::Generator g(cfg, p.compute_weights(), 40, batch);
+    const std::vector<infer::Completion> out = g.run(reqs, stops);
+    ASSERT_EQ(out.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(out[i].tokens, alone[i]) << "request " << i << " in a batch of " << batch;
+      EXPECT_GE(out[i].prefill_seconds, 0.0);
+    }
+  }
+  // And the reference: greedy decoding by the training forward over the whole sequence each step.
+  for (size_t i : {size_t(0), size_t(2)}) {
+    std::vector<int32_t> seq = reqs[i].prompt;
+    std::vector<int32_t> ref;
+    for (int64_t s = 0; s < reqs[i].opt.max_new_tokens; ++s) {
+      const std::vector<float> l = training_logits(cfg, p.compute_weights(), seq);
+      const auto last = l.begin() + (int64_t(seq.size()) - 1) * cfg.vocab_size;
+      const int32_t t = int32_t(std::max_element(last, last + cfg.vocab_size) - last);
+      if (t == 2) break;
+      ref.push_back(t);
+      seq.push_back(t);
+    }
+    EXPECT_EQ(alone[i], ref) << "request " << i;
+  }
+}
+
+TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
+  const ModelConfig cfg = gen_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(6);
+  std::vector<infer::Request> reqs;
+  for (size_t i = 0; i < prompts().size(); ++i) {
+    infer::SamplingOptions o;
+    o.temperature = 0.9f;
+    o.top_k = int64_t(i % 2) * 20;
+    o.top_p = i == 3 ? 0.8f : 1.0f;
+    o.repetition_penalty = i == 1 ? 1.3f : 1.0f;
+    o.seed = 1000 + i;
+    o.max_new_tokens = 8;
+    reqs.push_back({prompts()[i], o});
+  }
+  infer::Generator g1(cfg, p.compute_weights(), 40, 1), g3(cfg, p.compute_weights(), 40, 3);
+  const std::vector<infer::Completion> one = g1.run(reqs, {}), three = g3.run(reqs, {});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(three[i].tokens, one[i].tokens) << "request " << i;
+    EXPECT_EQ(one[i].tokens.size(), 8u);
+    EXPECT_EQ(one[i].finish, infer::FinishReason::Length);
+  }
+  // Another seed changes the output (of 8 tokens from a 512-token vocabulary).
+  reqs[0].opt.seed = 7;
+  EXPECT_NE(g1.run({reqs[0]}, {})[0].tokens, one[0].tokens);
+}
+
+TEST(Generator, EachSequenceStopsOnItsOwn) {
+  const ModelConfig cfg = gen_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  infer::SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 6;
+  std::vector<infer::Request> reqs = {{prompts()[0], greedy}, {prompts()[2], greedy}, {prompts()[4], greedy}};
+  infer::Generator g(cfg, p.compute_weights(), 40, 3);
+  const std::vector<infer::Completion> free_run = g.run(reqs, {});
+  // Stop ids: request 1's third token ends each request where it first appears (not part of the
+  // output); a request without it runs to its max_new_tokens.
+  const int32_t stop = free_run[1].tokens[2];
+  const std::vector<infer::Completion> stopped = g.run(reqs, {stop});
+  EXPECT_EQ(stopped[1].finish, infer::FinishReason::Stop);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& t = free_run[i].tokens;
+    const auto at = std::find(t.begin(), t.end(), stop);
+    EXPECT_EQ(stopped[i].tokens, std::vector<int32_t>(t.begin(), at)) << "request " << i;
+    EXPECT_EQ(stopped[i].finish, at == t.end() ? infer::FinishReason::Length : infer::FinishReason::Stop);
+  }
+  // The hook (stop strings): request 0 ends at its first token, which it keeps.
+  const std::vector<infer::Completion> hooked =
+      g.run(reqs, {}, [](size_t r, int32_t) { return r == 0; });
+  EXPECT_EQ(hooked[0].tokens.size(), 1u);
+  EXPECT_EQ(hooked[0].finish, infer::FinishReason::Stop);
+  EXPECT_EQ(hooked[2].tokens, free_run[2].tokens);
+  // max_len: a 9-token prompt in 12 positions gets 3 new tokens.
+  infer::Generator small(cfg, p.compute_weights(), 12, 2);
+  const std::vector<infer::Completion> capped = small.run(reqs, {});
+  EXPECT_EQ(capped[1].tokens, std::vector<int32_t>(free_run[1].tokens.begin(), free_run[1].tokens.begin() + 3));
+  EXPECT_EQ(capped[1].finish, infer::FinishReason::Length);
+  EXPECT_EQ(capped[0].tokens, free_run[0].tokens);
+}
+
+TEST(Generator, RepetitionPenaltyAsTransformers) {
+  // RepetitionPenaltyLogitsProcessor: score < 0 ? score * penalty : score / penalty, once per
+  // distinct token of the sequence so far.
+  std::vector<float> l = {2.0f, -1.0f, 0.5f, 3.0f};
+  infer::apply_repetition_penalty(l, {0, 1, 1, 0}, 2.0f);
+  EXPECT_EQ(l, (std::vector<float>{1.0f, -2.0f, 0.5f, 3.0f}));
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  EXPECT_EQ(infer::sample_token(l, o, 0), 3);
+  infer::apply_repetition_penalty(l, {3}, 4.0f);  // 3 -> 0.75: token 0 (1.0) is now the largest
+  EXPECT_EQ(infer::sample_token(l, o, 0), 0);
+}
