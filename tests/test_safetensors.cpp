@@ -65,7 +65,7 @@ struct TensorSet {
   template <class T>
   void add(const std::string& name, DType dtype, std::initializer_list<int64_t> shape, const std::vector<T>& values) {
     std::vector<uint8_t>& buf = storage.emplace_back(values.size() * sizeof(T) + 1);  // +1: never null
-    std::memcpy(buf.data(), values.data(), values.size() * sizeof(T));
+    if (!values.empty()) std::memcpy(buf.data(), values.data(), values.size() * sizeof(T));  // data() may be null
     Tensor t = Tensor::view(buf.data(), dtype, shape);
     EXPECT_EQ(size_t(t.numel()), values.size()) << name;
     tensors.emplace_back(name, t);

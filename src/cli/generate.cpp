@@ -132,13 +132,15 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
       check_sampling(r.s);
       static const char* known[] = {"prompt",  "messages", "max_new_tokens",     "temperature", "top_k",
                                     "top_p",   "seed",     "repetition_penalty", "stop",        "id"};
-      for (const auto& [key, value] : rec.items())
+      for (const auto& item : rec.items()) {
+        const std::string& key = item.key();
         if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
             std::end(known))
           throw Error(fmt::format("unknown field '{}' (known: prompt, messages, max_new_tokens, temperature, top_k, "
                                   "top_p, repetition_penalty, seed, stop, id)",
                                   key),
                       {.key = key});
+      }
     } catch (Error& e) {
       e.set_file(o.prompts);
       e.set_line(n);

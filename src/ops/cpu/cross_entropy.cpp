@@ -33,7 +33,10 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+  // A NaN n must not reach the int conversion (undefined behaviour; UBSan reports it): 2^0 stands
+  // in, and the NaN in p carries through the product.
+  const int32_t ni = n == n ? int32_t(n) : 0;
+  return p * std::bit_cast<float>((ni + 127) << 23);
 }
 
 // An f32 view of `t`: `t` itself, or a widened copy in `holder` (Workspace) when it is bf16.
