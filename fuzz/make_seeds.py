@@ -91,6 +91,18 @@ on_nonfinite: skip
 lora.r=4""")
 
 
+with open(os.path.join(repo, "configs", "ds_z3.json")) as f:
+    put("deepspeed_config", "ds_z3.json", f.read())
+put("deepspeed_config", "explicit.json", json.dumps({
+    "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
+    "gradient_clipping": 1.0, "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10,
+                                                        "warmup_min_ratio": 0.01, "cos_min_ratio": 0.1}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "overlap_comm": True}}, indent=1))
+
+
 # GPT-2's byte-to-unicode table: printable bytes stand for themselves, the rest shift to U+0100.
 def byte_chars():
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
