@@ -40,9 +40,15 @@ for kind in "${kinds[@]}"; do
       export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:check_initialization_order=1
       export LSAN_OPTIONS=suppressions=$PWD/scripts/sanitize/lsan.supp:print_suppressions=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-      args=("$@")
-      [[ $quick == 1 ]] && args=(-L '^unit$' "${args[@]}")
-      (cd build-asan && ctest --output-on-failure --timeout 1800 -j 2 "${args[@]}")
+      # Leaks are checked in the unit tests (one process each). The other tests start MPI ranks or
+      # the command line under mpirun, where Open MPI's plugins allocate once and are unloaded
+      # before LeakSanitizer looks, leaving reports no suppression can name: there memory errors
+      # and undefined behaviour are checked, leaks not.
+      (cd build-asan && ctest --output-on-failure --timeout 1800 -j 2 -L '^unit$' "$@")
+      if [[ $quick == 0 ]]; then
+        (cd build-asan && ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 ctest --output-on-failure --timeout 1800 -j 2 \
+          -LE '^unit$' "$@")
+      fi
       unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
       ;;
     thread)

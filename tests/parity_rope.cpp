@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,11 @@ int64_t ulp_distance(float a, float b) {
 }
 
 bool same_bits(const Host& a, const Host& b) {
-  return a.dtype == b.dtype && a.f.size() == b.f.size() && a.h.size() == b.h.size() &&
-         std::memcmp(a.f.data(), b.f.data(), a.f.size() * sizeof(float)) == 0 &&
-         std::memcmp(a.h.data(), b.h.data(), a.h.size() * sizeof(bf16_t)) == 0;
+  // (std::equal, not memcmp: an empty vector's data() may be null, which memcmp must not get)
+  auto bits = [](const auto& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  return a.dtype == b.dtype && std::ranges::equal(bits(a.f), bits(b.f)) && std::ranges::equal(bits(a.h), bits(b.h));
 }
 
 }  // namespace

@@ -10,9 +10,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_integer.h"
 #include "io/model_files.h"
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
@@ -271,23 +274,49 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
     throw Error(fmt::format("malformed metadata: {}", e.what()), {.file = meta_path});
   }
   auto bad = [&](const std::string& msg) { return Error(msg, {.file = meta_path}); };
+  // An integer field within [lo, hi] (io::json_integer: a float or out-of-range value is refused,
+  // never cast).
+  auto integer = [&](const json& obj, const char* key, int64_t lo = 0,
+                     int64_t hi = std::numeric_limits<int64_t>::max()) -> int64_t {
+    const std::optional<int64_t> v = io::json_integer(obj.at(key), lo, hi);
+    if (!v) throw bad(fmt::format("malformed metadata: '{}' must be an integer in [{}, {}], got {}", key, lo, hi,
+                                  obj.at(key).dump()));
+    return *v;
+  };
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  // A tensor's shape: sizes whose product fits int64 (StoredTensor::numel multiplies them).
+  auto shape_field = [&](const json& t) {
+    const json& js = t.at("shape");
+    std::vector<int64_t> shape;
+    int64_t numel = 1;
+    for (size_t i = 0; js.is_array() && i < js.size(); ++i) {
+      const std::optional<int64_t> v = io::json_integer(js[i], 0);
+      if (!v || __builtin_mul_overflow(numel, *v, &numel)) break;
+      shape.push_back(*v);
+    }
+    if (!js.is_array() || shape.size() != js.size())
+      throw bad(fmt::format("malformed metadata: shape {} is not a list of sizes", js.dump()));
+    return shape;
+  };
   try {
     if (meta_.value("format", "") != kFormat) throw bad("not a shardlm checkpoint (format is not shardlm-checkpoint)");
-    const int version = meta_.at("format_version").get<int>();
+    const int version = int(integer(meta_, "format_version", std::numeric_limits<int>::min(), kMaxInt));
     if (version > kFormatVersion)
       throw bad(fmt::format("written by a newer shardlm (format version {}; this build reads up to {})", version,
                             kFormatVersion));
     if (version < 1) throw bad(fmt::format("unknown format version {}", version));
-    if (meta_.at("checksum").at("block_bytes").get<uint64_t>() != kChecksumBlockBytes)
+    if (uint64_t(integer(meta_.at("checksum"), "block_bytes")) != kChecksumBlockBytes)
       throw bad("unsupported checksum block size");
-    step_ = meta_.at("step").get<int64_t>();
+    step_ = integer(meta_, "step");
     model_ = model_config_from_json(meta_.at("model"));
     if (meta_.contains("lora")) model_.lora = lora_spec_from_peft_json(meta_.at("lora"), meta_path);
     for (const json& u : meta_.at("units")) {
-      const int unit = u.at("unit").get<int>();
+      const int unit = int(integer(u, "unit", 0, kMaxInt));
       for (const json& t : u.at("tensors")) {
-        StoredTensor st{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), unit,
-                        t.at("offset").get<int64_t>()};
+        StoredTensor st{t.at("name").get<std::string>(), shape_field(t), unit, integer(t, "offset")};
+        int64_t end = 0;  // read() adds offsets and counts: they must not overflow
+        if (__builtin_add_overflow(st.offset, st.numel(), &end))
+          throw Error("malformed metadata: offset + size overflows", {.file = meta_path, .tensor = st.name});
         if (!tensor_index_.emplace(st.name, tensors_.size()).second)
           throw Error("listed twice in the metadata", {.file = meta_path, .tensor = st.name});
         tensors_.push_back(std::move(st));
@@ -298,9 +327,14 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
       file->name = f.at("file").get<std::string>();
       if (file->name.find('/') != std::string::npos) throw bad(fmt::format("file name '{}' has a '/'", file->name));
       file->path = (d / file->name).string();
-      file->bytes = f.at("bytes").get<uint64_t>();
-      for (const json& r : f.at("ranges"))
-        file->ranges.push_back({r.at("unit").get<int>(), r.at("begin").get<int64_t>(), r.at("numel").get<int64_t>()});
+      file->bytes = uint64_t(integer(f, "bytes"));
+      for (const json& r : f.at("ranges")) {
+        File::Range range{int(integer(r, "unit", 0, kMaxInt)), integer(r, "begin"), integer(r, "numel")};
+        int64_t end = 0;
+        if (__builtin_add_overflow(range.begin, range.numel, &end))
+          throw bad(fmt::format("malformed metadata: range {} + {} overflows", range.begin, range.numel));
+        file->ranges.push_back(range);
+      }
       for (const auto& [tensor, list] : f.at("crc32").items())
         file->crc[tensor] = parse_hex_list(list.get<std::string>(), meta_path, tensor);
       files_.push_back(std::move(file));

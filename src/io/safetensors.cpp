@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "io/json_integer.h"
 
 namespace shardlm::io {
 
@@ -55,15 +56,7 @@ std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape, size_t e
 }
 
 // A JSON value that is a non-negative integer fitting int64, or nullopt.
-std::optional<int64_t> non_negative_int(const json& v) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > uint64_t(std::numeric_limits<int64_t>::max())) return std::nullopt;
-    return int64_t(u);
-  }
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<int64_t>();
-  return std::nullopt;
-}
+std::optional<int64_t> non_negative_int(const json& v) { return json_integer(v, 0); }
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "data/run_data.h"
 #include "data/sampler.h"
+#include "io/json_integer.h"
 #include "io/model_files.h"
 #include "memory/estimator.h"
 #include "memory/usage.h"
@@ -134,14 +135,22 @@ std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig
 // any world size; a different global batch continues at the same row when it divides the rows read.
 int64_t resume_training_state(const ckpt::CheckpointReader& r, const TrainConfig& c, data::DistributedSampler& sampler) {
   const nlohmann::json& t = r.metadata().at("training");
+  // Counters as JSON integers (io::json_integer: a float is refused, never cast).
+  auto counter = [&](const nlohmann::json& obj, const char* key) {
+    const std::optional<int64_t> v = io::json_integer(obj.at(key), 0);
+    if (!v) throw Error(fmt::format("malformed training state: '{}' is {}", key, obj.at(key).dump()), {.file = r.dir()});
+    return *v;
+  };
+  if (!t.at("seed").is_number_integer())
+    throw Error(fmt::format("malformed training state: 'seed' is {}", t.at("seed").dump()), {.file = r.dir()});
   const uint64_t seed = t.at("seed").get<uint64_t>();
   if (seed != c.seed)
     throw Error(fmt::format("the checkpoint was trained with seed {} but this run's seed is {}: the data order would "
                             "not continue (set seed: {})",
                             seed, c.seed, seed),
                 {.file = c.source, .key = "seed"});
-  data::SamplerState next{t.at("sampler").at("epoch").get<int64_t>(), t.at("sampler").at("step").get<int64_t>()};
-  const int64_t saved_rows = t.at("rows_per_step").get<int64_t>(), rows = sampler.rows_per_step();
+  data::SamplerState next{counter(t.at("sampler"), "epoch"), counter(t.at("sampler"), "step")};
+  const int64_t saved_rows = counter(t, "rows_per_step"), rows = sampler.rows_per_step();
   if (saved_rows != rows) {
     const int64_t read = next.step * saved_rows;  // rows of the epoch already trained on
     if (read % rows != 0)
