@@ -254,8 +254,8 @@ int main(int argc, char** argv) {
                "median and best of {} rounds after {} warm-up\n",
                W, host, omp_get_max_threads(), mpi_version, date, args.model, args.layers, args.iters, args.warmup);
     fmt::print("  ms: median / best over rounds (slowest rank); GB/s: algbw / busbw of the median "
-               "(nccl-tests); ratio: shardlm median / raw median\n");
-    fmt::print("{:<14} {:<4} {:<24} {:>10} {:>10} | {:>17} {:>13} | {:>17} {:>13} | {:>17} {:>13} | {:>6} {:>6} | {}\n",
+               "(nccl-tests); /blk, /I*: shardlm's median / raw MPI's (blocking, I*+Wait); < 1 = shardlm faster\n");
+    fmt::print("{:<14} {:<4} {:<26} {:>10} {:>10} | {:>17} {:>13} | {:>17} {:>13} | {:>17} {:>13} | {:>6} {:>6} | {}\n",
                "op", "type", "message", "total", "per rank", "MPI blocking ms", "GB/s", "MPI I*+Wait ms", "GB/s",
                "shardlm ms", "GB/s", "/blk", "/I*", "check");
   }
@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
         };
         const double raw = median(variants[0].seconds), raw_i = median(variants[1].seconds),
                      sl = median(variants[2].seconds);
-        fmt::print("{:<14} {:<4} {:<24} {:>10} {:>10} | {} | {} | {} | {:6.2f} {:6.2f} | {}\n", op_name(op),
+        fmt::print("{:<14} {:<4} {:<26} {:>10} {:>10} | {} | {} | {} | {:6.2f} {:6.2f} | {}\n", op_name(op),
                    dtype_name(dt), size.label, format_bytes(int64_t(total)), format_bytes(int64_t(part.t.nbytes())),
                    cell(variants[0]), cell(variants[1]), cell(variants[2]), sl / raw, sl / raw_i,
                    bad == 0 ? "ok" : fmt::format("MISMATCH ({} elements)", bad));
