@@ -223,6 +223,7 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);  // before MPI starts: a bad option exits without it
   const std::unique_ptr<comm::Communicator> world = comm::make_world_communicator();
   const int rank = world->rank(), W = world->size();
   if (W < 2) {
@@ -230,7 +231,6 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "bench_comm: needs 2 or more MPI ranks, got {} (run: mpirun -np 2 bench_comm, or bench/comm.sh 2)\n", W);
     return 2;
   }
-  const Args args = parse_args(argc, argv);
   const std::vector<Size> sizes = message_sizes(args, rank, W);
   std::vector<DType> dtypes;
   if (args.dtype != "bf16") dtypes.push_back(DType::F32);
