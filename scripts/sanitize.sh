@@ -55,7 +55,7 @@ for kind in "${kinds[@]}"; do
       scripts/sanitize/build.sh thread shardlm_tests shardlm
       # OpenMP's runtime is not built for ThreadSanitizer, so its own synchronization would be
       # reported: one OpenMP thread leaves only the threads shardlm starts itself.
-      export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OMP_NUM_THREADS=1
+      export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1 OMP_NUM_THREADS=1
       build-tsan/tests/shardlm_tests --gtest_filter='Sampler.*' --gtest_brief=1
       # The prefetch thread inside a real training run. One process: Open MPI's progress threads
       # are not instrumented either, so multi-rank runs are left to the address pass.
