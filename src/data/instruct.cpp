@@ -220,15 +220,22 @@ ChatSeq render_llama3(const Tokenizer& tok, const std::vector<ChatMessage>& msgs
   return out;
 }
 
-ChatSeq render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
-                      bool* boundary_mismatch) {
+// The index of the first message after a leading system message (whose content goes to
+// `system`); a conversation of a system message alone has nothing to render.
+size_t split_system(const std::vector<ChatMessage>& msgs, std::string& system) {
   size_t first = 0;
-  std::string system;
   if (msgs[0].role == "system") {
     system = msgs[0].content;
     first = 1;
   }
   if (first == msgs.size()) throw Error("the conversation has only a system message");
+  return first;
+}
+
+ChatSeq render_llama2(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input,
+                      bool* boundary_mismatch) {
+  std::string system;
+  const size_t first = split_system(msgs, system);
   ChatSeq out;
   for (size_t i = first; i < msgs.size(); i += 2) {
     const size_t turn = (i - first) / 2;
@@ -283,13 +290,8 @@ ChatSeq render_chatml(const Tokenizer& tok, const std::vector<ChatMessage>& msgs
 }
 
 ChatSeq render_mistral(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool train_on_input) {
-  size_t first = 0;
   std::string system;
-  if (msgs[0].role == "system") {
-    system = msgs[0].content;
-    first = 1;
-  }
-  if (first == msgs.size()) throw Error("the conversation has only a system message");
+  const size_t first = split_system(msgs, system);
   ChatSeq out;
   out.add({tok.bos_id()}, false);
   for (size_t i = first; i < msgs.size(); ++i) {

@@ -61,6 +61,21 @@ struct ConfigState {
 
 }  // namespace detail
 
+int edit_distance(const std::string& a, const std::string& b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = int(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diag = row[0];
+    row[0] = int(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
 namespace {
 
 // An ErrorContext naming only a file (designated initializers would warn about the rest).
@@ -208,21 +223,6 @@ T to_value(const ConfigState& st, const ConfigNode& n, const std::string& key) {
       return T(d);
     }
   }
-}
-
-int edit_distance(const std::string& a, const std::string& b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = int(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diag = row[0];
-    row[0] = int(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 std::string last_component(const std::string& key) {

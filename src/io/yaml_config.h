@@ -132,4 +132,7 @@ class ConfigTree {
   std::string prefix_;
 };
 
+// Levenshtein distance (insertions, deletions, substitutions), for "did you mean" suggestions.
+int edit_distance(const std::string& a, const std::string& b);
+
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "io/yaml_config.h"
 
 namespace shardlm::train {
 
@@ -131,21 +132,6 @@ std::vector<Recipe> make_all() {
   for (const ModelRow& m : kModels)
     for (const Variant& v : variants(m.size)) out.push_back(make(m, v));
   return out;
-}
-
-int edit_distance(const std::string& a, const std::string& b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = int(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diag = row[0];
-    row[0] = int(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace
