@@ -17,13 +17,6 @@ namespace {
 
 const fs::path kData = fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / "data";
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 // Bytes plus a few special tokens (ids 259...), like a Qwen2 or Llama 3 tokenizer's added tokens.
 class StubTokenizer final : public data::Tokenizer {
  public:
@@ -108,7 +101,7 @@ TEST(ChatFormats, MistralTokensAndLossMask) {
 
 TEST(ChatFormats, Llama3GenerationPromptWithTheRealTokenizer) {
   const fs::path model = kData / "llama3_tokenizer.model";
-  if (!fs::exists(model)) GTEST_SKIP() << "shared test data not found at " << kData;
+  ASSERT_TRUE(fs::exists(model)) << "shared test data not found at " << kData;
   const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer_file(model.string());
   EXPECT_EQ(data::resolve_chat_format("auto", *tok), data::ChatFormat::Llama3);
   const std::vector<int32_t> ids = data::chat_prompt_ids(*tok, data::ChatFormat::Llama3, {{"user", "Hi"}});
@@ -121,7 +114,7 @@ TEST(ChatFormats, Llama3GenerationPromptWithTheRealTokenizer) {
 
 TEST(ChatFormats, Llama2GenerationPromptWithTheRealTokenizer) {
   const fs::path model = kData / "llama2_tokenizer.model";
-  if (!fs::exists(model)) GTEST_SKIP() << "shared test data not found at " << kData;
+  ASSERT_TRUE(fs::exists(model)) << "shared test data not found at " << kData;
   const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer_file(model.string());
   EXPECT_EQ(data::resolve_chat_format("auto", *tok), data::ChatFormat::Llama2);
   // Meta's chat_completion: BOS + encode("[INST] Hi [/INST]").
@@ -151,7 +144,8 @@ TEST(ChatFormats, FormatFromTheTemplateThenTheSpecialTokens) {
   EXPECT_EQ(data::resolve_chat_format("mistral", l3), F::Mistral);
   expect_error([&] { data::resolve_chat_format("vicuna", bytes); }, "chatml");
   // tokenizer_config.json: a string, or a list of named templates.
-  const fs::path d = fresh_dir("chat_template");
+  const TempDir tmp;  // testing.h: a fresh directory, removed afterwards
+  const fs::path d = tmp.path();
   EXPECT_EQ(data::read_chat_template(d.string()), "");
   std::ofstream(d / "tokenizer_config.json")
       << R"({"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "[INST]"}]})";
@@ -176,7 +170,8 @@ TEST(ChatFormats, DefaultSystemMessageOfAChatMLTemplate) {
   EXPECT_FALSE(data::chat_default_system("{{ '<|start_header_id|>' }}").has_value());
   // Training data in that format gets it, as apply_chat_template renders it.
   const StubTokenizer tok({"<|im_start|>", "<|im_end|>"});
-  const fs::path d = fresh_dir("chat_default_system");
+  const TempDir tmp;
+  const fs::path d = tmp.path();
   std::ofstream(d / "c.jsonl")
       << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})" << "\n";
   data::InstructOptions opt;
