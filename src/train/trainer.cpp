@@ -254,7 +254,7 @@ Inputs load_inputs(const TrainConfig& c) {
   // No tokenizer files: the byte-level fallback serves byte-sized models (shardlm init's presets
   // for experiments). For a real vocabulary its ids would mean nothing to the embedding, and the
   // run would learn garbage or find no example that fits, so say what is missing instead.
-  if (in.tok->name() == data::ByteTokenizer().name() && in.model.vocab_size >= kByteFallbackMaxVocab &&
+  if (dynamic_cast<const data::ByteTokenizer*>(in.tok.get()) && in.model.vocab_size >= kByteFallbackMaxVocab &&
       data::reads_text(c.data))
     throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
                             "ids; copy the model's tokenizer files beside its config.json",
