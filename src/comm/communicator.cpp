@@ -147,6 +147,8 @@ int local_rank_from_environment() {
 }
 
 #ifndef SHARDLM_HAVE_MPI
+CommTiming timing() { return {}; }
+
 std::unique_ptr<Communicator> make_world_communicator() {
   if (launched_by_mpi())
     throw Error("started by mpirun or srun, but this shardlm was built without MPI (install libopenmpi-dev and rebuild)");

@@ -16,6 +16,7 @@
 // the units of the ZeRO paper's communication volumes (2Ψ for DDP, 3Ψ for ZeRO-3 ...).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,6 +118,18 @@ struct Activity {
 };
 void set_activity(const Activity& a);
 std::string describe_activity();
+
+// Where communication time went, summed over this process's host communicators since start-up:
+// busy = time during which at least one collective was in flight (issue to completion), waited =
+// time the calling threads spent blocked on one. busy - waited is communication that ran behind
+// compute. Zero for the local communicator; device (NCCL) collectives are not counted.
+struct CommTiming {
+  double busy_seconds = 0.0;
+  double waited_seconds = 0.0;
+  // The share of busy time nobody waited for (0 when nothing was communicated).
+  double hidden_share() const { return busy_seconds > 0 ? std::max(0.0, 1.0 - waited_seconds / busy_seconds) : 0.0; }
+};
+CommTiming timing();
 
 // True when this process was started by mpirun/mpiexec (OpenMPI) or srun with several tasks.
 bool launched_by_mpi();

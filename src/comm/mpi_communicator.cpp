@@ -8,14 +8,19 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
-#include <thread>
+#include <condition_variable>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "comm/communicator.h"
+#include "core/timeline.h"
 #include "ops/ops.h"
 
 namespace shardlm::comm {
@@ -90,34 +95,175 @@ std::string stuck_peers() {
   return out;
 }
 
-// Waits for `req` until the collective timeout passes; then names what hung and ends the job.
-void wait_or_abort(MPI_Request& req, const char* op) {
-  const double limit = collective_timeout();
-  if (limit <= 0) {
-    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-    return;
+// ---- progress --------------------------------------------------------------------------------------
+
+// MPI moves a non-blocking collective's data only while some thread of the process is inside an
+// MPI call. A gather issued ahead of a unit's compute would otherwise sit until the compute ended
+// and the engine waited on it: nothing would overlap. So one progress thread per process (MPI is
+// initialized with MPI_THREAD_MULTIPLE) tests every collective in flight and marks each complete;
+// waits only watch that mark. It sleeps ~100 us between rounds of tests (after a short spin for
+// the small, latency-bound collectives): each test moves a large fragment over shared memory, and
+// a spinning thread would take half a core from the compute threads it is meant to hide behind.
+// Where MPI grants less than MPI_THREAD_MULTIPLE, there is no thread and the waiting thread drives
+// the same polls itself (no overlap, as before).
+using Clock = std::chrono::steady_clock;
+
+struct InFlight {
+  MPI_Request req = MPI_REQUEST_NULL;
+  const char* op = "";
+  Clock::time_point issued;
+  Clock::time_point completed;  // when a test found it complete; guarded by Progress::mu_
+  bool done = false;            // guarded by Progress::mu_
+};
+
+class Progress {
+ public:
+  // Starts the thread (MPI initialized with MPI_THREAD_MULTIPLE).
+  void start() { thread_ = std::thread([this] { run(); }); }
+  // Stops the thread before MPI_Finalize (every collective has been waited on by then).
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    thread_.join();
   }
-  using Clock = std::chrono::steady_clock;
+  bool threaded() const { return thread_.joinable(); }
+
+  std::shared_ptr<InFlight> add(MPI_Request req, const char* op) {
+    auto f = std::make_shared<InFlight>();
+    f->req = req;
+    f->op = op;
+    f->issued = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      if (active_.empty()) busy_since_ = f->issued;
+      active_.push_back(f);
+    }
+    work_.notify_one();
+    return f;
+  }
+
+  // Waits up to `slice` for `f` to complete; true when it has. Without the thread, this thread
+  // tests the collectives itself.
+  bool wait_for(const InFlight& f, std::chrono::microseconds slice) {
+    if (!threaded()) {
+      const auto until = Clock::now() + slice;
+      do {
+        poll_round();
+        std::lock_guard lock(mu_);
+        if (f.done) return true;
+      } while (Clock::now() < until);
+      return false;
+    }
+    std::unique_lock lock(mu_);
+    return done_.wait_for(lock, slice, [&] { return f.done; });
+  }
+
+  // A wait on `f` that began at `begin` has returned: counts the time from `begin` to the
+  // collective's completion (the waiter's wake-up latency is not communication), so waits always lie
+  // within busy time.
+  void add_waited(const InFlight& f, Clock::time_point begin) {
+    std::lock_guard lock(mu_);
+    timing_.waited_seconds += std::max(0.0, std::chrono::duration<double>(f.completed - begin).count());
+  }
+  CommTiming timing() {
+    std::lock_guard lock(mu_);
+    CommTiming t = timing_;
+    if (!active_.empty()) t.busy_seconds += std::chrono::duration<double>(Clock::now() - busy_since_).count();
+    return t;
+  }
+
+ private:
+  // Tests every collective in flight once; returns how many completed.
+  int poll_round() {
+    std::vector<std::shared_ptr<InFlight>> snapshot;
+    {
+      std::lock_guard lock(mu_);
+      snapshot = active_;
+    }
+    std::vector<InFlight*> finished;
+    for (const auto& f : snapshot) {
+      int flag = 0;
+      check(MPI_Test(&f->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (flag) finished.push_back(f.get());
+    }
+    if (finished.empty()) return 0;
+    const auto now = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      for (InFlight* f : finished) {
+        f->done = true;
+        f->completed = now;
+        timeline::record(f->op, "comm", timeline::kCommTrack, f->issued, now);
+      }
+      std::erase_if(active_, [](const auto& f) { return f->done; });
+      if (active_.empty()) timing_.busy_seconds += std::chrono::duration<double>(now - busy_since_).count();
+    }
+    done_.notify_all();
+    return int(finished.size());
+  }
+
+  void run() {
+    auto spin_until = Clock::now();
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        if (active_.empty()) {
+          work_.wait(lock, [&] { return stopping_ || !active_.empty(); });
+          spin_until = Clock::now() + std::chrono::microseconds(500);
+        }
+        if (stopping_ && active_.empty()) return;
+      }
+      try {
+        poll_round();
+      } catch (const Error& e) {
+        std::fprintf(stderr, "shardlm: error: rank %d: %s\n", g_world_rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::_Exit(1);
+      }
+      if (Clock::now() > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::vector<std::shared_ptr<InFlight>> active_;
+  bool stopping_ = false;
+  Clock::time_point busy_since_;
+  CommTiming timing_;
+  std::thread thread_;
+};
+
+// Never destroyed: a rank that exits without finalizing MPI must not join (or terminate on) the
+// thread during static destruction.
+Progress& g_progress = *new Progress;
+
+// Waits for a collective until the collective timeout passes; then names what hung and ends the job.
+void wait_or_abort(const InFlight& f) {
+  const double limit = collective_timeout();
   const auto t0 = Clock::now();
   auto last = t0;
   double suspended = 0;  // seconds this process itself did not run (it was stopped, then continued)
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return;
-    if ((polls & 63) != 0) continue;
+  const auto begin = t0;
+  for (;;) {
+    // Short slices first (most collectives complete within a few ms), then 100 ms ones: the
+    // watchdog only needs to look now and then.
+    const double waited_so_far = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto slice = waited_so_far < 0.02 ? std::chrono::microseconds(100) : std::chrono::microseconds(100000);
+    if (g_progress.wait_for(f, slice)) break;
     const auto now = Clock::now();
     const double gap = std::chrono::duration<double>(now - last).count();
-    if (gap > 1.0) suspended += gap;  // polls are ~100 us apart: a gap of seconds is our own stop
+    if (gap > 1.0) suspended += gap;  // slices are at most 0.1 s apart: a gap of seconds is our own stop
     last = now;
     const double waited = std::chrono::duration<double>(now - t0).count();
-    // Spin for the first 20 ms, as MPI_Wait would (collectives usually complete within that, and
-    // sleeping would add its latency to every one); past that, poll every 100 us.
-    if (waited > 0.02) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    if (waited < limit) continue;
+    if (limit <= 0 || waited < limit) continue;
     if (suspended > 0.5 * waited) {
       std::fprintf(stderr, "shardlm: error: rank %d: this rank was stopped for %.0f s in %s (%s); ending the job\n",
-                   g_world_rank, suspended, op, describe_activity().c_str());
+                   g_world_rank, suspended, f.op, describe_activity().c_str());
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
@@ -126,7 +272,7 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     std::fprintf(stderr,
                  "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
                  "job\n",
-                 g_world_rank, op, describe_activity().c_str(), limit,
+                 g_world_rank, f.op, describe_activity().c_str(), limit,
                  stuck.empty() ? "no rank on this node is stopped or gone (a rank on another node may be, or one is "
                                  "slower than the timeout)"
                                : stuck.c_str());
@@ -137,6 +283,8 @@ void wait_or_abort(MPI_Request& req, const char* op) {
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
   }
+  g_progress.add_waited(f, begin);
+  if (timeline::recording()) timeline::record(fmt::format("wait: {}", f.op), "wait", timeline::kMainTrack, begin, Clock::now());
 }
 
 MPI_Datatype mpi_type(DType d) { return d == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
@@ -144,7 +292,8 @@ MPI_Op mpi_sum(DType d) { return d == DType::F32 ? MPI_SUM : g_bf16_sum; }
 
 class MpiRequest final : public Request {
  public:
-  MpiRequest(MPI_Request r, const char* op, std::function<void()> after) : req_(r), op_(op), after_(std::move(after)) {}
+  MpiRequest(MPI_Request r, const char* op, std::function<void()> after)
+      : flight_(g_progress.add(r, op)), after_(std::move(after)) {}
   ~MpiRequest() override {
     if (!done_) {
       try {
@@ -156,13 +305,12 @@ class MpiRequest final : public Request {
   void wait() override {
     if (done_) return;
     done_ = true;
-    wait_or_abort(req_, op_);
+    wait_or_abort(*flight_);
     if (after_) after_();
   }
 
  private:
-  MPI_Request req_;
-  const char* op_;
+  std::shared_ptr<InFlight> flight_;
   std::function<void()> after_;
   bool done_ = false;
 };
@@ -180,6 +328,7 @@ class MpiCommunicator final : public Communicator {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (!finalized) {
+        g_progress.stop();
         if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
         MPI_Finalize();
       }
@@ -222,7 +371,7 @@ class MpiCommunicator final : public Communicator {
     double out = 0.0;
     MPI_Request r;
     check(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
-    wait_or_abort(r, "all-reduce of a scalar");
+    wait_or_abort(*g_progress.add(r, "all-reduce of a scalar"));
     return out;
   }
 
@@ -241,7 +390,7 @@ class MpiCommunicator final : public Communicator {
   void barrier() override {
     MPI_Request r;
     check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
-    wait_or_abort(r, "barrier");
+    wait_or_abort(*g_progress.add(r, "barrier"));
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -266,7 +415,7 @@ class MpiCommunicator final : public Communicator {
   void bcast(void* data, size_t n, int root) {
     MPI_Request r;
     check(MPI_Ibcast(data, int(n), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
-    wait_or_abort(r, "broadcast");
+    wait_or_abort(*g_progress.add(r, "broadcast"));
   }
   std::function<void()> averager(const Tensor& t, ReduceOp op) const {
     if (op != ReduceOp::Avg || size_ == 1) return nullptr;
@@ -280,16 +429,24 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+CommTiming timing() { return g_progress.timing(); }
+
 std::unique_ptr<Communicator> make_world_communicator() {
   if (!launched_by_mpi()) return make_local_communicator();
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    // FUNNELED: only the main thread calls MPI (data prefetch threads never do).
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    // MULTIPLE: the progress thread tests collectives while the main thread issues others.
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     g_we_initialized = true;
   }
+  int level = 0;
+  MPI_Query_thread(&level);
+  // SHARDLM_PROGRESS_THREAD=0 leaves progress to the waits (no overlap): for measuring the thread.
+  const char* want = std::getenv("SHARDLM_PROGRESS_THREAD");
+  const bool wanted = !want || std::string(want) != "0";
+  if (level == MPI_THREAD_MULTIPLE && wanted && !g_progress.threaded()) g_progress.start();
   if (g_bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&bf16_sum, 1, &g_bf16_sum), "MPI_Op_create");
   // Errors come back as return codes (turned into shardlm Errors) instead of aborting inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/device.h"
+#include "core/timeline.h"
 #include "io/model_files.h"
 #include "model/nf4_loader.h"
 
@@ -80,32 +81,16 @@ struct Arith {
   double sum_squares(const Tensor& t) const { return dry ? 0.0 : ops::sum_squares(t); }
 };
 
-using Staging = std::function<FlatBuffer(DType, int64_t)>;
-
-// Every rank's gradient sum, in place in `full` (f32), communicated in `wire` dtype.
-void all_reduce_sum(comm::Communicator& group, const Tensor& full, DType wire, const Staging& staging, const Arith& a) {
-  if (wire == DType::F32) {
-    group.all_reduce(full, comm::ReduceOp::Sum);
-    return;
+// "forward layer 3" / "head" ...: a compute span's name in the timeline.
+std::string stage_label(const Stage& s, const std::string& unit) {
+  switch (s.kind) {
+    case StageKind::EmbedForward: return "embed forward";
+    case StageKind::BlockForward: return fmt::format("forward layer {}", s.layer);
+    case StageKind::Head: return "head and loss";
+    case StageKind::BlockBackward: return fmt::format("backward layer {}", s.layer);
+    case StageKind::EmbedBackward: return "embed backward";
   }
-  FlatBuffer low = staging(wire, full.numel());
-  a.cast(low.view(), full);
-  group.all_reduce(low.view(), comm::ReduceOp::Sum);
-  a.cast(full, low.view());
-}
-
-// This rank's slice of every rank's `full` summed, into `part` (both f32), communicated in `wire`.
-void reduce_scatter_sum(comm::Communicator& group, const Tensor& part, const Tensor& full, DType wire,
-                        const Staging& staging, const Arith& a) {
-  if (wire == DType::F32) {
-    group.reduce_scatter(part, full, comm::ReduceOp::Sum);
-    return;
-  }
-  FlatBuffer low = staging(wire, full.numel());
-  FlatBuffer low_part = staging(wire, part.numel());
-  a.cast(low.view(), full);
-  group.reduce_scatter(low_part.view(), low.view(), comm::ReduceOp::Sum);
-  a.cast(part, low_part.view());
+  return unit;
 }
 
 }  // namespace
@@ -134,6 +119,14 @@ struct ShardedModel::Unit {
   // weights (param dtype [quantized numel]) live only during a visit.
   FlatBuffer nf4, nf4_full, dequantized;
   std::unique_ptr<comm::Request> nf4_pending;
+  // The gradient reduction in flight: started after the unit's backward visit, finished after the
+  // next visit's compute (or before the unit's next use of its gradients), so the two overlap as
+  // FSDP's post-backward stream does. NO_SHARD reduces full_grad in place; the others reduce into
+  // reduced (f32 [shard]) from reducing_grad, the full gradient handed over by sharded-gradient
+  // strategies (a later visit takes a fresh full_grad) or a view of the one that stays. wire and
+  // wire_part are reduce-dtype staging ([padded], [shard]) when reduce_dtype is not f32.
+  std::unique_ptr<comm::Request> reducing;
+  FlatBuffer reduced, reducing_grad, wire, wire_part;
   // What the model binds: views of full_params or, where no copy is needed, of the master
   // (f32 NO_SHARD, f32 solo); of full_grad or, for a solo unit, of the gradient shard; of the
   // frozen base (frozen or frozen_full).
@@ -505,6 +498,7 @@ void ShardedModel::gather_start(Unit& u) {
 void ShardedModel::wait_gathered(Unit& u, model::StagedModel& m) {
   if (u.state == ParamState::Sharded) gather_start(u);
   if (u.state == ParamState::Gathering) {
+    const timeline::Span span(timeline::recording() ? "gather wait " + u.plan->name : std::string(), "wait");
     if (u.pending) {
       u.pending->wait();
       u.pending.reset();
@@ -572,6 +566,7 @@ void ShardedModel::unbind(const Unit& u, model::LlamaWeights& w) const {
 
 void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
   if (!u.plan->trains()) return;
+  reduce_finish(u);  // NO_SHARD and ZERO1 accumulate into the buffer their reduction reads
   if (!u.plan->solo && !u.full_grad.live()) {
     u.full_grad = buffer(BufferRole::FullGrad, DType::F32, u.plan->layout.padded_numel, true);  // zeroed
     u.grads = u.full_grad.view();
@@ -579,38 +574,70 @@ void ShardedModel::acquire_grad(Unit& u, model::StagedModel& m) {
   bind(u, m.grads(), u.grads, false);
 }
 
-// Hands a unit's accumulated gradients to their owners. NO_SHARD all-reduces the full buffer in
-// place (it stays, accumulating over micro-batches and steps); the others reduce-scatter it into
-// this rank's shard (and all-reduce that across replicas on a hybrid mesh); sharded-gradient
-// strategies then free it. Sums, not averages: every rank's gradients are already scaled by
-// 1 / (global batch tokens).
-void ShardedModel::reduce_grad(Unit& u, model::StagedModel& m) {
+// Starts handing a unit's accumulated gradients to their owners. NO_SHARD all-reduces the full
+// buffer in place (it stays, accumulating over micro-batches and steps); the others reduce-scatter
+// it into this rank's shard; sharded-gradient strategies hand the full buffer to the reduction and
+// unbind it. Sums, not averages: every rank's gradients are already scaled by 1 / (global batch
+// tokens). reduce_finish completes it.
+void ShardedModel::reduce_start(Unit& u, model::StagedModel& m) {
   const PlannedUnit& p = *u.plan;
   if (p.solo || !p.trains()) return;  // the gradients are already in the shard, or there are none
+  reduce_finish(u);                   // one reduction per unit in flight
   const Arith a{ledger_ != nullptr};
   const DType wire = plan_.precision.reduce;
-  const Staging staging = [&](DType d, int64_t n) { return buffer(BufferRole::Staging, d, n, false); };
+  const bool low = wire != DType::F32;
+  const Tensor full = u.full_grad.view();
+  if (low) {
+    u.wire = buffer(BufferRole::Staging, wire, full.numel(), false);
+    a.cast(u.wire.view(), full);
+  }
+  const Tensor send = low ? u.wire.view() : full;
   if (plan_.sharding.strategy == Strategy::NoShard) {
-    all_reduce_sum(shard_comm_, u.full_grad.view(), wire, staging, a);
-    return;
-  }
-  FlatBuffer part = buffer(BufferRole::Staging, DType::F32, p.shard_numel, false);
-  reduce_scatter_sum(shard_comm_, part.view(), u.full_grad.view(), wire, staging, a);
-  if (replicate_comm_) replicate_comm_->all_reduce(part.view(), comm::ReduceOp::Sum);
-  if (plan_.offload.params) {
-    // The reduced part comes down into the reused pinned staging buffer and is added to the host
-    // shard, where the optimizer step reads it.
-    const Tensor host = ledger_ ? Tensor{} : host_staging_.view().slice(0, p.shard_numel);
-    a.copy(host, part.view());
-    a.add(u.grad_shard.view(), host);
+    u.reducing = shard_comm_.all_reduce_async(send, comm::ReduceOp::Sum);
   } else {
-    a.add(u.grad_shard.view(), part.view());
+    u.reduced = buffer(BufferRole::Staging, DType::F32, p.shard_numel, false);
+    if (low) u.wire_part = buffer(BufferRole::Staging, wire, p.shard_numel, false);
+    u.reducing = shard_comm_.reduce_scatter_async(low ? u.wire_part.view() : u.reduced.view(), send, comm::ReduceOp::Sum);
+    if (plan_.sharding.shard_gradients()) {
+      u.reducing_grad = std::move(u.full_grad);
+      u.grads = Tensor{};
+      unbind(u, m.grads());
+    }
   }
-  if (plan_.sharding.shard_gradients()) {
-    u.full_grad.reset();
-    u.grads = Tensor{};
-    unbind(u, m.grads());
+  reducing_.push_back(&u);
+}
+
+// Completes a unit's reduction, if one is in flight: the result lands in full_grad (NO_SHARD) or
+// is added to the gradient shard (after the all-reduce across replicas on a hybrid mesh), and the
+// reduction's buffers are freed.
+void ShardedModel::reduce_finish(Unit& u) {
+  if (!u.reducing) return;
+  const Arith a{ledger_ != nullptr};
+  {
+    const timeline::Span span(timeline::recording() ? "reduce wait " + u.plan->name : std::string(), "wait");
+    u.reducing->wait();
   }
+  u.reducing.reset();
+  if (plan_.sharding.strategy == Strategy::NoShard) {
+    if (u.wire.live()) a.cast(u.full_grad.view(), u.wire.view());
+  } else {
+    if (u.wire_part.live()) a.cast(u.reduced.view(), u.wire_part.view());
+    if (replicate_comm_) replicate_comm_->all_reduce(u.reduced.view(), comm::ReduceOp::Sum);
+    if (plan_.offload.params) {
+      // The reduced part comes down into the reused pinned staging buffer and is added to the host
+      // shard, where the optimizer step reads it.
+      const Tensor host = ledger_ ? Tensor{} : host_staging_.view().slice(0, u.plan->shard_numel);
+      a.copy(host, u.reduced.view());
+      a.add(u.grad_shard.view(), host);
+    } else {
+      a.add(u.grad_shard.view(), u.reduced.view());
+    }
+  }
+  u.wire_part.reset();
+  u.wire.reset();
+  u.reduced.reset();
+  u.reducing_grad.reset();
+  std::erase(reducing_, &u);
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -629,17 +656,24 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
     const bool post = v.backward && sc.backward_prefetch == BackwardPrefetch::Post;
     if (v.prefetch >= 0 && !post) gather_start(*units_[size_t(v.prefetch)]);
     if (v.backward) acquire_grad(u, m);
-    for (const Stage& s : v.stages) compute(s);
+    // The reductions started before this visit run behind its compute; they finish after it.
+    const std::vector<Unit*> earlier = reducing_;
+    for (const Stage& s : v.stages) {
+      const timeline::Span span(timeline::recording() ? stage_label(s, u.plan->name) : std::string(), "compute");
+      compute(s);
+    }
     if (v.prefetch >= 0 && post) gather_start(*units_[size_t(v.prefetch)]);
     if (v.backward) {
       // Sharded gradients are reduced after every visit (or, with no_sync, only in the last
       // micro-batch); replicated ones once, after the unit's last visit of the last micro-batch.
       const bool due = sc.shard_gradients() ? (last_micro || sc.reduce_every_microbatch) : (last_micro && v.last_backward);
-      if (due) reduce_grad(u, m);
+      if (due) reduce_start(u, m);
     }
+    for (Unit* r : earlier) reduce_finish(*r);
     end_visit(u, m);
     if (v.free_after) release(u, m);
   }
+  while (!reducing_.empty()) reduce_finish(*reducing_.front());  // the step reads every gradient
 }
 
 double ShardedModel::host_sum(double v, bool over_replicas) {
@@ -699,6 +733,7 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
     st.nonfinite = first_nonfinite_gradient();
     return st;  // no optimizer step: weights and moments stay as they were
   }
+  const timeline::Span span("optimizer step", "compute");
   optimizer_step(opt, step, ops::clip_coefficient(st.grad_norm, float(max_grad_norm)));
   return st;
 }

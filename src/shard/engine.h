@@ -167,7 +167,8 @@ class ShardedModel {
   void wait_gathered(Unit& u, model::StagedModel& m);
   void release(Unit& u, model::StagedModel& m);
   void acquire_grad(Unit& u, model::StagedModel& m);
-  void reduce_grad(Unit& u, model::StagedModel& m);
+  void reduce_start(Unit& u, model::StagedModel& m);
+  void reduce_finish(Unit& u);
   void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, bool with_frozen) const;
   void unbind(const Unit& u, model::LlamaWeights& w) const;
   // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.
@@ -186,6 +187,7 @@ class ShardedModel {
   BufferLedger* ledger_ = nullptr;  // a dry run when set
   int64_t step_ = 0;                // the training step running (0: none), for the watchdog
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Unit*> reducing_;  // units whose gradient reduction is in flight, oldest first
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
 };
 

@@ -377,6 +377,13 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       F::field("log_every", &TrainConfig::log_every, "steps between progress lines", positive),
       F::field("progress", &TrainConfig::progress, "auto, bar, lines or none"),
       F::field("metrics_file", &TrainConfig::metrics_file, "JSON lines of metrics, in output_dir"),
+      F::field("profile_steps", &TrainConfig::profile_steps,
+               "[first, last]: those steps' timeline per rank, output_dir/trace/rank<R>.json (Chrome trace)",
+               [](const std::vector<int64_t>& v) {
+                 return v.empty() || (v.size() == 2 && v[0] >= 1 && v[0] <= v[1])
+                            ? std::string()
+                            : std::string("expected [first, last], two steps with 1 <= first <= last");
+               }),
       F::parsed("save_dtype", &TrainConfig::save_dtype, float_dtype, "dtype of the trained weights written"),
       F::parsed("max_shard_size", &TrainConfig::max_shard_size, size_text, "largest safetensors file written"),
       // Hugging Face Trainer's names are accepted too.

@@ -52,11 +52,11 @@ struct TrainConfig {
   LrSchedule schedule;  // lr and total_steps follow optimizer.lr and max_steps
   double max_grad_norm = 1.0;  // 0 disables clipping
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;
-  double collective_timeout = 600;
+  double collective_timeout = 600;  // seconds a rank waits in a collective before naming it and ending the job
   // SIGTERM / SIGINT (Slurm's preemption, a person's Ctrl-C): every rank finishes the step, writes
   // a checkpoint when checkpointing is configured, and exits 0 saying how to resume. A second
   // signal exits at once. false: the signals end the process as usual.
-  bool save_on_signal = true;  // seconds a rank waits in a collective before naming it and ending the job
+  bool save_on_signal = true;
   int64_t max_skipped_steps = 5;  // on_nonfinite: skip: this many non-finite steps in a row end the run
   int64_t eval_every = 50;     // 0: only at the end
   int64_t eval_batches = 8;
@@ -64,6 +64,9 @@ struct TrainConfig {
   int64_t log_every = 10;
   ProgressMode progress = ProgressMode::Auto;
   std::string metrics_file = "metrics.jsonl";  // relative to output_dir
+  // [first, last]: steps whose timeline every rank writes as a Chrome trace, output_dir/trace/
+  // rank<R>.json (core/timeline.h); empty: none.
+  std::vector<int64_t> profile_steps;
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
   int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)

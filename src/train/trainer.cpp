@@ -14,8 +14,10 @@
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/rng.h"
+#include "core/timeline.h"
 #include "data/run_data.h"
 #include "data/sampler.h"
+#include "io/atomic_file.h"
 #include "io/json_integer.h"
 #include "io/model_files.h"
 #include "memory/estimator.h"
@@ -401,7 +403,9 @@ class Trainer {
   void load_or_resume();
   void print_setup();
   void skip_or_stop(int64_t step, const shard::StepStats& s);
-  void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb);
+  void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb, const comm::CommTiming& before);
+  void write_timeline();
+  void report_communication();
   void evaluate(int64_t step);
   bool save_due(int64_t step);
   bool stop_requested();
@@ -549,7 +553,13 @@ TrainResult Trainer::run() {
   data::Prefetcher prefetch([this] { return sampler_.next(); });
   t_train_ = last_save_ = Clock::now();
   for (int64_t step = start_step_; step <= c_.max_steps; ++step) {
-    const data::StepBatch sb = prefetch.next();
+    if (!c_.profile_steps.empty() && step == c_.profile_steps[0]) timeline::start();
+    std::optional<timeline::Span> step_span;  // ends before the window's trace is written
+    if (timeline::recording()) step_span.emplace(fmt::format("step {}", step), "step");
+    const data::StepBatch sb = [&] {
+      const timeline::Span span("data wait", "data");
+      return prefetch.next();
+    }();
     std::vector<model::Batch> micro;
     for (const data::BatchBuffers& mb : sb.micro) micro.push_back(mb.batch());
     if (in_.model.lora && in_.model.lora->dropout > 0)  // LoRA dropout: a mask stream per micro-batch and rank
@@ -557,13 +567,17 @@ TrainResult Trainer::run() {
         micro[i].dropout_key = stream_id(fmt::format("lora_dropout/{}/{}/{}/{}", c_.seed, step, i, world_.rank())) | 1;
     ops::AdamWConfig opt = c_.optimizer;
     opt.lr = c_.schedule.at(step);
+    const comm::CommTiming comm_before = comm::timing();
     const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
     if (!s.finite) skip_or_stop(step, s);
-    log_step(step, s, sb);
+    log_step(step, s, sb, comm_before);
+    step_span.reset();
+    if (timeline::recording() && (step == c_.profile_steps[1] || step == c_.max_steps)) write_timeline();
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
     const bool saved = save_due(step);
     if (saved) save_checkpoint(step, sb.next);
     if (c_.save_on_signal && stop_requested()) {
+      if (timeline::recording()) write_timeline();
       stop_on_signal(step, sb.next, saved);
       return result_;
     }
@@ -572,6 +586,7 @@ TrainResult Trainer::run() {
   result_.seconds = seconds_since(t_train_);
   result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   out_.progress().finish();
+  report_communication();
   save_model();
   report_memory();
   return result_;
@@ -592,7 +607,8 @@ void Trainer::skip_or_stop(int64_t step, const shard::StepStats& s) {
   out_.print(what + ": skipped (weights and optimizer state unchanged)");
 }
 
-void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb) {
+void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb,
+                       const comm::CommTiming& before) {
   if (s.finite) skipped_in_a_row_ = 0;
   for (const data::BatchBuffers& mb : sb.micro) tokens_seen_ += mb.B * mb.T * world_.size();
   const double elapsed = seconds_since(t_train_), lr = c_.schedule.at(step);
@@ -610,6 +626,12 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
     rec["skipped"] = true;
   }
   memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
+  if (world_.size() > 1 && c_.device == Device::CPU) {
+    // This rank's step: seconds with a collective in flight, and seconds it waited on one.
+    const comm::CommTiming now = comm::timing();
+    rec["comm_busy_s"] = now.busy_seconds - before.busy_seconds;
+    rec["comm_wait_s"] = now.waited_seconds - before.waited_seconds;
+  }
   if (c_.device == Device::CUDA) {
     const device::CudaMemoryStats g = device::cuda_memory_stats();
     rec["gpu_allocated_peak_bytes"] = g.allocated_peak;
@@ -621,6 +643,29 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
   if (step == start_step_) result_.first_loss = s.loss;
   result_.last_loss = s.loss;
   result_.steps = step;
+}
+
+// The profile window's timeline: every rank writes its own trace (atomically).
+void Trainer::write_timeline() {
+  timeline::stop();
+  const fs::path dir = fs::path(c_.output_dir) / "trace";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("cannot create the trace directory: {}", ec.message()), {.file = dir.string()});
+  io::write_text_atomic((dir / fmt::format("rank{}.json", world_.rank())).string(), timeline::chrome_trace_json(world_.rank()));
+  out_.print(fmt::format("timeline of steps {}-{} written to {}/rank*.json (one per rank; open in ui.perfetto.dev "
+                         "or chrome://tracing)",
+                         c_.profile_steps[0], c_.profile_steps[1], dir.string()));
+}
+
+// How much of the run's communication ran behind compute (rank 0's view; CPU ranks over MPI).
+void Trainer::report_communication() {
+  const comm::CommTiming t = comm::timing();
+  if (world_.size() == 1 || c_.device != Device::CPU || t.busy_seconds <= 0) return;
+  result_.comm_hidden_share = t.hidden_share();
+  out_.print(fmt::format("communication: {:.1f}s with collectives in flight, {:.1f}s waited on them: {:.0f}% hidden "
+                         "behind compute",
+                         t.busy_seconds, t.waited_seconds, 100 * t.hidden_share()));
 }
 
 // Held-out loss over the same rows for any world size (each rank evaluates its slice of each
