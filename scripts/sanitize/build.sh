@@ -19,7 +19,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 # -O1: sanitized code is for finding faults, not speed (the engine tests take over 300 s at -O1 under ASan;
 # whether -O2 would build as fast and run them in time is not yet measured). -Wno-pass-failed: at -O1
 # clang declines the `omp simd` loops and would warn about each.
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g -O1 -Wno-pass-failed" \
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g -O2 -Wno-pass-failed" \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   "${flags[@]}" "${launcher[@]}" -DSHARDLM_CUDA=OFF -DSHARDLM_NATIVE=OFF -DSHARDLM_BUILD_TESTS=ON \
   -DSHARDLM_BUILD_BENCH=OFF >/dev/null
