@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced; the variables are used by the scripts that source it
 # Shared by start-cluster.sh and stop-cluster.sh: where the one-machine cluster keeps its files, and
 # how the scripts report. Sourced, not run.
 SLURM_CONF_FILE=/etc/slurm/slurm.conf          # where sinfo, sbatch, srun look without SLURM_CONF
