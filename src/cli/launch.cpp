@@ -46,7 +46,8 @@ void register_launch(CLI::App& app) {
       "Examples:\n"
       "  shardlm launch --nproc-per-node 4 -- train --config configs/hybrid-2x2.yaml sharding_strategy=HYBRID_SHARD\n"
       "  shardlm launch --nproc-per-node 8 --nnodes 2 --hostfile hosts -- train --config run.yaml\n"
-      "  mpirun -np 4 shardlm train --config run.yaml      (equivalent; ranks started by srun are detected too)");
+      "  mpirun -np 4 shardlm train --config run.yaml      (equivalent)\n"
+      "  srun --mpi=pmix -n 4 shardlm train --config run.yaml   (Slurm: ranks from PMIx; docs/slurm.md)");
   cmd->callback([o] {
     if (o->node_rank != 0) {
       std::printf("node %d: nothing to start here; run shardlm launch on node 0, which starts every node's ranks\n",

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -144,6 +145,72 @@ int local_rank_from_environment() {
     }
   }
   return 0;
+}
+
+namespace {
+// srun's per-node task counts, e.g. "2", "8(x2)", "8,8(x3),4": the count when every node has the
+// same, else 0.
+int uniform_slurm_tasks_per_node(const char* spec) {
+  int count = 0;
+  const char* p = spec;
+  while (*p) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p || n <= 0) return 0;
+    if (count != 0 && n != count) return 0;
+    count = int(n);
+    p = end;
+    if (*p == '(') {  // "(xM)": M nodes with this count
+      p = std::strchr(p, ')');
+      if (!p) return 0;
+      ++p;
+    }
+    if (*p == ',') ++p;
+    else if (*p) return 0;
+  }
+  return count;
+}
+}  // namespace
+
+int ranks_per_node_from_environment() {
+  auto positive = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::max(0, std::atoi(v)) : -1;  // -1: not set
+  };
+  if (const int n = positive("OMPI_COMM_WORLD_LOCAL_SIZE"); n >= 0) return n;
+  if (const char* spec = std::getenv("SLURM_STEP_TASKS_PER_NODE"); spec && *spec)
+    return uniform_slurm_tasks_per_node(spec);
+  for (const char* name : {"SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
+    if (const int n = positive(name); n >= 0) return n;
+  return 0;
+}
+
+std::string describe_launcher() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  std::string who;
+  if (!env("OMPI_COMM_WORLD_SIZE").empty()) {
+    who = env("SLURM_JOB_ID").empty() ? "mpirun" : "mpirun inside Slurm job " + env("SLURM_JOB_ID");
+  } else if (!env("SLURM_STEP_ID").empty() && launched_by_mpi()) {
+    const std::string type = env("SLURM_MPI_TYPE");
+    who = fmt::format("srun (Slurm job {}, step {}, {})", env("SLURM_JOB_ID"), env("SLURM_STEP_ID"),
+                      type.empty() ? (env("PMIX_RANK").empty() ? "no PMI" : "PMIx") : type);
+  } else if (launched_by_mpi()) {
+    who = "an MPI launcher";
+  } else {
+    return "";
+  }
+  const int per_node = ranks_per_node_from_environment();
+  std::string local = "none (0)";
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (!env(name).empty()) {
+      local = name;
+      break;
+    }
+  return fmt::format("{}, {} ranks per node, local rank from {}", who,
+                     per_node > 0 ? std::to_string(per_node) : std::string("unknown"), local);
 }
 
 #ifndef SHARDLM_HAVE_MPI

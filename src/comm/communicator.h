@@ -136,6 +136,15 @@ bool launched_by_mpi();
 // This process's rank among the processes of its node, from the launcher's environment
 // (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK); 0 when none is set. Picks the GPU.
 int local_rank_from_environment();
+// How many ranks share this node, from the launcher's environment: mpirun's
+// OMPI_COMM_WORLD_LOCAL_SIZE, srun's SLURM_STEP_TASKS_PER_NODE ("8", "8(x2)", "8,8"), sbatch's
+// SLURM_NTASKS_PER_NODE, MPICH's MPI_LOCALNRANKS. 0 when none is set or when srun placed different
+// numbers of tasks on different nodes ("5,3"), where no one count is right.
+int ranks_per_node_from_environment();
+// Who started the ranks, for the log: "srun (Slurm job 12, step 0, PMIx), 2 ranks per node, local
+// rank from SLURM_LOCALID", "mpirun inside Slurm job 12, ...", "mpirun, ..."; empty for one process
+// started by hand.
+std::string describe_launcher();
 // The world: MPI when launched by mpirun or srun (MPI is initialized here and finalized when the
 // last MPI communicator is destroyed), otherwise the local communicator. Throws when launched by
 // mpirun but built without MPI.

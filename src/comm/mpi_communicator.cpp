@@ -433,6 +433,16 @@ CommTiming timing() { return g_progress.timing(); }
 
 std::unique_ptr<Communicator> make_world_communicator() {
   if (!launched_by_mpi()) return make_local_communicator();
+#ifdef OPEN_MPI
+  // srun started the ranks, but not through PMIx (--mpi=none or pmi2): OpenMPI 4 has no other way to
+  // learn its rank from Slurm, and MPI_Init would abort with a page of text on every rank.
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK") && std::getenv("SLURM_STEP_NUM_TASKS")) {
+    const char* type = std::getenv("SLURM_MPI_TYPE");
+    throw Error(fmt::format("srun started {} tasks without PMIx (--mpi={}); this OpenMPI learns ranks from "
+                            "Slurm only through PMIx: run srun --mpi=pmix (srun --mpi=list shows what Slurm has)",
+                            std::getenv("SLURM_STEP_NUM_TASKS"), type && *type ? type : "none"));
+  }
+#endif
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {

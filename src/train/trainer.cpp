@@ -79,11 +79,10 @@ class SignalGuard {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Ranks sharing this node, for hybrid meshes: what mpirun or Slurm says, else the whole world.
+// Ranks sharing this node, for hybrid meshes: what mpirun or srun says, else the whole world.
 int ranks_per_node(const comm::Communicator& world) {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
-    if (const char* s = std::getenv(v); s && std::atoi(s) > 0) return std::atoi(s);
-  return world.size();
+  const int n = comm::ranks_per_node_from_environment();
+  return n > 0 ? n : world.size();
 }
 
 // The checkpoint to resume from, opened and checked against this run, or null to start from the
@@ -501,6 +500,8 @@ void Trainer::print_setup() {
   out_.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
                          shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", mesh_.shard->size(), units,
                          units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
+  if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
+    out_.print("ranks: started by " + launcher);
   if (m.lora) {
     const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m);
     out_.print(fmt::format("{}: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
