@@ -103,8 +103,11 @@ void Scheduler::loop() {
   };
   Batch batch(gen_, stop_ids_);
   std::unordered_map<size_t, Live> live;
+  // Every admitted request that has had no answer yet is in `live` (also one a failed step had
+  // already taken out of the batch), so none is left waiting.
   auto fail_running = [&](int status, const std::string& why) {
-    for (size_t id : batch.clear()) live.at(id).ticket->push(failed(status, why));
+    batch.clear();
+    for (auto& [id, l] : live) l.ticket->push(failed(status, why));
     live.clear();
     running_ = 0;
   };
@@ -282,10 +285,13 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
         throw BadRequest{e.message(), "messages"};
       }
     } else {
-      const auto it = rec.find("prompt");
+      auto it = rec.find("prompt");
       if (it == rec.end()) throw BadRequest{"missing field 'prompt'", "prompt"};
+      if (it->is_array() && it->size() == 1) it = it->begin();  // ["text"], as some clients send one prompt
       if (!it->is_string() || it->get<std::string>().empty())
-        throw BadRequest{fmt::format("field 'prompt' must be a non-empty string, got {}", it->type_name()), "prompt"};
+        throw BadRequest{fmt::format("field 'prompt' must be a non-empty string (or a list of one), got {}",
+                                     it->type_name()),
+                         "prompt"};
       ids = cx.tok.encode_with(it->get<std::string>(), true, false);
     }
     const int64_t P = int64_t(ids.size()), L = cx.opt.max_len;

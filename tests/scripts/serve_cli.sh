@@ -181,6 +181,7 @@ cases = [
     (chat, '{"messages": [{"role": "assistant", "content": "x"}]}', "messages"),
     (comp, '{"max_tokens": 4}', "prompt"),
     (comp, '{"prompt": 123}', "prompt"),
+    (comp, '{"prompt": ["a", "b"]}', "prompt"),
     (chat, '{%s, "temperature": "hot"}' % msgs, "temperature"),
     (chat, '{%s, "top_p": 3}' % msgs, "top_p"),
     (chat, '{%s, "model": "gpt-4"}' % msgs, "model"),
@@ -201,8 +202,8 @@ for path, body, param in cases:
     print(f"4. {body[:60]:60} -> 400 param={param}: {e['message']}")
 status, r = post("/v1/nowhere", "{}")
 assert status == 404 and "error" in r, (status, r)
-status, r = post(comp, '{"prompt": "x", "max_tokens": 2, "n": 1, "presence_penalty": 0, "user": "u"}')
-assert status == 200, (status, r)  # OpenAI's neutral values are accepted
+status, r = post(comp, '{"prompt": ["x"], "max_tokens": 2, "n": 1, "presence_penalty": 0, "user": "u"}')
+assert status == 200, (status, r)  # OpenAI's neutral values, and a list of one prompt, are accepted
 PY
 
 # A second server on the same port, and a --max-len past the model's context: one line naming the flag.
