@@ -7,12 +7,16 @@
 #     not, to a server with 4 slots: each text equals what `shardlm generate --temperature 0` gives
 #     the same prompt offline, with the same token count and finish_reason;
 #  4. bad requests are HTTP 400 with OpenAI's error object naming the field;
-#  5. SIGTERM shuts it down cleanly (exit 0).
-# Usage: serve_cli.sh SHARDLM PYTHON WORKDIR
+#  5. SIGTERM shuts it down cleanly (exit 0);
+#  6. with Llama 2's SentencePiece tokenizer (byte fallback: characters split over tokens), streamed
+#     chat pieces add up to the text the same request gets unstreamed.
+# Usage: serve_cli.sh SHARDLM PYTHON WORKDIR SHARED_DATA
 set -euo pipefail
 shardlm=$1
 py=$2
 work=$3
+shared=$4
+[[ -f "$shared/llama2_tokenizer.model" ]] || { echo "FAIL: no $shared/llama2_tokenizer.model"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 pid=
 fail() {
@@ -226,4 +230,47 @@ pid=
 [[ $rc -eq 0 ]] || fail "serve exited $rc after SIGTERM"
 grep -q "SIGTERM: shutting down" "$work/serve.err" || fail "serve did not say it was shutting down"
 echo "5. SIGTERM: $(tail -1 "$work/serve.err"), exit 0"
+
+# ---- 6. streaming with a SentencePiece tokenizer ----
+"$shardlm" init --preset tiny --set vocab_size=32000 --set max_position_embeddings=256 --seed 3 --out "$work/sp" >/dev/null
+cp "$shared/llama2_tokenizer.model" "$work/sp/tokenizer.model"
+"$shardlm" serve --model "$work/sp" --port 0 --max-batch 4 2> "$work/serve.err" &
+pid=$!
+port=
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
+  [[ -n "$port" ]] && break
+  kill -0 "$pid" 2>/dev/null || fail "serve (SentencePiece) exited before listening"
+  sleep 0.1
+done
+[[ -n "$port" ]] || fail "serve (SentencePiece) did not say where it listens"
+"$py" - "http://127.0.0.1:$port" <<'PY'
+import json, sys, threading, urllib.request
+url = sys.argv[1]
+def post(body):
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode())
+    return urllib.request.urlopen(req, timeout=300)
+prompts = ["Hello", "Écris un poème sur la mer", "日本語で話して", "Tell me about 🦙"]
+out = {}
+def run(p, stream):
+    body = {"messages": [{"role": "user", "content": p}], "max_tokens": 60, "temperature": 0, "stream": stream}
+    with post(body) as r:
+        if not stream:
+            out[p, stream] = json.load(r)["choices"][0]["message"]["content"]
+            return
+        text = ""
+        for line in r.read().decode("utf-8").split("\n"):
+            if line.startswith("data: {"):
+                text += json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        out[p, stream] = text
+threads = [threading.Thread(target=run, args=(p, s)) for p in prompts for s in (False, True)]
+for t in threads: t.start()
+for t in threads: t.join()
+for p in prompts:
+    assert out[p, True] == out[p, False], f"{p!r}: streamed {out[p, True]!r} != {out[p, False]!r}"
+print(f"6. SentencePiece: {len(prompts)} streamed chats (8 requests at once) add up to their unstreamed text")
+PY
+kill -TERM "$pid"
+wait "$pid" || fail "serve (SentencePiece) did not exit cleanly"
+pid=
 echo "OK"
