@@ -39,6 +39,7 @@ void register_init(CLI::App& app);
 void register_train(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_serve(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_data_preview(CLI::App& app);
 void register_convert(CLI::App& app);

@@ -7,13 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/inference.h"
 #include "data/instruct.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
-#include "io/model_files.h"
+#include "infer/requests.h"
 #include "model/hf_dir.h"
-#include "model/peft_adapter.h"
-#include "ops/nf4.h"
 #include "train/param_store.h"
 
 namespace shardlm::cli {
@@ -39,46 +38,6 @@ struct PromptRow {
   std::vector<std::string> stop;
   json id = nullptr;  // a JSONL row's "id", echoed in its result
 };
-
-// The value of an optional numeric field, or `dflt`; errors name the field (the caller adds FILE:LINE).
-template <class T>
-T number_field(const json& rec, const char* name, T dflt) {
-  const auto it = rec.find(name);
-  if (it == rec.end() || it->is_null()) return dflt;
-  if (!it->is_number())
-    throw Error(fmt::format("field '{}' must be a number, got {}", name, it->type_name()), {.key = name});
-  if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) throw Error(fmt::format("field '{}' must be an integer", name), {.key = name});
-    if (std::is_unsigned_v<T> && it->get<int64_t>() < 0)
-      throw Error(fmt::format("field '{}' must be >= 0", name), {.key = name});
-  }
-  return it->get<T>();
-}
-
-// Checks what the command line checks for --max-new-tokens and the sampling flags.
-void check_sampling(const infer::SamplingOptions& s) {
-  auto bad = [](const char* key, const std::string& why) { throw Error(why, {.key = key}); };
-  if (s.max_new_tokens < 0) bad("max_new_tokens", fmt::format("max_new_tokens must be >= 0, got {}", s.max_new_tokens));
-  if (!(s.temperature >= 0)) bad("temperature", fmt::format("temperature must be >= 0, got {}", s.temperature));
-  if (s.top_k < 0) bad("top_k", fmt::format("top_k must be >= 0, got {}", s.top_k));
-  if (!(s.top_p > 0 && s.top_p <= 1)) bad("top_p", fmt::format("top_p must be in (0, 1], got {}", s.top_p));
-  if (!(s.repetition_penalty > 0))
-    bad("repetition_penalty", fmt::format("repetition_penalty must be > 0, got {}", s.repetition_penalty));
-}
-
-std::vector<std::string> stop_field(const json& rec, const std::vector<std::string>& dflt) {
-  const auto it = rec.find("stop");
-  if (it == rec.end() || it->is_null()) return dflt;
-  if (it->is_string()) return {it->get<std::string>()};
-  if (!it->is_array()) throw Error("field 'stop' must be a string or an array of strings", {.key = "stop"});
-  std::vector<std::string> out;
-  for (const json& s : *it) {
-    if (!s.is_string() || s.get<std::string>().empty())
-      throw Error("field 'stop' must hold non-empty strings", {.key = "stop"});
-    out.push_back(s.get<std::string>());
-  }
-  return out;
-}
 
 // --prompts FILE: .jsonl = one JSON object per non-empty line, else one prompt per non-empty line.
 std::vector<PromptRow> read_prompts(const Opts& o) {
@@ -121,15 +80,15 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
         }
         r.prompt.clear();
       }
-      r.s.max_new_tokens = number_field<int64_t>(rec, "max_new_tokens", o.s.max_new_tokens);
-      r.s.temperature = number_field<float>(rec, "temperature", o.s.temperature);
-      r.s.top_k = number_field<int64_t>(rec, "top_k", o.s.top_k);
-      r.s.top_p = number_field<float>(rec, "top_p", o.s.top_p);
-      r.s.repetition_penalty = number_field<float>(rec, "repetition_penalty", o.s.repetition_penalty);
-      r.s.seed = number_field<uint64_t>(rec, "seed", o.s.seed);
-      r.stop = stop_field(rec, o.stop);
+      r.s.max_new_tokens = infer::json_number<int64_t>(rec, "max_new_tokens", o.s.max_new_tokens);
+      r.s.temperature = infer::json_number<float>(rec, "temperature", o.s.temperature);
+      r.s.top_k = infer::json_number<int64_t>(rec, "top_k", o.s.top_k);
+      r.s.top_p = infer::json_number<float>(rec, "top_p", o.s.top_p);
+      r.s.repetition_penalty = infer::json_number<float>(rec, "repetition_penalty", o.s.repetition_penalty);
+      r.s.seed = infer::json_number<uint64_t>(rec, "seed", o.s.seed);
+      r.stop = infer::json_stop(rec, o.stop);
       if (const auto it = rec.find("id"); it != rec.end()) r.id = *it;
-      check_sampling(r.s);
+      infer::check_sampling(r.s);
       static const char* known[] = {"prompt",  "messages", "max_new_tokens",     "temperature", "top_k",
                                     "top_p",   "seed",     "repetition_penalty", "stop",        "id"};
       for (const auto& item : rec.items()) {
@@ -152,67 +111,6 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   return rows;
 }
 
-// The model's weights in f32, with what --load-in-4bit and --adapter ask for.
-//  - A bitsandbytes NF4 directory (config.json's quantization_config) is dequantized once at load,
-//    exactly as bitsandbytes dequantizes it (ParamStore::load, model/nf4_loader.h).
-//  - --load-in-4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double
-//    quantization: what QLoRA training keeps, lora.quantize_base) and dequantizes them back, so the
-//    model generates from exactly the base weights a QLoRA run trained its adapter against.
-// Neither saves memory here (generation computes in f32): both are about the NF4 base's values.
-void load_weights(const Opts& o, const ModelConfig& cfg, train::ParamStore& params) {
-  const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
-  params.load(io::ModelWeights(o.model), o.model);
-  if (stored_nf4)
-    std::fprintf(stderr, "generate: %s is bitsandbytes NF4: its weights are dequantized to f32\n", o.model.c_str());
-  if (o.load_in_4bit && !stored_nf4) {
-    ModelConfig qcfg = cfg;  // which weights QLoRA keeps in NF4: every decoder Linear weight
-    qcfg.lora.emplace().target_modules = {"all-linear"};
-    qcfg.nf4_base = true;
-    int64_t n = 0;
-    for (const model::ModelPart& part : model::llama_parts(qcfg))
-      for (const model::ParamInfo& info : part.params) {
-        if (!info.nf4) continue;
-        const Tensor w = params.master(info.name);
-        const ops::Nf4Layout layout = ops::Nf4Layout::of(w.numel(), true);
-        const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
-        const ops::Nf4Tensor q = ops::nf4_view(buf.data(), layout, info.shape, DType::F32);
-        const Tensor flat = w.reshape({w.numel()});
-        ops::nf4_quantize(q, flat);
-        ops::nf4_dequantize(flat, q);
-        ++n;
-      }
-    std::fprintf(stderr, "generate: --load-in-4bit: %lld Linear weights quantized to NF4 and dequantized to f32\n",
-                 (long long)n);
-  } else if (o.load_in_4bit) {
-    std::fprintf(stderr, "generate: --load-in-4bit: the model is stored in NF4 already\n");
-  }
-  if (!o.adapter.empty()) {
-    const PeftAdapter adapter = read_peft_adapter(o.adapter, cfg);
-    merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
-    std::fprintf(stderr, "generate: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n",
-                 o.adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());
-  }
-  params.sync_compute();
-}
-
-// The text `ids` decode to after the prompt's own text (decoding the prompt together with the
-// output keeps word boundaries right: SentencePiece drops the space of a leading "▁" piece when it
-// is decoded on its own, and multi-byte characters may need several tokens).
-std::string completion_text(const data::Tokenizer& tok, const std::vector<int32_t>& prompt,
-                            const std::string& prompt_text, const std::vector<int32_t>& out) {
-  std::vector<int32_t> all = prompt;
-  all.insert(all.end(), out.begin(), out.end());
-  const std::string text = tok.decode(all);
-  return text.compare(0, prompt_text.size(), prompt_text) == 0 ? text.substr(prompt_text.size()) : text;
-}
-
-// The earliest position where any of `stops` occurs in `text`, or npos.
-size_t find_stop(const std::string& text, const std::vector<std::string>& stops) {
-  size_t at = std::string::npos;
-  for (const std::string& s : stops) at = std::min(at, text.find(s));
-  return at;
-}
-
 void run_generate(const Opts& o) {
   const ModelConfig cfg = load_hf_config(o.model);
   const auto tok = data::load_tokenizer(o.model);
@@ -221,38 +119,23 @@ void run_generate(const Opts& o) {
   else rows.push_back({.line = 0, .prompt = o.prompt, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr});
   const bool any_chat =
       o.chat || std::any_of(rows.begin(), rows.end(), [](const PromptRow& r) { return !r.messages.empty(); });
-  std::optional<data::ChatFormat> format;
-  std::optional<std::string> default_system;  // a ChatML template's (Qwen2's), added as training adds it
-  if (any_chat) {
-    const std::string chat_template = data::read_chat_template(o.model);
-    try {
-      format = data::resolve_chat_format(o.chat_format, *tok, chat_template);
-    } catch (Error& e) {
-      e.set_key("--chat-format");
-      throw;
-    }
-    if (*format == data::ChatFormat::ChatML) default_system = data::chat_default_system(chat_template);
-  }
+  std::optional<infer::ChatPrompt> chat;
+  if (any_chat) chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
 
-  // Tokenize every request; its prompt text is what the completion is decoded after.
+  // Tokenize every request.
   const int64_t context = cfg.max_position_embeddings;
   std::vector<infer::Request> requests;
-  std::vector<std::string> prompt_texts;
-  std::vector<int32_t> stops = {tok->eos_id()};
-  for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
-  if (format)
-    for (int32_t id : data::chat_stop_ids(*tok, *format)) stops.push_back(id);
+  const std::vector<int32_t> stops = infer::stop_token_ids(cfg, *tok, chat ? &*chat : nullptr);
   int64_t max_len = 1;
   for (PromptRow& r : rows) {
     std::vector<int32_t> ids;
     try {
       if (!r.messages.empty() || o.chat) {
         if (r.messages.empty()) r.messages = {{"user", r.prompt}};
-        if (default_system && r.messages[0].role != "system")
-          r.messages.insert(r.messages.begin(), {"system", *default_system});
         try {
-          ids = data::chat_prompt_ids(*tok, *format, r.messages);
-          r.prompt = data::chat_text(*format, r.messages, *tok, true);
+          infer::ChatPrompt::Rendered rendered = chat->render(*tok, r.messages);
+          ids = std::move(rendered.ids);
+          r.prompt = std::move(rendered.text);
         } catch (Error& e) {
           e.set_key(r.line ? "messages" : "--chat-format");
           throw;
@@ -282,38 +165,37 @@ void run_generate(const Opts& o) {
       }
       throw;
     }
-    prompt_texts.push_back(tok->decode(ids));
     requests.push_back({std::move(ids), r.s});
   }
 
-  if (format)
-    std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(*format),
-                 default_system ? " (with the template's default system message)" : "");
+  if (chat)
+    std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(chat->format),
+                 chat->default_system ? " (with the template's default system message)" : "");
   train::ParamStore params(cfg, DType::F32);
-  load_weights(o, cfg, params);
+  load_inference_weights("generate", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,
+                         params);
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
   infer::Generator gen(cfg, params.compute_weights(), max_len, batch);
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
   const bool stream = o.prompts.empty();
-  std::vector<std::vector<int32_t>> outs(requests.size());
-  std::vector<std::string> shown(requests.size());
+  std::vector<infer::CompletionText> texts;  // without stop strings or streaming: decoded once at the end
+  for (size_t i = 0; i < requests.size(); ++i)
+    texts.emplace_back(*tok, requests[i].prompt, rows[i].stop, stream || !rows[i].stop.empty());
+  auto show = [&](bool last) {
+    const std::string delta = texts[0].take_delta(last);
+    std::fputs(delta.c_str(), stdout);
+    std::fflush(stdout);
+  };
   if (stream) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
   const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id) {
-    outs[i].push_back(id);
-    if (!stream && rows[i].stop.empty()) return false;  // nothing to match or show: decode once at the end
-    std::string text = completion_text(*tok, requests[i].prompt, prompt_texts[i], outs[i]);
-    const size_t stop_at = find_stop(text, rows[i].stop);
-    if (stop_at != std::string::npos) text.resize(stop_at);
-    if (stream && text.size() > shown[i].size() && text.compare(0, shown[i].size(), shown[i]) == 0) {
-      std::fputs(text.substr(shown[i].size()).c_str(), stdout);
-      std::fflush(stdout);
-      shown[i] = text;
-    }
-    return stop_at != std::string::npos;
+    const bool stopped = texts[i].push(id);
+    if (stream) show(false);
+    return stopped;
   });
   if (stream) {
+    show(true);
     std::fputs("\n", stdout);
     std::fflush(stdout);
     const infer::Completion& c = done[0];
@@ -333,8 +215,7 @@ void run_generate(const Opts& o) {
   }
   for (size_t i = 0; i < done.size(); ++i) {
     const infer::Completion& c = done[i];
-    std::string text = completion_text(*tok, requests[i].prompt, prompt_texts[i], c.tokens);
-    if (const size_t at = find_stop(text, rows[i].stop); at != std::string::npos) text.resize(at);
+    const std::string text = texts[i].text();
     nlohmann::ordered_json line = {{"index", i},
                  {"prompt", rows[i].prompt},
                  {"text", text},
@@ -418,7 +299,7 @@ void register_generate(CLI::App& app) {
   cmd->callback([o, prompt, prompts] {
     if (prompt->count() == 0 && prompts->count() == 0)
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
-    check_sampling(o->s);
+    infer::check_sampling(o->s);
     run_generate(*o);
   });
 }

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       "  shardlm train --config configs/demo-addition.yaml       train it (YAML config, key=value overrides)\n"
       "  shardlm launch --nproc-per-node 2 -- train --config configs/demo-addition.yaml   on 2 ranks (FULL_SHARD)\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\"   continue a prompt\n"
+      "  shardlm serve --model runs/demo --port 8000            an OpenAI-compatible HTTP server (batched)\n"
       "  shardlm tokenize --model DIR --text \"Hello\" --pieces     see how text becomes tokens\n"
       "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"
       "  shardlm convert runs/demo/checkpoints --out runs/demo-hf  a sharded checkpoint -> Hugging Face model\n"
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_train(app);
   shardlm::cli::register_launch(app);
   shardlm::cli::register_generate(app);
+  shardlm::cli::register_serve(app);
   shardlm::cli::register_tokenize(app);
   shardlm::cli::register_data_preview(app);
   shardlm::cli::register_convert(app);

@@ -154,82 +154,97 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
   return order[size_t(keep - 1)];
 }
 
+Batch::Admit Batch::admit(size_t id, const Request& r) {
+  const int64_t P = int64_t(r.prompt.size());
+  SHARDLM_CHECK(P >= 1, "request {}: the prompt is empty", id);
+  SHARDLM_CHECK(P <= gen_.max_len(), "request {}: a prompt of {} tokens exceeds the generation limit of {}", id, P,
+                gen_.max_len());
+  if (r.opt.max_new_tokens <= 0 || P == gen_.max_len()) return Admit::NothingToDo;  // no position for a new token
+  const int slot = gen_.acquire();
+  if (slot < 0) return Admit::Full;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  try {
+    logits = gen_.forward(std::vector<int>{slot}, r.prompt);
+  } catch (...) {
+    gen_.release(slot);
+    throw;
+  }
+  Active a{id, slot, r, r.prompt, std::move(logits), {}};
+  a.out.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  active_.push_back(std::move(a));
+  return Admit::Joined;
+}
+
+void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) {
+  if (active_.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t V = gen_.vocab_size();
+  // Each sequence samples its next token from its own logits, at its own step; those that finish
+  // leave the batch, the rest go through one decode step together.
+  std::vector<Active> running, finished;
+  std::vector<int> step_slots;
+  std::vector<int32_t> step_tokens;
+  for (Active& s : active_) {
+    Completion& c = s.out;
+    apply_repetition_penalty(s.logits, s.seen, s.req.opt.repetition_penalty);
+    const int32_t tok = sample_token(s.logits, s.req.opt, uint64_t(c.tokens.size()));
+    bool done = true;
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end()) {
+      c.finish = FinishReason::Stop;
+    } else {
+      c.tokens.push_back(tok);
+      s.seen.push_back(tok);
+      if (on_token && on_token(s.id, tok)) c.finish = FinishReason::Stop;
+      else if (int64_t(c.tokens.size()) >= s.req.opt.max_new_tokens ||
+               int64_t(s.req.prompt.size() + c.tokens.size()) >= gen_.max_len())
+        c.finish = FinishReason::Length;  // the next token would have no position
+      else
+        done = false;
+    }
+    if (done) {
+      gen_.release(s.slot);
+      finished.push_back(std::move(s));
+      continue;
+    }
+    step_slots.push_back(s.slot);
+    step_tokens.push_back(tok);
+    running.push_back(std::move(s));
+  }
+  active_ = std::move(running);
+  if (!active_.empty()) {
+    const std::vector<float> logits = gen_.forward(step_slots, step_tokens);  // [B, V]
+    for (size_t b = 0; b < active_.size(); ++b)
+      active_[b].logits.assign(logits.begin() + int64_t(b) * V, logits.begin() + int64_t(b + 1) * V);
+  }
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (Active& s : active_) s.out.decode_seconds += dt;
+  for (Active& s : finished) {
+    s.out.decode_seconds += dt;
+    on_done(s.id, std::move(s.out));
+  }
+}
+
+std::vector<size_t> Batch::clear() {
+  std::vector<size_t> ids;
+  for (const Active& s : active_) {
+    gen_.release(s.slot);
+    ids.push_back(s.id);
+  }
+  active_.clear();
+  return ids;
+}
+
 std::vector<Completion> Generator::run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
                                       const TokenHook& on_token) {
-  using clock = std::chrono::steady_clock;
-  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  struct Active {
-    size_t req;
-    int slot;
-    std::vector<int32_t> seen;  // prompt + generated (the repetition penalty's tokens)
-    std::vector<float> logits;  // [V]: the next token's
-  };
-  const int64_t V = cfg_.vocab_size;
   std::vector<Completion> out(requests.size());
-  std::vector<Active> active;
+  Batch batch(*this, stop_ids);
   size_t next = 0;
-  while (next < requests.size() || !active.empty()) {
-    // Sequences join: each waiting request takes a free slot and is prefilled on its own.
-    while (next < requests.size()) {
-      const Request& r = requests[next];
-      const int64_t P = int64_t(r.prompt.size());
-      SHARDLM_CHECK(P >= 1, "request {}: the prompt is empty", next);
-      SHARDLM_CHECK(P <= max_len_, "request {}: a prompt of {} tokens exceeds the generation limit of {}", next, P,
-                    max_len_);
-      if (r.opt.max_new_tokens <= 0 || P == max_len_) {  // no position left for a new token
-        ++next;
-        continue;
-      }
-      const int slot = acquire();
-      if (slot < 0) break;
-      const auto t0 = clock::now();
-      std::vector<float> logits = forward(std::vector<int>{slot}, r.prompt);
-      out[next].prefill_seconds = seconds(t0, clock::now());
-      active.push_back({next, slot, r.prompt, std::move(logits)});
-      ++next;
-    }
-    // Each sequence samples its next token from its own logits, at its own step; those that
-    // finish leave the batch, the rest go through one decode step together.
-    const auto t0 = clock::now();
-    std::vector<size_t> took_part;
-    std::vector<Active> running;
-    std::vector<int> step_slots;
-    std::vector<int32_t> step_tokens;
-    for (Active& s : active) {
-      const Request& r = requests[s.req];
-      Completion& c = out[s.req];
-      took_part.push_back(s.req);
-      apply_repetition_penalty(s.logits, s.seen, r.opt.repetition_penalty);
-      const int32_t tok = sample_token(s.logits, r.opt, uint64_t(c.tokens.size()));
-      bool done = true;
-      if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
-        c.finish = FinishReason::Stop;
-      } else {
-        c.tokens.push_back(tok);
-        s.seen.push_back(tok);
-        if (on_token && on_token(s.req, tok)) c.finish = FinishReason::Stop;
-        else if (int64_t(c.tokens.size()) >= r.opt.max_new_tokens ||
-                 int64_t(r.prompt.size() + c.tokens.size()) >= max_len_)
-          c.finish = FinishReason::Length;  // the next token would have no position
-        else
-          done = false;
-      }
-      if (done) {
-        release(s.slot);
-        continue;
-      }
-      step_slots.push_back(s.slot);
-      step_tokens.push_back(tok);
-      running.push_back(std::move(s));
-    }
-    active = std::move(running);
-    if (!active.empty()) {
-      const std::vector<float> logits = forward(step_slots, step_tokens);  // [B, V]
-      for (size_t b = 0; b < active.size(); ++b)
-        active[b].logits.assign(logits.begin() + int64_t(b) * V, logits.begin() + int64_t(b + 1) * V);
-    }
-    const double dt = seconds(t0, clock::now());
-    for (size_t i : took_part) out[i].decode_seconds += dt;
+  while (next < requests.size() || !batch.empty()) {
+    // Sequences join while slots are free (a request with nothing to generate keeps its empty
+    // completion).
+    while (next < requests.size() && batch.admit(next, requests[next]) != Batch::Admit::Full) ++next;
+    batch.step(on_token, [&](size_t id, Completion&& c) { out[id] = std::move(c); });
   }
   return out;
 }

@@ -7,8 +7,9 @@
 // next token of every listed sequence through each layer together: norms, projections, MLP and
 // head as one [n, d] computation, attention per sequence against its own cache length
 // (model::decoder_block_forward with per-sequence keys and values, the block training runs).
-// That is the engine a continuous-batching server drives; run() is the scheduler `shardlm
-// generate` uses, and generate() (one prompt) is run() with a batch of one.
+// Batch (below) is the scheduling on top: run() drives it for `shardlm generate`, the server's
+// scheduler (infer/server.h) for `shardlm serve`, and generate() (one prompt) is run() with a
+// batch of one.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,7 @@ class Generator {
 
   int64_t max_len() const { return max_len_; }
   int64_t max_batch() const { return int64_t(slots_.size()); }
+  int64_t vocab_size() const { return cfg_.vocab_size; }
 
   // ---- the running batch ------------------------------------------------------------------------
   // A free slot, or -1 when all max_batch are in use.
@@ -77,11 +79,12 @@ class Generator {
   // on_token(request, token) sees each new token of a request as it is produced (streaming, stop
   // strings); returning true ends that request with FinishReason::Stop, the token kept.
   using TokenHook = std::function<bool(size_t request, int32_t token)>;
-  // Runs every request to completion, at most max_batch at a time: a request enters the batch (its
-  // prefill) as soon as a slot is free, and leaves it when it stops (one of stop_ids, the hook),
-  // reaches its max_new_tokens or max_len. Each request's tokens depend only on its own prompt and
-  // options: sampling draws from the counter-based RNG at (its seed, its own step), so the batch
-  // it shares changes nothing (at temperature 0 the result is token for token the one-at-a-time one).
+  // Runs every request to completion, at most max_batch at a time, in a Batch (below): a request
+  // enters the batch (its prefill) as soon as a slot is free, and leaves it when it stops (one of
+  // stop_ids, the hook), reaches its max_new_tokens or max_len. Each request's tokens depend only
+  // on its own prompt and options: sampling draws from the counter-based RNG at (its seed, its own
+  // step), so the batch it shares changes nothing (at temperature 0 the result is token for token
+  // the one-at-a-time one).
   std::vector<Completion> run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
                               const TokenHook& on_token = {});
 
@@ -105,6 +108,50 @@ class Generator {
   int64_t max_len_;
   std::vector<float> inv_freq_;
   std::vector<Slot> slots_;
+};
+
+// A running batch on a Generator: the scheduling that run() (`shardlm generate`) and the server's
+// scheduler (infer/server.h: continuous batching) share, so both produce the same tokens.
+// Requests join between decode steps (admit: a free slot and the prefill of its prompt, on its
+// own) and leave when they finish; step() samples each member's next token from its own logits
+// at its own step, hands it to on_token, lets the finished leave (on_done, their slots freed) and
+// runs one decode step of the rest together. Requests are named by the caller's ids.
+// The Batch uses `gen` (which must outlive it) and holds its slots until their requests finish,
+// clear() or its destruction; one thread at a time drives it.
+class Batch {
+ public:
+  using DoneHook = std::function<void(size_t id, Completion&& c)>;
+  Batch(Generator& gen, std::vector<int32_t> stop_ids) : gen_(gen), stop_ids_(std::move(stop_ids)) {}
+  ~Batch() { clear(); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  enum class Admit {
+    Joined,       // prefilled: its first token comes with the next step()
+    Full,         // no free slot: try again after a step()
+    NothingToDo,  // max_new_tokens 0, or a prompt of max_len tokens: an empty completion ("length")
+  };
+  // Errors (an empty prompt, one longer than max_len) name the request as "request ID".
+  Admit admit(size_t id, const Request& r);
+  // One token for every member; see the class comment. on_token may be empty.
+  void step(const Generator::TokenHook& on_token, const DoneHook& on_done);
+  bool empty() const { return active_.empty(); }
+  size_t size() const { return active_.size(); }
+  // Ends every member without a result (their slots freed) and returns their ids.
+  std::vector<size_t> clear();
+
+ private:
+  struct Active {
+    size_t id;
+    int slot;
+    Request req;
+    std::vector<int32_t> seen;  // prompt + generated (the repetition penalty's tokens)
+    std::vector<float> logits;  // [V]: the next token's
+    Completion out;
+  };
+  Generator& gen_;
+  std::vector<int32_t> stop_ids_;
+  std::vector<Active> active_;
 };
 
 // transformers' RepetitionPenaltyLogitsProcessor: for every distinct token of `seen` (prompt and

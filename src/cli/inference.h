@@ -1,0 +1,30 @@
+// Loading a model for inference: what `shardlm generate` and `shardlm serve` both do with --model,
+// --adapter and --load-in-4bit.
+#pragma once
+
+#include <string>
+
+#include "model/config.h"
+#include "train/param_store.h"
+
+namespace shardlm::cli {
+
+struct InferenceWeights {
+  std::string model;    // a Hugging Face directory (dense, or bitsandbytes NF4)
+  std::string adapter;  // a PEFT LoRA adapter directory, or empty
+  bool load_in_4bit = false;
+};
+
+// Loads the model's weights into `params` (f32) with what --load-in-4bit and --adapter ask for,
+// saying on stderr what it did, each line starting with `command` ("generate: ..."):
+//  - A bitsandbytes NF4 directory (config.json's quantization_config) is dequantized once at load,
+//    exactly as bitsandbytes dequantizes it (ParamStore::load, model/nf4_loader.h).
+//  - --load-in-4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double
+//    quantization: what QLoRA training keeps, lora.quantize_base) and dequantizes them back, so the
+//    model generates from exactly the base weights a QLoRA run trained its adapter against.
+//  - --adapter merges a PEFT LoRA adapter in memory (W + scale * B A).
+// Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
+void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
+                            train::ParamStore& params);
+
+}  // namespace shardlm::cli

@@ -1,0 +1,134 @@
+// `shardlm serve`: an OpenAI-compatible HTTP server for a model directory, with continuous batching
+// of decode steps (infer/server.h). docs/serving.md describes the endpoints and the flags.
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/inference.h"
+#include "data/tokenizer.h"
+#include "infer/generator.h"
+#include "infer/requests.h"
+#include "infer/server.h"
+#include "model/hf_dir.h"
+#include "train/param_store.h"
+
+namespace shardlm::cli {
+
+namespace {
+
+struct Opts {
+  std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto";
+  int port = 8000;
+  int64_t max_batch = 8, max_len = 0;
+  bool load_in_4bit = false;
+};
+
+void run_serve(const Opts& o) {
+  // SIGINT and SIGTERM are taken by one thread (below) that shuts the server down; every thread
+  // started from here on, OpenMP's included, inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of the server
+
+  const ModelConfig cfg = load_hf_config(o.model);
+  const int64_t context = cfg.max_position_embeddings;
+  const int64_t max_len = o.max_len > 0 ? o.max_len : std::min<int64_t>(context, 4096);
+  if (max_len > context)
+    throw Error(fmt::format("--max-len {} passes the model's max_position_embeddings {}", max_len, context),
+                {.key = "--max-len"});
+  const auto tok = data::load_tokenizer(o.model);
+  const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
+  train::ParamStore params(cfg, DType::F32);
+  load_inference_weights("serve", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,
+                         params);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
+  infer::Scheduler scheduler(gen, *tok, infer::stop_token_ids(cfg, *tok, &chat));
+
+  infer::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.model_path = o.model;
+  so.model_id = o.name;
+  if (so.model_id.empty()) {
+    std::filesystem::path p(o.model);
+    so.model_id = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
+  }
+  so.max_len = max_len;
+  so.threads = int(2 * o.max_batch + 8);  // every running or waiting request holds a handler thread
+  infer::Server server(scheduler, *tok, chat, so);
+  const int port = server.bind();
+  const double kv_mib = 2.0 * double(cfg.num_hidden_layers) * double(max_len) *
+                        double(cfg.num_key_value_heads * cfg.head_dim) * 4.0 / (1 << 20);
+  std::fprintf(stderr,
+               "serve: model '%s' (chat format %s), up to %lld requests at a time of up to %lld tokens (KV cache "
+               "%.2f MiB per request)\nserve: listening on http://%s:%d\n",
+               so.model_id.c_str(), data::chat_format_name(chat.format), (long long)o.max_batch, (long long)max_len,
+               kv_mib, o.host.c_str(), port);
+
+  std::atomic<bool> listen_ended{false};
+  std::thread on_signal([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (listen_ended) return;  // woken by main below: the server has stopped already
+    std::fprintf(stderr, "serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    scheduler.shutdown();  // waiting and running requests end (503), so handler threads return
+    server.stop();
+  });
+  server.listen();
+  listen_ended = true;
+  pthread_kill(on_signal.native_handle(), SIGTERM);  // no-op for the thread if it has returned already
+  on_signal.join();
+  scheduler.shutdown();
+  std::fprintf(stderr, "serve: stopped\n");
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve a model over HTTP with OpenAI's completions and chat completions API (continuous batching)");
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "Hugging Face model directory (dense, or bitsandbytes NF4)")->required();
+  cmd->add_option("--adapter", o->adapter,
+                  "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights");
+  cmd->add_flag("--load-in-4bit", o->load_in_4bit,
+                "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and serve their "
+                "dequantized values");
+  cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port to listen on; 0 = any free port (printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--max-batch", o->max_batch,
+                  "Requests decoded together; more wait for a free slot (each holds a KV cache of --max-len)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-len", o->max_len,
+                  "Positions per request, prompt + max_tokens (default: max_position_embeddings, at most 4096)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--name", o->name, "The model id clients name (default: the --model directory's name)");
+  cmd->add_option("--chat-format", o->chat_format,
+                  "For /v1/chat/completions: auto (from tokenizer_config.json's chat_template, else the "
+                  "tokenizer's special tokens), llama3, llama2, chatml or mistral")
+      ->capture_default_str();
+  cmd->footer(
+      "Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
+      "GET /v1/models, GET /health. SIGINT or SIGTERM shuts down (requests in flight fail with 503).\n"
+      "Examples:\n"
+      "  shardlm serve --model runs/demo/trained --port 8000\n"
+      "  shardlm serve --model models/llama3-8b-instruct --max-batch 16 --max-len 2048\n"
+      "  shardlm serve --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter\n"
+      "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'\n"
+      "docs/serving.md: the request fields, the responses, and what continuous batching does.");
+  cmd->callback([o] { run_serve(*o); });
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,104 @@
+// What `shardlm generate` and `shardlm serve` do to a request around the Generator, one way for
+// both: check its sampling options and read them from JSON, render a conversation in the model's
+// chat format, the tokens that end a completion, and the completion's text as its tokens arrive
+// (stop strings, and the part that is safe to stream).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "data/instruct.h"
+#include "data/tokenizer.h"
+#include "infer/generator.h"
+#include "model/config.h"
+
+namespace shardlm::infer {
+
+// Errors name the option by its generate/JSONL name: max_new_tokens, temperature, top_k, top_p,
+// repetition_penalty (Error::context().key).
+void check_sampling(const SamplingOptions& s);
+
+// The value of an optional numeric JSON field, or `dflt` when absent or null; a wrong type is an
+// Error naming the field (the caller adds where the JSON came from).
+template <class T>
+T json_number(const nlohmann::json& rec, const char* name, T dflt) {
+  const auto it = rec.find(name);
+  if (it == rec.end() || it->is_null()) return dflt;
+  if (!it->is_number())
+    throw Error(fmt::format("field '{}' must be a number, got {}", name, it->type_name()), {.key = name});
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) throw Error(fmt::format("field '{}' must be an integer", name), {.key = name});
+    if (std::is_unsigned_v<T> && it->get<int64_t>() < 0)
+      throw Error(fmt::format("field '{}' must be >= 0", name), {.key = name});
+  }
+  return it->get<T>();
+}
+
+// "stop": a non-empty string or an array of them; `dflt` when absent or null.
+std::vector<std::string> json_stop(const nlohmann::json& rec, const std::vector<std::string>& dflt);
+
+// A model's chat format and how its prompts are rendered (data/instruct.h: the renderer training
+// uses, so a prompt's tokens are those training puts before an answer).
+struct ChatPrompt {
+  data::ChatFormat format = data::ChatFormat::Llama2;
+  std::optional<std::string> default_system;  // a ChatML template's (Qwen2's), added as training adds it
+
+  // `name`: auto (from the model's chat_template, else the tokenizer's special tokens), llama3,
+  // llama2, chatml or mistral; a bad name is an Error naming --chat-format.
+  static ChatPrompt of_model(const std::string& model_dir, const data::Tokenizer& tok, std::string_view name);
+
+  struct Rendered {
+    std::vector<int32_t> ids;  // the conversation and the start of the assistant's turn
+    std::string text;          // as the format's Jinja template renders it (for display)
+  };
+  // The default system message is put first when the conversation has none. Errors (roles out of
+  // order) carry no location.
+  Rendered render(const data::Tokenizer& tok, std::vector<data::ChatMessage> messages) const;
+};
+
+// The tokens that end a completion: the tokenizer's EOS, config.json's eos_token_id(s), and with
+// a chat format its end-of-turn tokens.
+std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenizer& tok, const ChatPrompt* chat);
+
+// The text of one completion as its tokens arrive: decoded together with the prompt and taken
+// after the prompt's own text (that keeps word boundaries right: SentencePiece drops the space of
+// a leading "▁" piece decoded on its own, and a character may take several tokens), and cut
+// before the first stop string. Holds the tokenizer by reference (it must outlive this).
+class CompletionText {
+ public:
+  // incremental: decode after every token (needed for stop strings and streaming); otherwise
+  // push() only collects tokens and text() decodes once.
+  CompletionText(const data::Tokenizer& tok, std::vector<int32_t> prompt, std::vector<std::string> stops,
+                 bool incremental);
+  // Adds a token; true when a stop string has appeared in the text (which ends before it).
+  bool push(int32_t id);
+  bool stopped() const { return stop_at_ != std::string::npos; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // The completion's text so far, cut before the first stop string.
+  std::string text() const;
+  // For streaming: the text not handed out before that can no longer change, i.e. not the start of
+  // a stop string nor an unfinished character (an incomplete UTF-8 sequence or a trailing U+FFFD,
+  // which the next token may complete); with `last` (the completion is over), all the rest.
+  // The pieces handed out add up to text() unless decoding rewrote text already handed out
+  // (then the rest is held back).
+  std::string take_delta(bool last);
+
+ private:
+  const data::Tokenizer& tok_;
+  std::vector<int32_t> prompt_;
+  std::string prompt_text_;
+  std::vector<std::string> stops_;
+  bool incremental_;
+  std::vector<int32_t> tokens_;
+  std::string text_;                     // decoded through the last push (incremental), uncut
+  size_t stop_at_ = std::string::npos;   // where the first stop string starts in text_
+  std::string shown_;                    // handed out by take_delta
+  std::string decode() const;
+};
+
+}  // namespace shardlm::infer

@@ -1,0 +1,572 @@
+#include "infer/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <ctime>
+#include <map>
+#include <random>
+#include <unordered_map>
+
+namespace shardlm::infer {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+// ---- Ticket ---------------------------------------------------------------------------------------
+
+void Ticket::push(Event e) {
+  {
+    std::lock_guard lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+std::optional<Event> Ticket::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  if (!cv_.wait_for(lk, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+Event Ticket::next() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return !events_.empty(); });
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+// ---- Scheduler ------------------------------------------------------------------------------------
+
+namespace {
+Event text_event(std::string piece) {
+  Event e;
+  e.kind = Event::Kind::Text;
+  e.text = std::move(piece);
+  return e;
+}
+Event done_event(std::string text, FinishReason finish, std::vector<int32_t> tokens) {
+  Event e;
+  e.kind = Event::Kind::Done;
+  e.text = std::move(text);
+  e.finish = finish;
+  e.tokens = std::move(tokens);
+  return e;
+}
+Event failed(int status, std::string message) {
+  Event e;
+  e.kind = Event::Kind::Failed;
+  e.status = status;
+  e.text = std::move(message);
+  return e;
+}
+}  // namespace
+
+Scheduler::Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids)
+    : gen_(gen), tok_(tok), stop_ids_(std::move(stop_ids)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+std::shared_ptr<Ticket> Scheduler::submit(Job job) {
+  auto ticket = std::make_shared<Ticket>();
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_) {
+      ticket->push(failed(503, "the server is shutting down"));
+      return ticket;
+    }
+    waiting_.push_back({next_id_++, std::move(job), ticket});
+    ++waiting_count_;
+  }
+  cv_.notify_all();
+  return ticket;
+}
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::loop() {
+  // A running request: its ticket and its text as tokens arrive (stop strings, streamed pieces).
+  struct Live {
+    std::shared_ptr<Ticket> ticket;
+    CompletionText text;
+    bool stream;
+  };
+  Batch batch(gen_, stop_ids_);
+  std::unordered_map<size_t, Live> live;
+  // Every admitted request that has had no answer yet is in `live` (also one a failed step had
+  // already taken out of the batch), so none is left waiting.
+  auto fail_running = [&](int status, const std::string& why) {
+    batch.clear();
+    for (auto& [id, l] : live) l.ticket->push(failed(status, why));
+    live.clear();
+    running_ = 0;
+  };
+  const Generator::TokenHook on_token = [&](size_t id, int32_t tok) {
+    Live& l = live.at(id);
+    const bool stop = l.text.push(tok);
+    if (l.stream)
+      if (std::string piece = l.text.take_delta(false); !piece.empty())
+        l.ticket->push(text_event(std::move(piece)));
+    return stop || l.ticket->cancelled();  // a client that is gone ends its request now
+  };
+  const Batch::DoneHook on_done = [&](size_t id, Completion&& c) {
+    Live& l = live.at(id);
+    if (l.stream)
+      if (std::string piece = l.text.take_delta(true); !piece.empty())
+        l.ticket->push(text_event(std::move(piece)));
+    l.ticket->push(done_event(l.text.text(), c.finish, std::move(c.tokens)));
+    live.erase(id);
+    --running_;
+  };
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !waiting_.empty() || !batch.empty(); });
+      if (stopping_) break;
+    }
+    // Between decode steps, waiting requests join while slots are free, each prefilled on its own.
+    for (;;) {
+      Pending p;
+      {
+        std::lock_guard lk(mu_);
+        if (waiting_.empty()) break;
+        p = std::move(waiting_.front());
+        waiting_.pop_front();
+        --waiting_count_;
+      }
+      if (p.ticket->cancelled()) continue;
+      Batch::Admit a;
+      try {
+        a = batch.admit(p.id, p.job.req);
+      } catch (const std::exception& e) {
+        p.ticket->push(failed(500, e.what()));
+        continue;
+      }
+      if (a == Batch::Admit::Full) {  // back to the head of the queue until a slot is free
+        std::lock_guard lk(mu_);
+        waiting_.push_front(std::move(p));
+        ++waiting_count_;
+        break;
+      }
+      if (a == Batch::Admit::NothingToDo) {
+        p.ticket->push(done_event({}, FinishReason::Length, {}));
+        continue;
+      }
+      // Without stop strings or streaming, the text is decoded once, at the end.
+      const bool incremental = p.job.stream || !p.job.stop.empty();
+      live.emplace(p.id, Live{p.ticket, CompletionText(tok_, p.job.req.prompt, p.job.stop, incremental), p.job.stream});
+      ++running_;
+    }
+    try {
+      batch.step(on_token, on_done);
+    } catch (const std::exception& e) {  // the running batch cannot go on; new requests still can
+      fail_running(500, e.what());
+    }
+  }
+  fail_running(503, "the server is shutting down");
+  std::lock_guard lk(mu_);
+  for (Pending& p : waiting_) p.ticket->push(failed(503, "the server is shutting down"));
+  waiting_.clear();
+  waiting_count_ = 0;
+}
+
+// ---- requests -------------------------------------------------------------------------------------
+
+namespace {
+
+// A request the server refuses: HTTP 400 with OpenAI's error object; param names the field.
+struct BadRequest {
+  std::string message;
+  std::string param;  // empty: null (the body as a whole)
+};
+
+std::string error_body(const std::string& message, const char* type, const std::string& param) {
+  ojson e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  return ojson{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// A request as the handler keeps it: the job and how to answer.
+struct Parsed {
+  Job job;
+  bool chat = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+};
+
+struct Context {
+  const data::Tokenizer& tok;
+  const ChatPrompt& chat;
+  const ServerOptions& opt;
+};
+
+Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
+  json rec;
+  try {
+    rec = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
+    throw BadRequest{"malformed JSON: " + what, ""};
+  }
+  if (!rec.is_object()) throw BadRequest{fmt::format("the body must be a JSON object, got {}", rec.type_name()), ""};
+  // Fields with OpenAI's neutral values are accepted; what shardlm cannot do otherwise is refused by name.
+  static const char* common[] = {"model",  "stream",   "stream_options",    "max_tokens",       "temperature",
+                                 "top_p",  "top_k",    "repetition_penalty", "seed",            "stop",
+                                 "n",      "user",     "presence_penalty",  "frequency_penalty", "logprobs"};
+  static const char* chat_only[] = {"messages", "max_completion_tokens", "top_logprobs"};
+  static const char* completion_only[] = {"prompt", "echo", "best_of", "suffix"};
+  for (const auto& item : rec.items()) {
+    const std::string& k = item.key();
+    auto in = [&](const auto& list) {
+      return std::find_if(std::begin(list), std::end(list), [&](const char* n) { return k == n; }) != std::end(list);
+    };
+    if (!in(common) && !(chat ? in(chat_only) : in(completion_only)))
+      throw BadRequest{fmt::format("unknown field '{}'", k), k};
+  }
+  Parsed p;
+  p.chat = chat;
+  try {
+    if (const auto it = rec.find("model"); it != rec.end() && !it->is_null()) {
+      if (!it->is_string()) throw BadRequest{"field 'model' must be a string", "model"};
+      const std::string m = it->get<std::string>();
+      if (m != cx.opt.model_id && m != cx.opt.model_path)
+        throw BadRequest{fmt::format("the model '{}' is not served here (this server serves '{}')", m, cx.opt.model_id),
+                         "model"};
+    }
+    if (const auto it = rec.find("stream"); it != rec.end() && !it->is_null()) {
+      if (!it->is_boolean()) throw BadRequest{"field 'stream' must be a boolean", "stream"};
+      p.job.stream = it->get<bool>();
+    }
+    if (const auto it = rec.find("stream_options"); it != rec.end() && !it->is_null()) {
+      if (!it->is_object()) throw BadRequest{"field 'stream_options' must be an object", "stream_options"};
+      if (!p.job.stream) throw BadRequest{"field 'stream_options' is only allowed with \"stream\": true", "stream_options"};
+      for (const auto& item : it->items()) {
+        if (item.key() != "include_usage")
+          throw BadRequest{fmt::format("unknown field 'stream_options.{}'", item.key()), "stream_options"};
+        if (!item.value().is_boolean())
+          throw BadRequest{"field 'stream_options.include_usage' must be a boolean", "stream_options"};
+        p.include_usage = item.value().get<bool>();
+      }
+    }
+    if (json_number<int64_t>(rec, "n", 1) != 1) throw BadRequest{"only n = 1 is supported", "n"};
+    if (chat ? false : json_number<int64_t>(rec, "best_of", 1) != 1)
+      throw BadRequest{"only best_of = 1 is supported", "best_of"};
+    for (const char* k : {"presence_penalty", "frequency_penalty"})
+      if (json_number<double>(rec, k, 0.0) != 0.0)
+        throw BadRequest{fmt::format("{} is not supported (repetition_penalty is)", k), k};
+    for (const char* k : {"logprobs", "top_logprobs", "suffix"})
+      if (const auto it = rec.find(k); it != rec.end() && !it->is_null() && *it != false)
+        throw BadRequest{fmt::format("{} is not supported", k), k};
+    if (const auto it = rec.find("echo"); it != rec.end() && !it->is_null() && *it != false)
+      throw BadRequest{"echo is not supported", "echo"};
+    if (const auto it = rec.find("user"); it != rec.end() && !it->is_null() && !it->is_string())
+      throw BadRequest{"field 'user' must be a string", "user"};
+
+    // The prompt.
+    std::vector<int32_t> ids;
+    const char* prompt_field = chat ? "messages" : "prompt";
+    if (chat) {
+      if (!rec.contains("messages")) throw BadRequest{"missing field 'messages'", "messages"};
+      try {
+        ids = cx.chat.render(cx.tok, data::chat_messages_of(rec)).ids;
+      } catch (const Error& e) {
+        throw BadRequest{e.message(), "messages"};
+      }
+    } else {
+      auto it = rec.find("prompt");
+      if (it == rec.end()) throw BadRequest{"missing field 'prompt'", "prompt"};
+      if (it->is_array() && it->size() == 1) it = it->begin();  // ["text"], as some clients send one prompt
+      if (!it->is_string() || it->get<std::string>().empty())
+        throw BadRequest{fmt::format("field 'prompt' must be a non-empty string (or a list of one), got {}",
+                                     it->type_name()),
+                         "prompt"};
+      ids = cx.tok.encode_with(it->get<std::string>(), true, false);
+    }
+    const int64_t P = int64_t(ids.size()), L = cx.opt.max_len;
+    if (P >= L)
+      throw BadRequest{fmt::format("the prompt is {} tokens, but the server's --max-len {} leaves no position for a "
+                                   "new token",
+                                   P, L),
+                       prompt_field};
+
+    // Sampling: OpenAI's defaults (temperature 1, top_p 1), top_k and repetition_penalty as vLLM
+    // takes them; max_tokens defaults to 16 for completions (as OpenAI's) and to the rest of
+    // --max-len for chat.
+    SamplingOptions& s = p.job.req.opt;
+    const char* max_key = chat && rec.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    s.max_new_tokens = json_number<int64_t>(rec, max_key, chat ? L - P : std::min<int64_t>(16, L - P));
+    if (s.max_new_tokens < 1) throw BadRequest{fmt::format("{} must be >= 1, got {}", max_key, s.max_new_tokens), max_key};
+    if (P + s.max_new_tokens > L)
+      throw BadRequest{fmt::format("{} {} with a {}-token prompt passes the server's --max-len {}: at most {}", max_key,
+                                   s.max_new_tokens, P, L, L - P),
+                       max_key};
+    s.temperature = json_number<float>(rec, "temperature", 1.0f);
+    s.top_p = json_number<float>(rec, "top_p", 1.0f);
+    s.top_k = json_number<int64_t>(rec, "top_k", 0);
+    s.repetition_penalty = json_number<float>(rec, "repetition_penalty", 1.0f);
+    if (rec.contains("seed") && !rec["seed"].is_null()) {
+      s.seed = json_number<uint64_t>(rec, "seed", 0);
+    } else {  // no seed: a fresh one, as OpenAI samples differently each time
+      thread_local std::mt19937_64 draw{std::random_device{}()};
+      s.seed = draw();
+    }
+    try {
+      check_sampling(s);
+    } catch (const Error& e) {
+      throw BadRequest{e.message(), e.context().key == "max_new_tokens" ? std::string(max_key) : e.context().key};
+    }
+    p.job.stop = json_stop(rec, {});
+    p.job.req.prompt = std::move(ids);
+  } catch (const Error& e) {  // json_number, json_stop: the key is the field
+    throw BadRequest{e.message(), e.context().key};
+  }
+  return p;
+}
+
+}  // namespace
+
+// ---- Server ---------------------------------------------------------------------------------------
+
+struct Server::Impl {
+  Scheduler& sched;
+  Context cx;
+  ServerOptions opt;
+  httplib::Server http;
+  std::time_t started = std::time(nullptr);
+  std::atomic<uint64_t> counter{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool listening = false, ended = false;  // under mu
+
+  Impl(Scheduler& s, const data::Tokenizer& tok, const ChatPrompt& chat, ServerOptions o)
+      : sched(s), cx{tok, chat, opt}, opt(std::move(o)) {}
+
+  void routes();
+  void complete(const httplib::Request& req, httplib::Response& res, bool chat);
+};
+
+namespace {
+
+ojson usage_of(size_t prompt, size_t completion) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+// One streamed chunk: a choice carrying `text` (completions) or a delta (chat).
+ojson chunk(const std::string& id, std::time_t created, const std::string& model, bool chat, const ojson& delta,
+            const json& finish) {
+  ojson choice = {{"index", 0}};
+  if (chat) {
+    choice["delta"] = delta;
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = delta.is_null() ? std::string() : delta.get<std::string>();
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = finish;
+  return {{"id", id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", ojson::array({choice})}};
+}
+
+}  // namespace
+
+void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+  Parsed p;
+  try {
+    p = parse_request(cx, req.body, chat);
+  } catch (const BadRequest& e) {
+    res.status = 400;
+    res.set_content(error_body(e.message, "invalid_request_error", e.param), "application/json");
+    return;
+  }
+  const std::string id = fmt::format("{}-{:x}{:06x}", chat ? "chatcmpl" : "cmpl", uint64_t(started),
+                                     counter.fetch_add(1));
+  const std::time_t created = std::time(nullptr);
+  const size_t prompt_tokens = p.job.req.prompt.size();
+  const bool stream = p.job.stream;
+  std::shared_ptr<Ticket> ticket = sched.submit(std::move(p.job));
+
+  if (!stream) {
+    Event e = ticket->next();
+    while (e.kind == Event::Kind::Text) e = ticket->next();
+    if (e.kind == Event::Kind::Failed) {
+      res.status = e.status;
+      res.set_content(error_body(e.text, "server_error", ""), "application/json");
+      return;
+    }
+    ojson choice = {{"index", 0}};
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", e.text}};
+    else choice["text"] = e.text;
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish_reason_name(e.finish);
+    const ojson body = {{"id", id},
+                        {"object", chat ? "chat.completion" : "text_completion"},
+                        {"created", created},
+                        {"model", opt.model_id},
+                        {"choices", ojson::array({choice})},
+                        {"usage", usage_of(prompt_tokens, e.tokens.size())}};
+    res.set_content(dump(body), "application/json");
+    return;
+  }
+
+  // Server-sent events: one "data: {chunk}" per piece of text, the last chunk with the
+  // finish_reason, then "data: [DONE]". The provider runs on this handler thread after return.
+  res.set_header("Cache-Control", "no-cache");
+  auto first = std::make_shared<bool>(true);
+  const std::string model = opt.model_id;
+  const bool include_usage = p.include_usage;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [ticket, first, id, created, model, chat, prompt_tokens, include_usage](size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& data) {
+          const std::string event = "data: " + data + "\n\n";
+          return sink.write(event.data(), event.size());
+        };
+        if (*first && chat) {  // OpenAI's first chat chunk names the role
+          *first = false;
+          return send(dump(chunk(id, created, model, true, {{"role", "assistant"}, {"content", ""}}, nullptr)));
+        }
+        *first = false;
+        std::optional<Event> e;
+        while (!(e = ticket->next(std::chrono::milliseconds(500))))
+          if (!sink.is_writable()) {  // the client left while its request waited or ran
+            ticket->cancel();
+            return false;
+          }
+        bool ok = true;
+        switch (e->kind) {
+          case Event::Kind::Text:
+            return send(dump(chunk(id, created, model, chat, chat ? ojson{{"content", e->text}} : ojson(e->text),
+                                   nullptr)));
+          case Event::Kind::Done:
+            ok = send(dump(chunk(id, created, model, chat, chat ? ojson::object() : ojson(""),
+                                 finish_reason_name(e->finish))));
+            if (ok && include_usage) {
+              ojson u = {{"id", id},
+                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                         {"created", created},
+                         {"model", model},
+                         {"choices", ojson::array()},
+                         {"usage", usage_of(prompt_tokens, e->tokens.size())}};
+              ok = send(dump(u));
+            }
+            break;
+          case Event::Kind::Failed:
+            ok = send(error_body(e->text, "server_error", ""));
+            break;
+        }
+        if (ok) ok = send("[DONE]");
+        if (ok) sink.done();
+        return ok;
+      },
+      [ticket](bool success) {
+        if (!success) ticket->cancel();
+      });
+}
+
+void Server::Impl::routes() {
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const ojson body = {{"status", "ok"},
+                        {"model", opt.model_id},
+                        {"running", sched.running()},
+                        {"waiting", sched.waiting()}};
+    res.set_content(dump(body), "application/json");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const ojson model = {{"id", opt.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "shardlm"},
+                         {"max_model_len", opt.max_len}};
+    res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model})}}), "application/json");
+  });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string what = res.status == 404 ? fmt::format("no endpoint {} {}", req.method, req.path)
+                                               : fmt::format("HTTP {}", res.status);
+    res.set_content(error_body(what, "invalid_request_error", ""), "application/json");
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(error_body(what, "server_error", ""), "application/json");
+  });
+}
+
+Server::Server(Scheduler& scheduler, const data::Tokenizer& tok, const ChatPrompt& chat, ServerOptions opt)
+    : impl_(std::make_unique<Impl>(scheduler, tok, chat, std::move(opt))) {
+  const int threads = std::max(2, impl_->opt.threads);
+  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  impl_->http.set_payload_max_length(size_t(64) << 20);
+  // cpp-httplib's default sets SO_REUSEPORT, with which a second server on the same port starts
+  // and silently takes half the connections; SO_REUSEADDR alone still allows a quick restart.
+  impl_->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  const ServerOptions& o = impl_->opt;
+  int port = o.port;
+  if (o.port == 0) {
+    port = impl_->http.bind_to_any_port(o.host);
+    if (port < 0) throw Error(fmt::format("cannot bind to {} on any port", o.host), {.key = "--host"});
+  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
+    throw Error(fmt::format("cannot bind to {}:{} (in use, or not an address of this machine)", o.host, o.port),
+                {.key = "--port"});
+  }
+  return port;
+}
+
+void Server::listen() {
+  {
+    std::lock_guard lk(impl_->mu);
+    if (impl_->ended) return;  // stop() came first
+    impl_->listening = true;
+  }
+  impl_->http.listen_after_bind();
+  std::lock_guard lk(impl_->mu);
+  impl_->listening = false;
+  impl_->ended = true;
+  impl_->cv.notify_all();
+}
+
+void Server::stop() {
+  std::unique_lock lk(impl_->mu);
+  if (!impl_->listening) {  // not yet listening, or done: listen() will return at once
+    impl_->ended = true;
+    return;
+  }
+  // listen() may not have set the socket running yet: ask until it has ended.
+  while (!impl_->ended) {
+    impl_->http.stop();
+    impl_->cv.wait_for(lk, std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace shardlm::infer

@@ -1,0 +1,180 @@
+// The server's scheduler (infer/server.h) without HTTP: requests submitted from several threads at
+// once, joining a running batch between decode steps, get token for token what Generator::run
+// gives them offline; streamed pieces add up to the completion; shutdown ends every request.
+// And CompletionText (infer/requests.h): what may be streamed, and stop strings.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "data/tokenizer.h"
+#include "infer/generator.h"
+#include "infer/requests.h"
+#include "infer/server.h"
+#include "testing.h"
+#include "train/param_store.h"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+
+namespace {
+
+ModelConfig server_config() {
+  ModelConfig c = preset("tiny");
+  c.num_hidden_layers = 2;
+  c.vocab_size = 259;  // the byte-level tokenizer's
+  c.initializer_range = 0.2;  // far from uniform attention, so tokens differ between prompts
+  c.num_key_value_heads = c.num_attention_heads / 2;
+  return c;
+}
+
+std::vector<int32_t> bytes(const std::string& s) {
+  std::vector<int32_t> ids;
+  for (unsigned char c : s) ids.push_back(int32_t(c) + data::ByteTokenizer::kFirstByte);
+  return ids;
+}
+
+}  // namespace
+
+TEST(Scheduler, ConcurrentRequestsGetTheirOfflineTokens) {
+  const ModelConfig cfg = server_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  const data::ByteTokenizer tok;
+  const std::vector<int32_t> stops = {data::ByteTokenizer::kEos};
+  // Eight requests of different lengths, greedy and sampled, more than the 3 slots.
+  std::vector<infer::Request> reqs;
+  const char* texts[] = {"hello", "a", "the quick brown fox", "12+34=", "xyz", "zz top", "lorem ipsum", "q"};
+  for (int i = 0; i < 8; ++i) {
+    infer::Request r;
+    r.prompt = tok.encode_with(texts[i], true, false);
+    r.opt.max_new_tokens = 4 + 3 * i;
+    r.opt.temperature = i % 3 == 0 ? 0.9f : 0.0f;
+    r.opt.top_k = i % 3 == 0 ? 40 : 0;
+    r.opt.seed = 100 + uint64_t(i);
+    r.opt.repetition_penalty = i == 4 ? 1.3f : 1.0f;
+    reqs.push_back(r);
+  }
+  infer::Generator offline(cfg, p.compute_weights(), 48, 1);
+  const std::vector<infer::Completion> want = offline.run(reqs, stops);
+
+  infer::Generator gen(cfg, p.compute_weights(), 48, 3);
+  infer::Scheduler sched(gen, tok, stops);
+  struct Got {
+    std::vector<int32_t> tokens;
+    std::string text, streamed;
+    infer::FinishReason finish = infer::FinishReason::Length;
+    bool failed = false;
+  };
+  std::vector<Got> got(reqs.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    clients.emplace_back([&, i] {
+      const auto ticket = sched.submit({reqs[i], {}, i % 2 == 1});
+      for (;;) {
+        const infer::Event e = ticket->next();
+        if (e.kind == infer::Event::Kind::Text) {
+          got[i].streamed += e.text;
+          continue;
+        }
+        got[i].failed = e.kind == infer::Event::Kind::Failed;
+        got[i].text = e.text;
+        got[i].tokens = e.tokens;
+        got[i].finish = e.finish;
+        return;
+      }
+    });
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    ASSERT_FALSE(got[i].failed) << got[i].text;
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_EQ(got[i].finish, want[i].finish);
+    infer::CompletionText t(tok, reqs[i].prompt, {}, false);
+    for (int32_t id : want[i].tokens) t.push(id);
+    EXPECT_EQ(got[i].text, t.text());
+    if (i % 2 == 1) EXPECT_EQ(got[i].streamed, got[i].text);  // streamed pieces add up to the text
+    else EXPECT_EQ(got[i].streamed, "");
+  }
+}
+
+TEST(Scheduler, StopStringsEndARequestAsOffline) {
+  const ModelConfig cfg = server_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  const data::ByteTokenizer tok;
+  infer::Request r;
+  r.prompt = tok.encode_with("the quick brown fox", true, false);
+  r.opt.max_new_tokens = 30;
+  r.opt.temperature = 0;
+  infer::Generator gen(cfg, p.compute_weights(), 64, 2);
+  std::string free_text;
+  {
+    infer::Scheduler sched(gen, tok, {});
+    free_text = sched.submit({r, {}, false})->next().text;
+  }
+  ASSERT_GE(free_text.size(), 4u);
+  const std::string stop = free_text.substr(2, 2);  // two bytes from the middle of the greedy run
+  infer::Scheduler sched(gen, tok, {});
+  const auto ticket = sched.submit({r, {stop, "never-there"}, true});
+  std::string streamed;
+  infer::Event e;
+  while ((e = ticket->next()).kind == infer::Event::Kind::Text) streamed += e.text;
+  ASSERT_EQ(e.kind, infer::Event::Kind::Done);
+  EXPECT_EQ(e.finish, infer::FinishReason::Stop);
+  EXPECT_EQ(e.text, free_text.substr(0, free_text.find(stop)));
+  EXPECT_EQ(streamed, e.text);
+}
+
+TEST(Scheduler, ShutdownEndsEveryRequest) {
+  const ModelConfig cfg = server_config();
+  train::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  const data::ByteTokenizer tok;
+  infer::Generator gen(cfg, p.compute_weights(), 200, 1);
+  infer::Scheduler sched(gen, tok, {});
+  infer::Request r;
+  r.prompt = bytes("x");
+  r.opt.max_new_tokens = 190;
+  r.opt.temperature = 0;
+  std::vector<std::shared_ptr<infer::Ticket>> tickets;
+  for (int i = 0; i < 4; ++i) tickets.push_back(sched.submit({r, {}, true}));
+  sched.shutdown();
+  for (auto& t : tickets) {  // each ends (no waiter is left hanging), most of them as 503
+    infer::Event e;
+    while ((e = t->next()).kind == infer::Event::Kind::Text) {
+    }
+    if (e.kind == infer::Event::Kind::Failed) EXPECT_EQ(e.status, 503);
+  }
+  const infer::Event late = sched.submit({r, {}, false})->next();
+  EXPECT_EQ(late.kind, infer::Event::Kind::Failed);
+  EXPECT_EQ(late.status, 503);
+}
+
+TEST(CompletionText, StreamsOnlyTextThatCannotChange) {
+  const data::ByteTokenizer tok;
+  infer::CompletionText t(tok, bytes("P"), {"cx"}, true);
+  auto push = [&](const std::string& s) {
+    for (int32_t id : bytes(s)) t.push(id);
+  };
+  push("ab");
+  EXPECT_EQ(t.take_delta(false), "ab");
+  push("\xC3");  // the first byte of "é": held back until the character is whole
+  EXPECT_EQ(t.take_delta(false), "");
+  push("\xA9");
+  EXPECT_EQ(t.take_delta(false), "\xC3\xA9");
+  push("c");  // may be the start of the stop string "cx"
+  EXPECT_EQ(t.take_delta(false), "");
+  push("d");
+  EXPECT_EQ(t.take_delta(false), "cd");
+  EXPECT_FALSE(t.stopped());
+  push("c");
+  EXPECT_EQ(t.take_delta(false), "");
+  EXPECT_TRUE(t.push(bytes("x")[0]));  // the stop string: the text ends before it
+  EXPECT_EQ(t.text(), "ab\xC3\xA9" "cd");
+  EXPECT_EQ(t.take_delta(true), "");
+  // At the end, whatever was held back goes out.
+  infer::CompletionText u(tok, bytes("P"), {"cx"}, true);
+  for (int32_t id : bytes("zc")) u.push(id);
+  EXPECT_EQ(u.take_delta(false), "z");
+  EXPECT_EQ(u.take_delta(true), "c");
+}
