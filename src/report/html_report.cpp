@@ -81,7 +81,10 @@ constexpr const char* kScript = R"JS(
     function sx(v) { return L + (v - x0) / (x1 - x0) * (W - L - R); }
     function sy(v) { return T + (1 - ((c.log_y ? Math.log10(v) : v) - y0) / (y1 - y0)) * (H - T - B); }
     var axes = el('g', {'font-size': 11, fill: '#333'}, svg);
-    ticks(x0, x1, 8).forEach(function (v) {
+    // A few whole-number x values (ranks, say) are the ticks themselves; otherwise round numbers.
+    var xvals = xs.filter(function (v, i) { return xs.indexOf(v) === i; }).sort(function (a, b) { return a - b; });
+    var xticks = xvals.length <= 12 && xvals.every(function (v) { return v === Math.round(v); }) ? xvals : ticks(x0, x1, 8);
+    xticks.forEach(function (v) {
       el('line', {x1: sx(v), x2: sx(v), y1: T, y2: H - B, stroke: '#eee'}, axes);
       el('text', {x: sx(v), y: H - B + 15, 'text-anchor': 'middle'}, axes).textContent = fmtNum(v);
     });
