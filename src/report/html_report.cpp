@@ -36,7 +36,7 @@ constexpr const char* kScript = R"JS(
   function fmtNum(v) {
     if (v === 0) return '0';
     var a = Math.abs(v);
-    if (a >= 1e6 || a < 1e-3) return v.toExponential(2);
+    if (a >= 1e6 || a < 1e-3) return (+v.toPrecision(3)).toExponential();  // 8e-4, 1.25e+6
     return String(+v.toPrecision(4));
   }
   function fmtBytes(v) {

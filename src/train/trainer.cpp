@@ -685,6 +685,7 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
   out_.progress().finish();
   result_.stopped_by_signal = true;
   result_.seconds = seconds_since(t_train_);
+  result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   if (!c_.saves_checkpoints()) {
     out_.print(fmt::format("stopped by a signal after step {}: nothing was saved (no checkpointing configured: set "
                            "save_every or save_every_minutes to make a stop resumable)",
