@@ -8,9 +8,10 @@ set -euo pipefail
 
 BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev libsentencepiece-dev libpcre2-dev zlib1g-dev
-  libcpp-httplib-dev)
+  libcpp-httplib-dev libprotobuf-dev protobuf-compiler)
 TEST_PACKAGES=(clang libclang-rt-dev libomp-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
-  python3-sentencepiece python3-regex python3-jinja2 curl)
+  python3-sentencepiece python3-regex python3-jinja2 curl
+  python3-protobuf chromium)  # curl and Python talk to shardlm serve; python3-protobuf reads the TensorBoard event files, chromium renders report.html
 
 packages=("${BUILD_PACKAGES[@]}")
 if [[ "${1:-}" == "--test" ]]; then

@@ -47,5 +47,6 @@ void register_merge(CLI::App& app);
 void register_estimate_memory(CLI::App& app);
 void register_recipes(CLI::App& app);
 void register_validate(CLI::App& app);
+void register_report(CLI::App& app);
 
 }  // namespace shardlm::cli

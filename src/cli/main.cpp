@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
       "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
       "  shardlm recipes                                         built-in configs (full, LoRA, QLoRA); `recipes cp NAME FILE`\n"
       "  shardlm validate --config run.yaml                      check a config (keys, model, data, memory) without training\n"
+      "  shardlm report --metrics runs/demo/metrics.jsonl --out r.html   a run's charts as one HTML page\n"
       "  shardlm env                                             threads, BLAS, MPI, CUDA of this build\n"
       "\n"
       "Run 'shardlm <command> --help' for a command's options.");
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_estimate_memory(app);
   shardlm::cli::register_recipes(app);
   shardlm::cli::register_validate(app);
+  shardlm::cli::register_report(app);
   shardlm::cli::register_env(app);
 
   // A file-size limit (ulimit -f, a quota) should fail the write that crosses it with EFBIG,

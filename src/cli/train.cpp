@@ -26,8 +26,11 @@ void register_train(CLI::App& app) {
       "  srun --mpi=pmix -n 2 shardlm train --config run.yaml     Slurm (docs/slurm.md; examples/slurm/finetune.sbatch)\n"
       "  shardlm train --config run.yaml deepspeed_config=ds_z3.json   a DeepSpeed JSON's settings (docs/deepspeed.md)\n"
       "  shardlm recipes cp llama3_1-8b-lora-single-device run.yaml   a built-in recipe to start from\n"
+      "  shardlm train --config run.yaml report_to=tensorboard   also TensorBoard event files (docs/reports.md)\n"
       "\n"
-      "Writes the trained model (Hugging Face layout) and metrics.jsonl into output_dir.");
+      "Writes the trained model (Hugging Face layout), metrics.jsonl and report.html (its curves, one\n"
+      "self-contained page) into output_dir; with report_to: tensorboard also event files in output_dir/runs\n"
+      "(or logging_dir).");
   cmd->callback([o] {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
     if (world().rank() == 0)

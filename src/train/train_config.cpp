@@ -329,6 +329,35 @@ std::string usable_device(Device d) {
   return {};
 }
 
+// report_to: one name or a list of names (Hugging Face's report_to and accelerate's log_with take
+// both). tensorboard is the one integration there is, so "all" means it; "none" alone turns it off.
+// Any other name (wandb, mlflow, ...) is refused rather than silently not reported to.
+void read_report_to(const ConfigTree& t, const std::string& k, TrainConfig& c) {
+  if (!t.has(k)) return;
+  std::vector<std::string> names;
+  try {
+    names.push_back(t.require<std::string>(k));
+  } catch (const Error&) {
+    try {
+      names = t.require<std::vector<std::string>>(k);  // not a scalar: a list
+    } catch (const Error&) {
+      throw t.error_at(k, "expected tensorboard, none or all, or a list of them");
+    }
+  }
+  bool tensorboard = false;
+  for (const std::string& n : names) {
+    if (n == "tensorboard" || n == "all") tensorboard = true;
+    else if (n != "none")
+      throw t.error_at(k, fmt::format("expected tensorboard, none or all (or a list of them), got '{}'{}", n,
+                                      n == "wandb" || n == "mlflow" || n == "comet_ml" || n == "aim" || n == "clearml"
+                                          ? " (shardlm writes TensorBoard event files and metrics.jsonl only)"
+                                          : ""));
+  }
+  if (tensorboard && std::find(names.begin(), names.end(), "none") != names.end())
+    throw t.error_at(k, "'none' cannot be listed with other reporters");
+  c.report_tensorboard = tensorboard;
+}
+
 std::vector<ConfigField<TrainConfig>> make_table() {
   using F = ConfigFields<TrainConfig>;
   std::vector<ConfigField<TrainConfig>> table;
@@ -384,6 +413,10 @@ std::vector<ConfigField<TrainConfig>> make_table() {
                             ? std::string()
                             : std::string("expected [first, last], two steps with 1 <= first <= last");
                }),
+      // Hugging Face TrainingArguments' report_to and accelerate's log_with: one name or a list.
+      F::custom("report_to", read_report_to, "tensorboard, none or all (one name or a list): where metrics also go")
+          .alias("log_with"),
+      F::field("logging_dir", &TrainConfig::logging_dir, "TensorBoard event files' directory (default output_dir/runs)"),
       F::parsed("save_dtype", &TrainConfig::save_dtype, float_dtype, "dtype of the trained weights written"),
       F::parsed("max_shard_size", &TrainConfig::max_shard_size, size_text, "largest safetensors file written"),
       // Hugging Face Trainer's names are accepted too.
@@ -510,6 +543,10 @@ TrainConfig with_batch_size(const TrainConfig& config, int world_size) {
                           c.micro_batch_size, c.gradient_accumulation_steps, world_size, world_size == 1 ? "" : "s",
                           got),
               ds.train_batch_size_at);
+}
+
+std::string TrainConfig::tensorboard_dir() const {
+  return logging_dir.empty() ? output_dir + "/runs" : logging_dir;
 }
 
 std::string TrainConfig::checkpoint_root() const {

@@ -67,6 +67,10 @@ struct TrainConfig {
   // [first, last]: steps whose timeline every rank writes as a Chrome trace, output_dir/trace/
   // rank<R>.json (core/timeline.h); empty: none.
   std::vector<int64_t> profile_steps;
+  // report_to (docs/reports.md): where else every metrics record goes. tensorboard: event files
+  // in logging_dir ("" = <output_dir>/runs), written by rank 0. report.html is always written.
+  bool report_tensorboard = false;
+  std::string logging_dir;
   DType save_dtype = DType::F32;
   std::string max_shard_size = "5GB";
   int64_t max_memory_per_rank = 0;  // bytes; the budget `sharding_strategy: auto` fits (0 = not given)
@@ -93,6 +97,7 @@ struct TrainConfig {
 
   bool saves_checkpoints() const { return save_every > 0 || save_every_minutes > 0; }
   std::string checkpoint_root() const;
+  std::string tensorboard_dir() const;
 };
 
 // Reads and validates; every error names the file, line and key. Unknown keys are errors.

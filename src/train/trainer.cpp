@@ -26,6 +26,8 @@
 #include "model/llama.h"
 #include "model/nf4_loader.h"
 #include "model/peft_adapter.h"
+#include "report/html_report.h"
+#include "report/tensorboard.h"
 #include "shard/engine.h"
 #include "train/progress.h"
 
@@ -305,32 +307,52 @@ MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, int world_size, i
   return p;
 }
 
-// Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet.
+// Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet. Every record goes one way,
+// through write(): to metrics.jsonl, to the TensorBoard event file with report_to: tensorboard, and
+// into the series report.html draws at the end (finish()).
 class Reporter {
  public:
   Reporter(const TrainConfig& c, bool lead)
       : progress_(lead ? c.progress : ProgressMode::None, c.log_every), lead_(lead),
-        metrics_path_((fs::path(c.output_dir) / c.metrics_file).string()) {
+        metrics_path_((fs::path(c.output_dir) / c.metrics_file).string()),
+        report_path_((fs::path(c.output_dir) / "report.html").string()),
+        tensorboard_dir_(c.report_tensorboard ? c.tensorboard_dir() : "") {
     if (!lead) return;
     std::error_code ec;
     fs::create_directories(c.output_dir, ec);
     if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
   }
   void print(const std::string& line) { progress_.print(line); }
-  // The metrics file is opened (and a previous run's truncated) at the first record, so a run
-  // refused while loading leaves output_dir as it was.
+  // The metrics file and the event file are opened (and a previous run's metrics truncated) at the
+  // first record, so a run refused while loading leaves output_dir as it was.
   void write(const nlohmann::json& rec) {
     if (!lead_) return;
     if (!metrics_) metrics_ = std::make_unique<MetricsFile>(metrics_path_);
     metrics_->write(rec);
+    if (!tensorboard_dir_.empty()) {
+      if (!events_) events_ = std::make_unique<report::EventWriter>(tensorboard_dir_);
+      events_->record(rec);
+    }
+    report_.add(rec);
+  }
+  // The end of a run (finished or stopped by a signal): report.html from the records written.
+  void finish(const std::vector<std::string>& notes) {
+    if (!lead_ || report_.empty()) return;
+    report::write_html(report_path_, report_.page("shardlm training report", notes));
+    progress_.print(fmt::format("report: {}{}", report_path_,
+                                events_ ? fmt::format("; TensorBoard events: {} (tensorboard --logdir {})",
+                                                      events_->path(), tensorboard_dir_)
+                                        : ""));
   }
   Progress& progress() { return progress_; }
 
  private:
   Progress progress_;
   bool lead_;
-  std::string metrics_path_;
+  std::string metrics_path_, report_path_, tensorboard_dir_;
   std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<report::EventWriter> events_;
+  report::TrainingReport report_;
 };
 
 // Exact-match accuracy of greedy answers to held-out problems, decoded through the engine (one
@@ -412,6 +434,7 @@ class Trainer {
   void save_checkpoint(int64_t step, const data::SamplerState& next);
   void save_model();
   void report_memory();
+  std::vector<std::string> report_notes() const;
 
   const TrainConfig& c_;
   comm::Communicator& world_;
@@ -590,6 +613,7 @@ TrainResult Trainer::run() {
   report_communication();
   save_model();
   report_memory();
+  out_.finish(report_notes());
   return result_;
 }
 
@@ -707,6 +731,7 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
   out_.progress().finish();
   result_.stopped_by_signal = true;
   result_.seconds = seconds_since(t_train_);
+  result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   if (!c_.saves_checkpoints()) {
     out_.print(fmt::format("stopped by a signal after step {}: nothing was saved (no checkpointing configured: set "
                            "save_every or save_every_minutes to make a stop resumable)",
@@ -717,6 +742,23 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
   out_.print(fmt::format("stopped by a signal after step {}: checkpoint {} is complete; continue with the same config "
                          "and resume_from=auto",
                          step, (fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(step)).string()));
+  out_.finish(report_notes());
+}
+
+// The lines under report.html's title: what ran, and how it ended.
+std::vector<std::string> Trainer::report_notes() const {
+  const int W = world_.size();
+  const TrainResult& r = result_;
+  std::vector<std::string> notes = {
+      fmt::format("model {} ({:.2f}M parameters{}), {} on {} rank{}, {} x {} tokens x {} accumulation per rank and step",
+                  c_.model, double(parameter_count(in_.model)) / 1e6, in_.model.lora ? ", LoRA" : "",
+                  shard::strategy_name(mem_.sharding.strategy), W, W > 1 ? "s" : "", in_.B, in_.T,
+                  c_.gradient_accumulation_steps),
+      fmt::format("{} steps{} in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}", r.steps,
+                  r.stopped_by_signal ? " (stopped by a signal)" : "", format_duration(r.seconds), r.tokens_per_s,
+                  r.first_loss, r.last_loss, r.initial_eval_loss, r.eval_loss),
+      fmt::format("output: {} (records: {})", c_.output_dir, c_.metrics_file)};
+  return notes;
 }
 
 // Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
