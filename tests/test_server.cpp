@@ -143,7 +143,9 @@ TEST(Scheduler, ShutdownEndsEveryRequest) {
     infer::Event e;
     while ((e = t->next()).kind == infer::Event::Kind::Text) {
     }
-    if (e.kind == infer::Event::Kind::Failed) EXPECT_EQ(e.status, 503);
+    if (e.kind == infer::Event::Kind::Failed) {
+      EXPECT_EQ(e.status, 503);
+    }
   }
   const infer::Event late = sched.submit({r, {}, false})->next();
   EXPECT_EQ(late.kind, infer::Event::Kind::Failed);

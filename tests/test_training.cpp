@@ -65,6 +65,23 @@ TEST(Schedule, MatchesHuggingFaceDefinitions) {
   EXPECT_THROW(train::parse_schedule_kind("exponential"), Error);
 }
 
+// MFU's numerator for Llama 2 7B at 4096 tokens, from the architecture's published numbers: the
+// projections 32 x (4 x 4096^2 + 3 x 4096 x 11008) plus the head 32000 x 4096 = 6.608e9 matmul
+// weights, 6 FLOPs each, and 12 x 32 x 4096 x 4096 for attention; LoRA r=8 on q and v: 4 per
+// frozen weight and 6 per adapter parameter (32 layers x 2 modules x 8 x (4096 + 4096)).
+TEST(Flops, TrainingFlopsPerTokenFollowsPalmsAccounting) {
+  ModelConfig c = preset("llama2-7b");
+  const double matmul = 32.0 * (4 * 4096.0 * 4096 + 3 * 4096.0 * 11008) + 32000.0 * 4096;
+  const double attention = 12.0 * 32 * 4096 * 4096;
+  EXPECT_NEAR(training_flops_per_token(c, 4096), 6 * matmul + attention, 1e3);
+  EXPECT_NEAR(training_flops_per_token(c, 4096) / 1e9, 46.09, 0.01);
+  model::LoraSpec lora;
+  lora.rank = 8;
+  lora.target_modules = {"q_proj", "v_proj"};
+  c.lora = lora;
+  EXPECT_NEAR(training_flops_per_token(c, 4096), 4 * matmul + 6 * (32.0 * 2 * 8 * (4096 + 4096)) + attention, 1e3);
+}
+
 TEST(Data, TokenStreamWindowsAndBatches) {
   std::vector<int32_t> tokens(23);
   for (int i = 0; i < 23; ++i) tokens[size_t(i)] = i;

@@ -122,4 +122,11 @@ ModelConfig preset(const std::string& name);  // unknown name: Error listing the
 // table of Llama tensors). Matches sum(p.numel() for p in model.parameters()).
 int64_t parameter_count(const ModelConfig& config);
 
+// Model FLOPs of one trained token in rows of seq_len tokens, the numerator of MFU (PaLM's
+// accounting, its appendix B): 6 per matmul weight that trains (forward, input and weight
+// gradients), 4 per frozen one the backward passes through (a LoRA base: forward and input
+// gradient), 6 per adapter parameter, and 12 * layers * q_dim * seq_len for attention's two matmuls.
+// The embedding lookup is no matmul; the head is (tied or not). Norms and element-wise ops are left out.
+double training_flops_per_token(const ModelConfig& config, int64_t seq_len);
+
 }  // namespace shardlm

@@ -129,6 +129,15 @@ int64_t parameter_count(const ModelConfig& c) {
   for (const model::ModelPart& p : model::llama_parts(c)) n += p.numel();
   return n;
 }
+
+double training_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  const double d = double(c.hidden_size), L = double(c.num_hidden_layers);
+  const double per_layer = d * double(c.q_dim()) * 2 + d * double(c.kv_dim()) * 2 + 3 * d * double(c.intermediate_size);
+  const double matmul = L * per_layer + double(c.vocab_size) * d;  // the decoder layers' projections and the head
+  const double attention = 12 * L * double(c.q_dim()) * double(seq_len);
+  if (!c.lora) return 6 * matmul + attention;
+  return 4 * matmul + 6 * double(model::lora_parameter_count(c, *c.lora)) + attention;
+}
 }  // namespace shardlm
 
 namespace shardlm::model {

@@ -406,6 +406,9 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       F::field("log_every", &TrainConfig::log_every, "steps between progress lines", positive),
       F::field("progress", &TrainConfig::progress, "auto, bar, lines or none"),
       F::field("metrics_file", &TrainConfig::metrics_file, "JSON lines of metrics, in output_dir"),
+      F::field("peak_flops", &TrainConfig::peak_flops,
+               "FLOP/s of one rank's device at the compute dtype; step records then carry mfu",
+               non_negative("must be >= 0 (0: no mfu)")),
       F::field("profile_steps", &TrainConfig::profile_steps,
                "[first, last]: those steps' timeline per rank, output_dir/trace/rank<R>.json (Chrome trace)",
                [](const std::vector<int64_t>& v) {

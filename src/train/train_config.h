@@ -67,6 +67,9 @@ struct TrainConfig {
   // [first, last]: steps whose timeline every rank writes as a Chrome trace, output_dir/trace/
   // rank<R>.json (core/timeline.h); empty: none.
   std::vector<int64_t> profile_steps;
+  // FLOP/s one rank's device can do at the compute dtype (e.g. 989e12 for an H100 SXM in bf16);
+  // given, step records carry mfu = model_flops_per_s / (peak_flops * ranks). 0: no mfu.
+  double peak_flops = 0;
   // report_to (docs/reports.md): where else every metrics record goes. tensorboard: event files
   // in logging_dir ("" = <output_dir>/runs), written by rank 0. report.html is always written.
   bool report_tensorboard = false;

@@ -644,6 +644,11 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
   out_.progress().step(line);
   nlohmann::json rec = {{"step", step}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm},
                         {"tokens_per_s", line.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
+  // Model FLOPs per second over the run so far, all ranks (model/config.h's accounting), and MFU
+  // against the peak the config states.
+  const double flops_per_s = training_flops_per_token(in_.model, in_.T) * line.tokens_per_s;
+  rec["model_flops_per_s"] = flops_per_s;
+  if (c_.peak_flops > 0) rec["mfu"] = flops_per_s / (c_.peak_flops * world_.size());
   if (!s.finite) {
     // JSON has no NaN: a skipped step's loss and norm are recorded as null.
     rec["loss"] = nullptr;

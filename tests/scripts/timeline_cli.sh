@@ -3,7 +3,7 @@
 # writes one Chrome trace per rank for the profiled steps; each holds the main track's compute and
 # waits and the communication track's collectives, prefetched all-gathers overlap compute spans,
 # and the trainer prints the share of communication hidden behind compute (metrics.jsonl carries
-# each step's comm_busy_s / comm_wait_s). A bad profile_steps value is refused naming the key.
+# each step's comm_busy_s / comm_wait_s, and mfu against peak_flops). A bad profile_steps value is refused naming the key.
 # Usage: timeline_cli.sh SHARDLM PYTHON WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -27,6 +27,7 @@ log_every: 1
 sharding_strategy: FULL_SHARD
 forward_prefetch: true
 profile_steps: [2, 3]
+peak_flops: 1.0e+11
 YAML
 
 "$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" >"$work/out.log" 2>&1 ||
@@ -73,6 +74,8 @@ assert reduces_hidden, "no reduce-scatter overlaps a compute span on either rank
 recs = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
 steps = [r for r in recs if "loss" in r]
 assert len(steps) == 4 and all(r["comm_busy_s"] >= r["comm_wait_s"] >= 0 for r in steps), steps[0]
+# MFU against the stated peak of each of the 2 ranks.
+assert all(r["model_flops_per_s"] > 0 and abs(r["mfu"] - r["model_flops_per_s"] / 2e11) < 1e-12 for r in steps), steps[0]
 PY
 
 # A bad window is refused before training, naming the key.
