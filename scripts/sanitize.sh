@@ -3,8 +3,8 @@
 #   address    AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer over every ctest:
 #              unit, finite-difference, PyTorch parity, golden models, the command line and the
 #              MPI runs at 1, 2 and 4 ranks (whose rank processes are sanitized too)
-#   thread     ThreadSanitizer over the threaded part, the data prefetch thread: the Sampler tests
-#              and a training run (one process)
+#   thread     ThreadSanitizer over the threaded parts, the data prefetch thread and the MPI
+#              progress thread: the Sampler tests and training runs on 1 process and 2 ranks
 #   scripts/sanitize.sh                  both
 #   scripts/sanitize.sh address -R Unit  one kind; further arguments go to ctest
 #   scripts/sanitize.sh --quick          what CI runs: the unit tests (ctest label "unit") under address
@@ -57,13 +57,19 @@ for kind in "${kinds[@]}"; do
       # reported: one OpenMP thread leaves only the threads shardlm starts itself.
       export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1 OMP_NUM_THREADS=1
       build-tsan/tests/shardlm_tests --gtest_filter='Sampler.*' --gtest_brief=1
-      # The prefetch thread inside a real training run. One process: Open MPI's progress threads
-      # are not instrumented either, so multi-rank runs are left to the address pass.
+      # The prefetch thread inside a real training run, on one process and on 2 MPI ranks, where
+      # each rank's communication progress thread tests the collectives the main thread issues and
+      # waits on (Open MPI itself is not instrumented: ignore_noninstrumented_modules leaves its
+      # internals out, so what is checked is shardlm's own hand-off between the two threads).
       work=build-tsan/train
       rm -rf "$work"
       build-tsan/shardlm init --preset tiny --out "$work/model" --seed 1 >/dev/null
       build-tsan/shardlm train --config configs/demo-addition.yaml model="$work/model" output_dir="$work/run" \
         max_steps=20 eval_every=10 accuracy_examples=0 progress=none >/dev/null
+      mpirun -np 2 --oversubscribe -x TSAN_OPTIONS -x OMP_NUM_THREADS -x OMPI_MCA_memory \
+        build-tsan/shardlm train --config configs/demo-addition.yaml model="$work/model" output_dir="$work/run2" \
+        max_steps=20 eval_every=10 accuracy_examples=0 progress=none sharding_strategy=FULL_SHARD \
+        forward_prefetch=true >/dev/null
       unset TSAN_OPTIONS OMP_NUM_THREADS
       ;;
   esac
