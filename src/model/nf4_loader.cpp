@@ -254,6 +254,7 @@ void Nf4ModelReader::dequantize_range(const std::string& name, int64_t begin, in
   int64_t n = 1;
   for (int64_t d : state(name).shape) n *= d;
   SHARDLM_CHECK(0 <= begin && begin <= end && end <= n, "{}: elements [{}, {}) outside [0, {})", name, begin, end, n);
+  if (begin == end) return;  // nothing to read (and `out` may be null)
   // In pieces of whole blocks, read plain (f32 absmax) into a bounded staging buffer.
   constexpr int64_t kPieceBlocks = 16384;
   const int64_t first = begin / ops::kNf4BlockSize, last = ceil_div(end, ops::kNf4BlockSize);
