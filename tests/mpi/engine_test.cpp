@@ -332,8 +332,9 @@ TEST(Engine, BitsandbytesDirectoryReadsByRange) {
         lo = std::min(lo, n), hi = std::min(hi, n);  // k_proj holds 8192
         std::vector<float> part(size_t(hi - lo));
         reader.dequantize_range(name, lo, hi, part.data());
-        if (!part.empty())  // memcmp's pointers must not be null, even for no bytes
+        if (!part.empty()) {  // memcmp's pointers must not be null, even for no bytes
           EXPECT_EQ(std::memcmp(part.data(), whole.t.f32() + lo, part.size() * 4), 0) << name << " [" << lo << ", " << hi << ")";
+        }
       }
     }
   }
