@@ -370,7 +370,9 @@ void translate_json(Translator& x, DeepSpeedSettings& out) {
     // trains the same losses, so only memory would differ.)
     x.set_default("max_grad_norm", "0", "");
   if (std::optional<double> v = x.number("train_batch_size")) {
-    if (*v < 1 || *v != std::floor(*v)) throw x.error("train_batch_size", "must be a positive integer");
+    // Bounded before the conversion: a double beyond int64_t's range has no integer value to take.
+    if (*v < 1 || *v != std::floor(*v) || *v > 1e15)
+      throw x.error("train_batch_size", "must be a positive integer (at most 1e15)");
     out.train_batch_size = int64_t(*v);
     out.train_batch_size_at = x.error("train_batch_size", "").context();
   }
