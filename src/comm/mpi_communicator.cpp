@@ -177,8 +177,8 @@ class Progress {
   }
 
  private:
-  // Tests every collective in flight once; returns how many completed.
-  int poll_round() {
+  // Tests every collective in flight once, marking the completed ones done.
+  void poll_round() {
     std::vector<std::shared_ptr<InFlight>> snapshot;
     {
       std::lock_guard lock(mu_);
@@ -190,7 +190,7 @@ class Progress {
       check(MPI_Test(&f->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
       if (flag) finished.push_back(f.get());
     }
-    if (finished.empty()) return 0;
+    if (finished.empty()) return;
     const auto now = Clock::now();
     {
       std::lock_guard lock(mu_);
@@ -203,7 +203,6 @@ class Progress {
       if (active_.empty()) timing_.busy_seconds += std::chrono::duration<double>(now - busy_since_).count();
     }
     done_.notify_all();
-    return int(finished.size());
   }
 
   void run() {
@@ -245,21 +244,20 @@ Progress& g_progress = *new Progress;
 // Waits for a collective until the collective timeout passes; then names what hung and ends the job.
 void wait_or_abort(const InFlight& f) {
   const double limit = collective_timeout();
-  const auto t0 = Clock::now();
-  auto last = t0;
+  const auto begin = Clock::now();
+  auto last = begin;
+  double waited = 0;     // seconds since begin, as of `last`
   double suspended = 0;  // seconds this process itself did not run (it was stopped, then continued)
-  const auto begin = t0;
   for (;;) {
     // Short slices first (most collectives complete within a few ms), then 100 ms ones: the
     // watchdog only needs to look now and then.
-    const double waited_so_far = std::chrono::duration<double>(Clock::now() - t0).count();
-    const auto slice = waited_so_far < 0.02 ? std::chrono::microseconds(100) : std::chrono::microseconds(100000);
+    const auto slice = waited < 0.02 ? std::chrono::microseconds(100) : std::chrono::microseconds(100000);
     if (g_progress.wait_for(f, slice)) break;
     const auto now = Clock::now();
     const double gap = std::chrono::duration<double>(now - last).count();
     if (gap > 1.0) suspended += gap;  // slices are at most 0.1 s apart: a gap of seconds is our own stop
     last = now;
-    const double waited = std::chrono::duration<double>(now - t0).count();
+    waited = std::chrono::duration<double>(now - begin).count();
     if (limit <= 0 || waited < limit) continue;
     if (suspended > 0.5 * waited) {
       std::fprintf(stderr, "shardlm: error: rank %d: this rank was stopped for %.0f s in %s (%s); ending the job\n",

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace shardlm::timeline {
 
@@ -36,6 +37,12 @@ class Span {
  public:
   Span(std::string_view name, const char* category) : on_(recording()) {
     if (on_) name_ = name, category_ = category, begin_ = Clock::now();
+  }
+  // A name made only when recording: Span([&] { return "gather wait " + unit; }, "wait").
+  template <class MakeName>
+    requires std::is_invocable_r_v<std::string, MakeName&>
+  Span(MakeName&& make_name, const char* category) : on_(recording()) {
+    if (on_) name_ = make_name(), category_ = category, begin_ = Clock::now();
   }
   ~Span() {
     if (on_) record(name_, category_, kMainTrack, begin_, Clock::now());

@@ -190,13 +190,14 @@ struct BadRequest {
   std::string param;  // empty: null (the body as a whole)
 };
 
+// Compact JSON; invalid UTF-8 (a token cut mid-character) is replaced, not thrown on.
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 std::string error_body(const std::string& message, const char* type, const std::string& param) {
   ojson e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
-  return ojson{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return dump(ojson{{"error", e}});
 }
-
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // A request as the handler keeps it: the job and how to answer.
 struct Parsed {

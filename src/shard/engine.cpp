@@ -82,7 +82,7 @@ struct Arith {
 };
 
 // "forward layer 3" / "head" ...: a compute span's name in the timeline.
-std::string stage_label(const Stage& s, const std::string& unit) {
+std::string stage_label(const Stage& s) {
   switch (s.kind) {
     case StageKind::EmbedForward: return "embed forward";
     case StageKind::BlockForward: return fmt::format("forward layer {}", s.layer);
@@ -90,7 +90,7 @@ std::string stage_label(const Stage& s, const std::string& unit) {
     case StageKind::BlockBackward: return fmt::format("backward layer {}", s.layer);
     case StageKind::EmbedBackward: return "embed backward";
   }
-  return unit;
+  return "stage";
 }
 
 }  // namespace
@@ -498,7 +498,7 @@ void ShardedModel::gather_start(Unit& u) {
 void ShardedModel::wait_gathered(Unit& u, model::StagedModel& m) {
   if (u.state == ParamState::Sharded) gather_start(u);
   if (u.state == ParamState::Gathering) {
-    const timeline::Span span(timeline::recording() ? "gather wait " + u.plan->name : std::string(), "wait");
+    const timeline::Span span([&] { return "gather wait " + u.plan->name; }, "wait");
     if (u.pending) {
       u.pending->wait();
       u.pending.reset();
@@ -614,7 +614,7 @@ void ShardedModel::reduce_finish(Unit& u) {
   if (!u.reducing) return;
   const Arith a{ledger_ != nullptr};
   {
-    const timeline::Span span(timeline::recording() ? "reduce wait " + u.plan->name : std::string(), "wait");
+    const timeline::Span span([&] { return "reduce wait " + u.plan->name; }, "wait");
     u.reducing->wait();
   }
   u.reducing.reset();
@@ -659,7 +659,7 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
     // The reductions started before this visit run behind its compute; they finish after it.
     const std::vector<Unit*> earlier = reducing_;
     for (const Stage& s : v.stages) {
-      const timeline::Span span(timeline::recording() ? stage_label(s, u.plan->name) : std::string(), "compute");
+      const timeline::Span span([&] { return stage_label(s); }, "compute");
       compute(s);
     }
     if (v.prefetch >= 0 && post) gather_start(*units_[size_t(v.prefetch)]);

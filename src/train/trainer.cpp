@@ -451,6 +451,7 @@ class Trainer {
   std::unique_ptr<ckpt::CheckpointReader> resume_;
   std::string load_note_;
   int64_t start_step_ = 1, tokens_seen_ = 0, skipped_in_a_row_ = 0;
+  double flops_per_token_ = 0;  // model FLOPs of one trained token (model/config.h), for model_flops_per_s
   Clock::time_point t_train_, last_save_;
   TrainResult result_;
 };
@@ -490,6 +491,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       out_(c, lead_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
+  flops_per_token_ = training_flops_per_token(in_.model, in_.T);
   model_.set_checkpointing(c.activation_checkpointing);
   model_.reserve(in_.B, in_.T);
 }
@@ -578,8 +580,8 @@ TrainResult Trainer::run() {
   t_train_ = last_save_ = Clock::now();
   for (int64_t step = start_step_; step <= c_.max_steps; ++step) {
     if (!c_.profile_steps.empty() && step == c_.profile_steps[0]) timeline::start();
-    std::optional<timeline::Span> step_span;  // ends before the window's trace is written
-    if (timeline::recording()) step_span.emplace(fmt::format("step {}", step), "step");
+    // Ended (reset) before the window's trace is written.
+    std::optional<timeline::Span> step_span(std::in_place, [&] { return fmt::format("step {}", step); }, "step");
     const data::StepBatch sb = [&] {
       const timeline::Span span("data wait", "data");
       return prefetch.next();
@@ -646,7 +648,7 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
                         {"tokens_per_s", line.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
   // Model FLOPs per second over the run so far, all ranks (model/config.h's accounting), and MFU
   // against the peak the config states.
-  const double flops_per_s = training_flops_per_token(in_.model, in_.T) * line.tokens_per_s;
+  const double flops_per_s = flops_per_token_ * line.tokens_per_s;
   rec["model_flops_per_s"] = flops_per_s;
   if (c_.peak_flops > 0) rec["mfu"] = flops_per_s / (c_.peak_flops * world_.size());
   if (!s.finite) {
@@ -692,7 +694,6 @@ void Trainer::write_timeline() {
 void Trainer::report_communication() {
   const comm::CommTiming t = comm::timing();
   if (world_.size() == 1 || c_.device != Device::CPU || t.busy_seconds <= 0) return;
-  result_.comm_hidden_share = t.hidden_share();
   out_.print(fmt::format("communication: {:.1f}s with collectives in flight, {:.1f}s waited on them: {:.0f}% hidden "
                          "behind compute",
                          t.busy_seconds, t.waited_seconds, 100 * t.hidden_share()));
