@@ -1,6 +1,7 @@
 // Unit tests of src/core: dtypes, Tensor views, the tracking allocator, errors, the RNG.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -165,6 +166,46 @@ TEST(Alloc, TracksLiveAndPeakPerCategory) {
   EXPECT_EQ(t.t.nbytes(), 64u);
   EXPECT_EQ(t.buffer.bytes(), 64u);
   EXPECT_EQ(format_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+}
+
+// The host block cache: a freed large block comes back for the same size (zeroed when asked), a
+// miss releases cached blocks first, and live bytes are charged as without the cache.
+TEST(Alloc, HostBlockCacheReusesExactSizesWithinThePeak) {
+  if (!host_cache_stats().enabled) GTEST_SKIP() << "the host block cache is off (SHARDLM_HOST_CACHE=0 or a sanitizer build)";
+  release_host_cache();
+  auto& tracker = MemoryTracker::for_device(Device::CPU);
+  const int64_t live0 = tracker.stats().live_total;
+  const size_t big = (size_t(2) << 20) + 100;  // rounded to 64 inside
+  void* first = nullptr;
+  {
+    Buffer a(big, MemCategory::Gradients);
+    first = a.data();
+    std::memset(a.data(), 0x5a, big);
+    EXPECT_EQ(tracker.stats().live_total - live0, int64_t(big));
+  }
+  EXPECT_EQ(tracker.stats().live_total, live0);  // cached is not live
+  HostCacheStats s = host_cache_stats();
+  EXPECT_EQ(s.blocks, 1);
+  EXPECT_EQ(s.cached_bytes, int64_t((big + 63) / 64 * 64));
+  const int64_t hits0 = s.hits;
+  {
+    Buffer again(big, MemCategory::Activations);  // same size: the same block, zeroed
+    EXPECT_EQ(again.data(), first);
+    EXPECT_EQ(host_cache_stats().hits, hits0 + 1);
+    EXPECT_EQ(host_cache_stats().cached_bytes, 0);
+    const auto* bytes = static_cast<const unsigned char*>(again.data());
+    EXPECT_TRUE(std::all_of(bytes, bytes + big, [](unsigned char b) { return b == 0; }));
+  }
+  {
+    Buffer other(big * 2, MemCategory::Workspace);  // a miss: the cached block is released first
+    EXPECT_EQ(host_cache_stats().cached_bytes, 0);
+    EXPECT_EQ(host_cache_stats().hits, hits0 + 1);
+  }
+  Buffer small(1000, MemCategory::Other);  // below 1 MiB: never cached
+  small = Buffer();
+  EXPECT_EQ(host_cache_stats().blocks, 1);  // only `other`
+  release_host_cache();
+  EXPECT_EQ(host_cache_stats().cached_bytes, 0);
 }
 
 TEST(ErrorTest, OneLineWithContext) {

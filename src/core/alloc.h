@@ -91,6 +91,19 @@ class Buffer {
   bool pinned_ = false;  // CPU only: allocated with cudaHostAlloc, freed with cudaFreeHost
 };
 
+// The host block cache (alloc.cpp): freed CPU buffers of 1 MiB and more are kept and reused for
+// the same size instead of going back to the system, without ever raising the footprint above the
+// peak live bytes. What it holds is not charged to any category (it is not live).
+struct HostCacheStats {
+  int64_t cached_bytes = 0;  // held, free, for reuse
+  int64_t blocks = 0;
+  int64_t hits = 0;          // allocations served from the cache since start-up
+  bool enabled = true;       // false under SHARDLM_HOST_CACHE=0 and in sanitizer builds
+};
+HostCacheStats host_cache_stats();
+// Returns every cached block to the system (after training, before a phase of different sizes).
+void release_host_cache();
+
 std::string format_bytes(int64_t bytes);  // "1.50 GiB", "12.0 MiB", "512 B"
 
 }  // namespace shardlm
