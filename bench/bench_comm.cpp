@@ -6,7 +6,8 @@
 //   --sizes   units: one message per distinct unit size of the model's FULL_SHARD plan on N ranks
 //                    (TRANSFORMER_BASED_WRAP: a decoder layer; the embedding, tied to the head);
 //             sweep: total buffers of 1 MiB, 2 MiB, ... --max-mib MiB;
-//             or a comma list of total sizes in MiB ("4,64"); parts may be combined ("units,16").
+//             or a comma list of total sizes in MiB ("4,64") or, with a k, KiB ("64k"); parts may be
+//             combined ("units,16").
 //   --dtype   f32, bf16 or all
 //   --iters   timed rounds; --warmup untimed rounds before them
 //
@@ -101,14 +102,14 @@ Args parse_args(int argc, char** argv) {
 }
 
 // One message size: `elems` elements in the full (all-gathered / reduce-scattered) buffer, a
-// multiple of the rank count, or -1 with `mib` for a size given in bytes (elements follow the dtype).
+// multiple of the rank count, or -1 with `kib` for a size given in bytes (elements follow the dtype).
 struct Size {
   std::string label;
   int64_t elems = -1;
-  int64_t mib = 0;
+  int64_t kib = 0;
   int64_t full_elems(DType d, int ranks) const {
     if (elems >= 0) return elems;
-    const int64_t e = mib * (int64_t(1) << 20) / int64_t(dtype_size(d));
+    const int64_t e = kib * 1024 / int64_t(dtype_size(d));
     return e / ranks * ranks;  // every rank's shard the same size, as the plan pads units
   }
 };
@@ -134,11 +135,13 @@ std::vector<Size> message_sizes(const Args& a, int rank, int ranks) {
         out.push_back({fmt::format("{}{}", u.name, same > 1 ? fmt::format(" (x{})", same) : ""), n});
       }
     } else if (part == "sweep") {
-      for (int64_t m = 1; m <= a.max_mib; m *= 2) out.push_back({"sweep", -1, m});
-    } else if (!part.empty() && std::strspn(part.c_str(), "0123456789") == part.size()) {
-      out.push_back({"size", -1, std::atoll(part.c_str())});
+      for (int64_t m = 1; m <= a.max_mib; m *= 2) out.push_back({"sweep", -1, m * 1024});
+    } else if (const size_t digits = std::strspn(part.c_str(), "0123456789");
+               digits > 0 && (digits == part.size() || (digits + 1 == part.size() && part.back() == 'k'))) {
+      const int64_t n = std::atoll(part.c_str());
+      out.push_back({"size", -1, digits == part.size() ? n * 1024 : n});
     } else {
-      fmt::print(stderr, "bench_comm: --sizes takes units, sweep or MiB numbers, not '{}'\n", part);
+      fmt::print(stderr, "bench_comm: --sizes takes units, sweep or sizes (MiB; KiB with a k), not '{}'\n", part);
       std::exit(2);
     }
   }

@@ -20,6 +20,8 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/mpi_error.h"
+#include "comm/shm_collectives.h"
 #include "core/timeline.h"
 #include "ops/ops.h"
 
@@ -39,14 +41,6 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
 }
 
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING];
-    int n = 0;
-    MPI_Error_string(rc, text, &n);
-    throw Error(fmt::format("{}: {}", what, std::string(text, size_t(n))));
-  }
-}
 
 // ---- the collective watchdog ----------------------------------------------------------------------
 
@@ -67,7 +61,7 @@ void exchange_peers() {
   me.pid = int(::getpid());
   ::gethostname(me.host, sizeof(me.host) - 1);
   g_peers.resize(size_t(size));
-  check(MPI_Allgather(&me, int(sizeof(Peer)), MPI_BYTE, g_peers.data(), int(sizeof(Peer)), MPI_BYTE, MPI_COMM_WORLD),
+  check_mpi(MPI_Allgather(&me, int(sizeof(Peer)), MPI_BYTE, g_peers.data(), int(sizeof(Peer)), MPI_BYTE, MPI_COMM_WORLD),
         "MPI_Allgather");
 }
 
@@ -108,8 +102,12 @@ std::string stuck_peers() {
 // the same polls itself (no overlap, as before).
 using Clock = std::chrono::steady_clock;
 
+// A collective in flight: an MPI request the progress thread tests, or (external) one that a
+// shared-memory group (shm_collectives.h) runs and reports complete through Progress::complete.
 struct InFlight {
   MPI_Request req = MPI_REQUEST_NULL;
+  bool external = false;
+  std::function<std::string()> holdup;  // external: who it waits for, for the watchdog ("" if nobody)
   const char* op = "";
   Clock::time_point issued;
   Clock::time_point completed;  // when a test found it complete; guarded by Progress::mu_
@@ -135,15 +133,18 @@ class Progress {
   std::shared_ptr<InFlight> add(MPI_Request req, const char* op) {
     auto f = std::make_shared<InFlight>();
     f->req = req;
-    f->op = op;
-    f->issued = Clock::now();
-    {
-      std::lock_guard lock(mu_);
-      if (active_.empty()) busy_since_ = f->issued;
-      active_.push_back(f);
-    }
-    work_.notify_one();
-    return f;
+    return track(std::move(f), op);
+  }
+  // A collective completed by someone else's call to complete() (a shared-memory group's worker).
+  std::shared_ptr<InFlight> add_external(const char* op, std::function<std::string()> holdup) {
+    auto f = std::make_shared<InFlight>();
+    f->external = true;
+    f->holdup = std::move(holdup);
+    return track(std::move(f), op);
+  }
+  void complete(InFlight* f) {
+    finish({f});
+    done_.notify_all();
   }
 
   // Waits up to `slice` for `f` to complete; true when it has. Without the thread, this thread
@@ -177,7 +178,32 @@ class Progress {
   }
 
  private:
-  // Tests every collective in flight once, marking the completed ones done.
+  std::shared_ptr<InFlight> track(std::shared_ptr<InFlight> f, const char* op) {
+    f->op = op;
+    f->issued = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      if (active_.empty()) busy_since_ = f->issued;
+      active_.push_back(f);
+    }
+    work_.notify_one();
+    return f;
+  }
+
+  // Marks `finished` done (now) and closes the busy interval when nothing is left in flight.
+  void finish(const std::vector<InFlight*>& finished) {
+    const auto now = Clock::now();
+    std::lock_guard lock(mu_);
+    for (InFlight* f : finished) {
+      f->done = true;
+      f->completed = now;
+      timeline::record(f->op, "comm", timeline::kCommTrack, f->issued, now);
+    }
+    std::erase_if(active_, [](const auto& f) { return f->done; });
+    if (active_.empty()) timing_.busy_seconds += std::chrono::duration<double>(now - busy_since_).count();
+  }
+
+  // Tests every MPI collective in flight once, marking the completed ones done.
   void poll_round() {
     std::vector<std::shared_ptr<InFlight>> snapshot;
     {
@@ -186,22 +212,13 @@ class Progress {
     }
     std::vector<InFlight*> finished;
     for (const auto& f : snapshot) {
+      if (f->external) continue;
       int flag = 0;
-      check(MPI_Test(&f->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      check_mpi(MPI_Test(&f->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
       if (flag) finished.push_back(f.get());
     }
     if (finished.empty()) return;
-    const auto now = Clock::now();
-    {
-      std::lock_guard lock(mu_);
-      for (InFlight* f : finished) {
-        f->done = true;
-        f->completed = now;
-        timeline::record(f->op, "comm", timeline::kCommTrack, f->issued, now);
-      }
-      std::erase_if(active_, [](const auto& f) { return f->done; });
-      if (active_.empty()) timing_.busy_seconds += std::chrono::duration<double>(now - busy_since_).count();
-    }
+    finish(finished);
     done_.notify_all();
   }
 
@@ -266,7 +283,11 @@ void wait_or_abort(const InFlight& f) {
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
     }
-    const std::string stuck = stuck_peers();
+    std::string stuck = stuck_peers();
+    // A shared-memory collective knows which rank it waits for, stopped or not.
+    if (const std::string holdup = f.holdup ? f.holdup() : std::string(); stuck.empty() && !holdup.empty())
+      stuck = holdup + " (no rank on this node is stopped or gone: it may be in another collective, or slower than "
+                       "the timeout)";
     std::fprintf(stderr,
                  "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
                  "job\n",
@@ -292,6 +313,7 @@ class MpiRequest final : public Request {
  public:
   MpiRequest(MPI_Request r, const char* op, std::function<void()> after)
       : flight_(g_progress.add(r, op)), after_(std::move(after)) {}
+  explicit MpiRequest(std::shared_ptr<InFlight> flight) : flight_(std::move(flight)) {}
   ~MpiRequest() override {
     if (!done_) {
       try {
@@ -319,8 +341,11 @@ class MpiCommunicator final : public Communicator {
     ++g_live_comms;
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Ranks that share one node reduce and gather through shared memory (shm_collectives.h).
+    shm_ = ShmGroup::create(comm_, g_progress.threaded());
   }
   ~MpiCommunicator() override {
+    shm_.reset();  // collective, before the communicator goes
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (--g_live_comms == 0 && g_we_initialized) {
       int finalized = 0;
@@ -338,19 +363,32 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor& in) override {
     check_gather("all_gather", out, in);
+    if (use_shm(out.nbytes(), false)) {
+      count_ring(stats_.all_gather_bytes, out.nbytes());
+      auto f = shm_flight("all-gather");
+      shm_->all_gather(out.data, in.data, in.nbytes(), [f] { g_progress.complete(f.get()); });
+      return std::make_unique<MpiRequest>(f);
+    }
     const int n = int(in.numel());
     const char* slice = static_cast<const char*>(out.data) + in.nbytes() * size_t(rank_);
     const void* send = in.data == slice ? MPI_IN_PLACE : in.data;
     MPI_Request r;
-    check(MPI_Iallgather(send, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_, &r), "MPI_Iallgather");
+    check_mpi(MPI_Iallgather(send, n, mpi_type(in.dtype), out.data, n, mpi_type(in.dtype), comm_, &r), "MPI_Iallgather");
     count_ring(stats_.all_gather_bytes, out.nbytes());
     return std::make_unique<MpiRequest>(r, "all-gather", nullptr);
   }
 
   std::unique_ptr<Request> reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
     check_gather("reduce_scatter", in, out);
+    if (use_shm(in.nbytes(), true)) {
+      count_ring(stats_.reduce_scatter_bytes, in.nbytes());
+      auto f = shm_flight("reduce-scatter");
+      shm_->reduce_scatter(out.data, in.data, size_t(out.numel()), in.dtype, scale_of(op),
+                           [f] { g_progress.complete(f.get()); });
+      return std::make_unique<MpiRequest>(f);
+    }
     MPI_Request r;
-    check(MPI_Ireduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype), mpi_sum(in.dtype), comm_, &r),
+    check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype), mpi_sum(in.dtype), comm_, &r),
           "MPI_Ireduce_scatter_block");
     count_ring(stats_.reduce_scatter_bytes, in.nbytes());
     return std::make_unique<MpiRequest>(r, "reduce-scatter", averager(out, op));
@@ -358,8 +396,14 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp op) override {
     check_tensor("all_reduce", buf);
+    if (use_shm(buf.nbytes(), true)) {
+      count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
+      auto f = shm_flight("all-reduce");
+      shm_->all_reduce(buf.data, size_t(buf.numel()), buf.dtype, scale_of(op), [f] { g_progress.complete(f.get()); });
+      return std::make_unique<MpiRequest>(f);
+    }
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf.data, int(buf.numel()), mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data, int(buf.numel()), mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r),
           "MPI_Iallreduce");
     count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
     return std::make_unique<MpiRequest>(r, "all-reduce", averager(buf, op));
@@ -368,7 +412,7 @@ class MpiCommunicator final : public Communicator {
   double all_reduce_sum(double value) override {
     double out = 0.0;
     MPI_Request r;
-    check(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
+    check_mpi(MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
     wait_or_abort(*g_progress.add(r, "all-reduce of a scalar"));
     return out;
   }
@@ -387,13 +431,13 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     MPI_Request r;
-    check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
     wait_or_abort(*g_progress.add(r, "barrier"));
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
-    check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
     return std::make_unique<MpiCommunicator>(sub);
   }
 
@@ -412,9 +456,21 @@ class MpiCommunicator final : public Communicator {
  private:
   void bcast(void* data, size_t n, int root) {
     MPI_Request r;
-    check(MPI_Ibcast(data, int(n), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+    check_mpi(MPI_Ibcast(data, int(n), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
     wait_or_abort(*g_progress.add(r, "broadcast"));
   }
+  // Which collectives take the shared-memory path (bench/RESULTS.md, 2026-11-24, bench/comm.sh):
+  // reductions of a chunk or more — MPI sums in one thread, the group at memory speed on every
+  // rank at once: 4-9x faster reduce-scatters at unit sizes — and all-gathers only when the group
+  // copies with several threads: MPI already moves a large gather in one copy (single-copy
+  // shared memory), where the group needs two (in, out), and single-threaded it was 1.1-1.5x slower.
+  bool use_shm(size_t full_bytes, bool reduction) const {
+    return shm_ && full_bytes >= ShmGroup::kMinBytes && (reduction || shm_->threads() > 1);
+  }
+  std::shared_ptr<InFlight> shm_flight(const char* op) {
+    return g_progress.add_external(op, [g = shm_.get()] { return g->holdup(); });
+  }
+  float scale_of(ReduceOp op) const { return op == ReduceOp::Avg ? 1.0f / float(size_) : 1.0f; }
   std::function<void()> averager(const Tensor& t, ReduceOp op) const {
     if (op != ReduceOp::Avg || size_ == 1) return nullptr;
     const float s = 1.0f / float(size_);
@@ -423,6 +479,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::unique_ptr<ShmGroup> shm_;  // null: the ranks span nodes (or SHARDLM_SHM=0); MPI collectives
 };
 
 }  // namespace
@@ -446,7 +503,7 @@ std::unique_ptr<Communicator> make_world_communicator() {
   if (!initialized) {
     int provided = 0;
     // MULTIPLE: the progress thread tests collectives while the main thread issues others.
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     g_we_initialized = true;
   }
   int level = 0;
@@ -455,7 +512,7 @@ std::unique_ptr<Communicator> make_world_communicator() {
   const char* want = std::getenv("SHARDLM_PROGRESS_THREAD");
   const bool wanted = !want || std::string(want) != "0";
   if (level == MPI_THREAD_MULTIPLE && wanted && !g_progress.threaded()) g_progress.start();
-  if (g_bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&bf16_sum, 1, &g_bf16_sum), "MPI_Op_create");
+  if (g_bf16_sum == MPI_OP_NULL) check_mpi(MPI_Op_create(&bf16_sum, 1, &g_bf16_sum), "MPI_Op_create");
   // Errors come back as return codes (turned into shardlm Errors) instead of aborting inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   exchange_peers();

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <numeric>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "mpi_test_main.h"
@@ -67,7 +70,7 @@ TEST(Comm, BroadcastFromTheLastRank) {
 TEST(Comm, SplitIntoShardAndReplicaGroups) {
   // A 2-wide mesh: shard groups of consecutive ranks, replica groups of equal position.
   const int R = g_world->rank(), W = g_world->size();
-  const int width = W >= 2 ? 2 : 1;
+  const int width = W % 2 == 0 ? 2 : 1;
   auto shard = g_world->split(R / width, R);
   auto replica = g_world->split(R % width, R);
   EXPECT_EQ(shard->size(), width);
@@ -101,6 +104,84 @@ TEST(Comm, BytesFollowRingAccounting) {
   EXPECT_EQ(g_world->stats().all_gather_bytes, full * (W - 1) / W);
   EXPECT_EQ(g_world->stats().reduce_scatter_bytes, full * (W - 1) / W);
   EXPECT_EQ(g_world->stats().all_reduce_bytes, 2 * full * (W - 1) / W);
+}
+
+// Larger than one chunk of the shared-memory path (shm_collectives.h: 8 MiB halves) and of sizes
+// no chunk divides, with values whose sums are exact in any order: every chunk lands in its place,
+// on both paths (ctest runs this file with SHARDLM_SHM=0 too).
+TEST(Comm, MultiChunkCollectivesOfOddSizes) {
+  const int R = g_world->rank(), W = g_world->size();
+  const int64_t n = 3'000'017;  // f32 per rank: 12 MB
+  auto value = [](int r, int64_t j) { return float((r + 1) * (j % 997)); };
+  std::vector<float> in(static_cast<size_t>(n)), all(static_cast<size_t>(n * W));
+  for (int64_t i = 0; i < n; ++i) in[size_t(i)] = value(R, i);
+  g_world->all_gather(view(all), view(in));
+  for (int r = 0; r < W; ++r)
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(all[size_t(r * n + i)], value(r, i)) << "rank " << R << " part " << r;
+
+  const float ranks = float(W * (W + 1) / 2);  // sum of (r + 1)
+  for (int64_t j = 0; j < n * W; ++j) all[size_t(j)] = value(R, j);
+  std::vector<float> part(static_cast<size_t>(n));
+  g_world->reduce_scatter(view(part), view(all), ReduceOp::Sum);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(part[size_t(i)], ranks * float((R * n + i) % 997)) << "element " << i;
+  g_world->all_reduce(view(all), ReduceOp::Avg);
+  for (int64_t j = 0; j < n * W; ++j) ASSERT_FLOAT_EQ(all[size_t(j)], ranks * float(j % 997) / float(W)) << j;
+
+  // bf16: small integers, exact in bf16 whatever the order of the additions.
+  const int64_t m = 4'200'001;
+  std::vector<bf16_t> h(size_t(m * W)), hp(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m * W; ++j) h[size_t(j)] = f32_to_bf16(float((R + 1) * (j % 13)));
+  g_world->reduce_scatter(Tensor::view(hp.data(), DType::BF16, {m}), Tensor::view(h.data(), DType::BF16, {m * W}),
+                          ReduceOp::Sum);
+  for (int64_t i = 0; i < m; ++i) ASSERT_EQ(bf16_to_f32(hp[size_t(i)]), ranks * float((R * m + i) % 13)) << i;
+}
+
+// An all-reduce of values whose sum depends on the order of the additions still leaves every rank
+// with the same bits (replicas must not drift apart), close to the exact sum.
+TEST(Comm, AllReduceGivesEveryRankTheSameBits) {
+  const int R = g_world->rank(), W = g_world->size();
+  const int64_t n = 2'500'003;
+  auto value = [](int r, int64_t i) {
+    return float(int64_t((uint64_t(i) * 2654435761u + uint64_t(r) * 40503u) % 10007u)) / 10007.0f - 0.5f;
+  };
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(R, i);
+  g_world->all_reduce(view(v), ReduceOp::Sum);
+  for (int64_t i = 0; i < n; i += 4999) {
+    double exact = 0;
+    for (int r = 0; r < W; ++r) exact += value(r, i);
+    ASSERT_NEAR(v[size_t(i)], exact, 1e-5) << i;
+  }
+  std::vector<float> everyone(size_t(n * W));
+  g_world->all_gather(view(everyone), view(v));
+  for (int r = 1; r < W; ++r)
+    ASSERT_EQ(std::memcmp(everyone.data(), everyone.data() + r * n, size_t(n) * sizeof(float)), 0) << "rank " << r;
+}
+
+// Several collectives of each kind in flight at once, waited for in reverse order.
+TEST(Comm, ManyCollectivesInFlightCompleteInAnyWaitOrder) {
+  const int R = g_world->rank(), W = g_world->size();
+  constexpr int kOps = 9;
+  std::vector<std::vector<float>> a(kOps), b(kOps);
+  std::vector<std::unique_ptr<Request>> pending;
+  for (int k = 0; k < kOps; ++k) {
+    const int64_t n = 1000 + 300'001 * k;  // from 4 KB to 10 MB: both paths (shm_collectives.h kMinBytes)
+    a[size_t(k)].assign(size_t(n), float(R + k));
+    b[size_t(k)].assign(size_t(n * W), float(R + 1));
+    if (k % 3 == 0) pending.push_back(g_world->all_gather_async(view(b[size_t(k)]), view(a[size_t(k)])));
+    if (k % 3 == 1) pending.push_back(g_world->reduce_scatter_async(view(a[size_t(k)]), view(b[size_t(k)]), ReduceOp::Sum));
+    if (k % 3 == 2) pending.push_back(g_world->all_reduce_async(view(a[size_t(k)]), ReduceOp::Sum));
+  }
+  for (int k = kOps - 1; k >= 0; --k) pending[size_t(k)]->wait();
+  for (int k = 0; k < kOps; ++k) {
+    const auto& x = k % 3 == 0 ? b[size_t(k)] : a[size_t(k)];
+    for (size_t i = 0; i < x.size(); i += 997) {
+      const float want = k % 3 == 0 ? float(int(i) / int(a[size_t(k)].size()) + k)
+                         : k % 3 == 1 ? float(W * (W + 1) / 2)
+                                      : float(W * (W - 1) / 2 + W * k);
+      ASSERT_EQ(x[i], want) << "op " << k << " element " << i;
+    }
+  }
 }
 
 TEST(Comm, MismatchedSizesAreErrors) {
