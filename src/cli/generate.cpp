@@ -220,6 +220,8 @@ void run_generate(const Opts& o) {
       return false;
     };
     if (w.rank() != 0) command = fmt::format("generate: rank {}", w.rank());
+    // What a rank was doing when the watchdog names a send, recv or broadcast that never completed.
+    comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
   }
   train::ParamStore params(cfg, DType::F32, keep);
   load_inference_weights(command.c_str(), {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit},

@@ -298,6 +298,20 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(sub, device_, world_rank_, bootstrap_);
   }
 
+  [[noreturn]] void abort(const std::string& message) override {
+    // Abort first: this rank's kernels stop waiting on peers and NCCL releases its resources.
+    // Then the bootstrap ends the job ("rank R: message" and MPI_Abort under MPI).
+    if (comm_) {
+      cudaSetDevice(device_);
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    bootstrap_->abort(message);
+    std::_Exit(1);  // the bootstrap's abort does not return; this keeps [[noreturn]] honest
+  }
+
+ private:
+  // send/recv: bytes to or from `peer` on the comm stream (see send above).
   void point_to_point(const char* op, const Tensor& t, int peer, bool sending) {
     if (peer < 0 || peer >= size_ || peer == rank_)
       fail(world_rank_, op, fmt::format("rank {} of {} has no peer rank {}", rank_, size_, peer));
@@ -316,19 +330,6 @@ class NcclCommunicator final : public Communicator {
     completion(op)->wait();
   }
 
-  [[noreturn]] void abort(const std::string& message) override {
-    // Abort first: this rank's kernels stop waiting on peers and NCCL releases its resources.
-    // Then the bootstrap ends the job ("rank R: message" and MPI_Abort under MPI).
-    if (comm_) {
-      cudaSetDevice(device_);
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-    }
-    bootstrap_->abort(message);
-    std::_Exit(1);  // the bootstrap's abort does not return; this keeps [[noreturn]] honest
-  }
-
- private:
   // Runs a check of the base class and names this rank in its Error.
   template <class F>
   void checked(const char*, F&& f) const {
