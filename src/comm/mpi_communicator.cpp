@@ -410,7 +410,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Point to point, non-blocking underneath so that the watchdog names a peer that never sends
-  // (or never receives: a large message waits for its receiver) instead of hanging.
+  // (or never receives: a large message waits for its receiver) instead of hanging. One tag: the
+  // messages between two ranks match in the order they are issued.
+  static constexpr int kPointToPointTag = 7;
   void send(const Tensor& t, int dst) override {
     check_peer("send", t, dst);
     MPI_Request r;
@@ -429,7 +431,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static constexpr int kPointToPointTag = 7;
   void bcast(void* data, size_t n, int root) {
     MPI_Request r;
     check(MPI_Ibcast(data, int(n), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");

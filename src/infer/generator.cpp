@@ -86,6 +86,14 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
                                   false);
       }
   }
+  // Logits of every row for all_logits, else of each sequence's last row: [R, V].
+  const int64_t R = all_logits ? N : B;
+  std::vector<float> logits(static_cast<size_t>(R * V));
+  if (share_.empty()) {  // a rank of a split model with no part: it only takes the logits
+    for (int s : slots) slots_[size_t(s)].length += Tq;
+    comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
+    return logits;
+  }
   const MemCategory ws = MemCategory::Workspace;
   auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false); };
   // The block's activations for the N = B * Tq new rows (sequence b's rows are b*Tq .. b*Tq+Tq-1).
@@ -99,14 +107,6 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
       pos.t.i32()[b * Tq + t] = int32_t(slots_[size_t(slots[size_t(b)])].length + t);
     }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  // Logits of every row for all_logits, else of each sequence's last row: [R, V].
-  const int64_t R = all_logits ? N : B;
-  std::vector<float> logits(static_cast<size_t>(R * V));
-  if (share_.empty()) {  // a rank of a split model with no part: it only takes the logits
-    for (int s : slots) slots_[size_t(s)].length += Tq;
-    comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
-    return logits;
-  }
   if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output
   model::AttentionKv kv;
