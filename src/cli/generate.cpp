@@ -8,10 +8,14 @@
 
 #include "cli/commands.h"
 #include "cli/inference.h"
+#include "comm/communicator.h"
+#include "core/alloc.h"
 #include "data/instruct.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
+#include "infer/placement.h"
 #include "infer/requests.h"
+#include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "train/param_store.h"
 
@@ -23,6 +27,7 @@ using nlohmann::json;
 
 struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
+  std::string device_map, max_memory_per_rank;  // empty: the whole model in each process
   std::vector<std::string> stop;
   infer::SamplingOptions s;
   int64_t batch_size = 8;
@@ -111,7 +116,24 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   return rows;
 }
 
+// --max-memory-per-rank: bytes, 0 when not given (unlimited).
+uint64_t max_memory_per_rank(const Opts& o) {
+  if (o.max_memory_per_rank.empty()) return 0;
+  uint64_t n = 0;
+  try {
+    n = io::parse_size(o.max_memory_per_rank);
+  } catch (Error& e) {
+    e.set_key("--max-memory-per-rank");
+    throw;
+  }
+  if (n == 0) throw Error("must be more than 0 bytes", {.key = "--max-memory-per-rank"});
+  return n;
+}
+
 void run_generate(const Opts& o) {
+  // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
+  // rank 0 writes results and notes.
+  const bool writer = o.device_map.empty() || world().rank() == 0;
   const ModelConfig cfg = load_hf_config(o.model);
   const auto tok = data::load_tokenizer(o.model);
   std::vector<PromptRow> rows;
@@ -151,7 +173,7 @@ void run_generate(const Opts& o) {
                                 "is left for a new token",
                                 P, context),
                     {.file = o.model + "/config.json", .key = "max_position_embeddings"});
-      if (P + r.s.max_new_tokens > context)
+      if (P + r.s.max_new_tokens > context && writer)
         std::fprintf(stderr,
                      "generate: %s--max-new-tokens %lld with a %lld-token prompt passes the model's "
                      "max_position_embeddings %lld: at most %lld new tokens\n",
@@ -168,14 +190,44 @@ void run_generate(const Opts& o) {
     requests.push_back({std::move(ids), r.s});
   }
 
-  if (chat)
+  if (chat && writer)
     std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(chat->format),
                  chat->default_system ? " (with the template's default system message)" : "");
-  train::ParamStore params(cfg, DType::F32);
-  load_inference_weights("generate", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,
-                         params);
+  // --device-map: this rank holds, loads and runs only its share of the model (infer/placement.h);
+  // every rank runs the same requests in lockstep and rank 0 writes the results.
+  comm::Communicator& w = world();
+  infer::Pipeline pipeline;
+  train::ParamStore::PartFilter keep;
+  std::string command = "generate";
+  if (!o.device_map.empty()) {
+    const infer::DeviceMap map = infer::parse_device_map(o.device_map);
+    const uint64_t max_memory = max_memory_per_rank(o);
+    pipeline = {.comm = &w, .shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory)};
+    if (writer) {
+      std::fprintf(stderr, "generate: device map %s over %d rank%s (max memory per rank %s):\n", infer::device_map_name(map),
+                   w.size(), w.size() == 1 ? "" : "s",
+                   max_memory ? format_bytes(int64_t(max_memory)).c_str() : "unlimited");
+      for (int r = 0; r < w.size(); ++r)
+        std::fprintf(stderr, "generate:   %s\n", infer::describe_share(r, pipeline.shares[size_t(r)]).c_str());
+    }
+    const infer::RankShare mine = pipeline.shares[size_t(w.rank())];
+    keep = [&cfg, mine](const model::ModelPart& part) {
+      switch (part.kind) {
+        case model::PartKind::Embedding: return mine.embed || (mine.head && cfg.tie_word_embeddings);
+        case model::PartKind::Layer: return part.layer >= mine.layer_begin && part.layer < mine.layer_end;
+        case model::PartKind::Head: return mine.head;
+      }
+      return false;
+    };
+    if (w.rank() != 0) command = fmt::format("generate: rank {}", w.rank());
+    // What a rank was doing when the watchdog names a send, recv or broadcast that never completed.
+    comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
+  }
+  train::ParamStore params(cfg, DType::F32, keep);
+  load_inference_weights(command.c_str(), {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit},
+                         cfg, params);
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
-  infer::Generator gen(cfg, params.compute_weights(), max_len, batch);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline);
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
@@ -185,15 +237,17 @@ void run_generate(const Opts& o) {
     texts.emplace_back(*tok, requests[i].prompt, rows[i].stop, stream || !rows[i].stop.empty());
   auto show = [&](bool last) {
     const std::string delta = texts[0].take_delta(last);
+    if (!writer) return;
     std::fputs(delta.c_str(), stdout);
     std::fflush(stdout);
   };
-  if (stream) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
+  if (stream && writer) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
   const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id) {
     const bool stopped = texts[i].push(id);
     if (stream) show(false);
     return stopped;
   });
+  if (!writer) return;
   if (stream) {
     show(true);
     std::fputs("\n", stdout);
@@ -288,6 +342,14 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", o->s.seed, "Sampling seed (a request's tokens depend only on it and the request)")
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "Do not start the prompt with the BOS token");
+  cmd->add_option("--device-map", o->device_map,
+                  "Split the model's layers over the ranks of `shardlm launch` (one process: all on rank 0), as "
+                  "accelerate's device_map does: auto (= balanced), balanced, balanced_low_0 (rank 0 as light as "
+                  "possible) or sequential (fill rank 0 first, then rank 1, ...). Each rank loads and runs only "
+                  "its layers; the placement is printed (docs/generation.md)");
+  cmd->add_option("--max-memory-per-rank", o->max_memory_per_rank,
+                  "With --device-map: the most parameter bytes (f32) one rank may hold, e.g. 20GB, 500MiB; "
+                  "default unlimited");
   cmd->footer(
       "Examples:\n"
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
@@ -295,11 +357,19 @@ void register_generate(CLI::App& app) {
       "  shardlm generate --model runs/demo --prompts prompts.jsonl --batch-size 16 --output out.jsonl\n"
       "  shardlm generate --model models/llama3-8b-instruct --chat --prompt \"Hi\" --stop $'\\n\\n'\n"
       "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"\n"
-      "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"");
+      "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"\n"
+      "  shardlm launch --nproc-per-node 2 -- generate --model models/llama2-13b --device-map balanced --prompt \"Hi\"\n"
+      "  shardlm launch --nproc-per-node 4 -- generate --model M --device-map sequential --max-memory-per-rank 20GB "
+      "--prompt \"Hi\"");
   cmd->callback([o, prompt, prompts] {
     if (prompt->count() == 0 && prompts->count() == 0)
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
     infer::check_sampling(o->s);
+    // Flag errors before anything is read.
+    if (!o->device_map.empty()) infer::parse_device_map(o->device_map);
+    else if (!o->max_memory_per_rank.empty())
+      throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});
+    max_memory_per_rank(*o);
     run_generate(*o);
   });
 }

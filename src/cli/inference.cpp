@@ -21,7 +21,7 @@ void load_inference_weights(const char* command, const InferenceWeights& w, cons
     int64_t n = 0;
     for (const model::ModelPart& part : model::llama_parts(qcfg))
       for (const model::ParamInfo& info : part.params) {
-        if (!info.nf4) continue;
+        if (!info.nf4 || !params.has(info.name)) continue;  // another rank's, in a split model
         const Tensor t = params.master(info.name);
         const ops::Nf4Layout layout = ops::Nf4Layout::of(t.numel(), true);
         const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
@@ -37,7 +37,9 @@ void load_inference_weights(const char* command, const InferenceWeights& w, cons
     std::fprintf(stderr, "%s: --load-in-4bit: the model is stored in NF4 already\n", command);
   }
   if (!w.adapter.empty()) {
-    const PeftAdapter adapter = read_peft_adapter(w.adapter, cfg);
+    PeftAdapter adapter = read_peft_adapter(w.adapter, cfg);
+    // A split model (generate --device-map): this rank merges the adapters of its own layers.
+    std::erase_if(adapter.targets, [&](const model::LoraTarget& t) { return !params.has(t.weight_name); });
     merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
     std::fprintf(stderr, "%s: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n", command,
                  w.adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());

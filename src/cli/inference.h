@@ -23,6 +23,8 @@ struct InferenceWeights {
 //    quantization: what QLoRA training keeps, lora.quantize_base) and dequantizes them back, so the
 //    model generates from exactly the base weights a QLoRA run trained its adapter against.
 //  - --adapter merges a PEFT LoRA adapter in memory (W + scale * B A).
+// A partial `params` (a rank's share of a split model, ParamStore::PartFilter) reads, quantizes and
+// merges only the parts it holds.
 // Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
 void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
                             train::ParamStore& params);

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       "  shardlm train --config configs/demo-addition.yaml       train it (YAML config, key=value overrides)\n"
       "  shardlm launch --nproc-per-node 2 -- train --config configs/demo-addition.yaml   on 2 ranks (FULL_SHARD)\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\"   continue a prompt\n"
+      "  shardlm launch --nproc-per-node 2 -- generate --model DIR --device-map auto --prompt \"Hi\"   layers split over ranks\n"
       "  shardlm serve --model runs/demo --port 8000            an OpenAI-compatible HTTP server (batched)\n"
       "  shardlm tokenize --model DIR --text \"Hello\" --pieces     see how text becomes tokens\n"
       "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"

@@ -23,6 +23,21 @@ void Communicator::check_gather(const char* op, const Tensor& full, const Tensor
                 full.numel(), size(), part.numel());
 }
 
+void Communicator::check_peer(const char* op, const Tensor& t, int peer) const {
+  SHARDLM_CHECK(t.defined() && t.is_contiguous() && t.device == device(), "{}: expected a contiguous {} tensor, got {}", op,
+                device_name(device()), t.describe());
+  SHARDLM_CHECK(peer >= 0 && peer < size() && peer != rank(), "{}: rank {} of {} has no peer rank {}", op, rank(), size(),
+                peer);
+}
+
+void Communicator::send(const Tensor&, int dst) {
+  throw Error(fmt::format("send to rank {}: the {} communicator has no point-to-point transfers", dst, name()));
+}
+
+void Communicator::recv(const Tensor&, int src) {
+  throw Error(fmt::format("recv from rank {}: the {} communicator has no point-to-point transfers", src, name()));
+}
+
 namespace {
 
 class DoneRequest final : public Request {
@@ -61,6 +76,15 @@ class LocalCommunicator final : public Communicator {
     SHARDLM_CHECK(root == 0, "broadcast: root {} out of range for 1 rank", root);
   }
   void barrier() override {}
+  void send(const Tensor&, int dst) override {
+    throw Error(fmt::format("send to rank {}: a single process has no other rank (start the ranks with shardlm launch)",
+                            dst));
+  }
+  void recv(const Tensor&, int src) override {
+    throw Error(fmt::format("recv from rank {}: a single process has no other rank (start the ranks with shardlm "
+                            "launch)",
+                            src));
+  }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
   [[noreturn]] void abort(const std::string& message) override {
     std::fprintf(stderr, "shardlm: error: %s\n", message.c_str());
@@ -93,6 +117,11 @@ class ShapeCommunicator final : public Communicator {
   void broadcast(const Tensor& buf, int root) override { count_broadcast(buf.nbytes(), root); }
   void broadcast_bytes(void*, size_t n, int root) override { count_broadcast(n, root); }
   void barrier() override {}
+  void send(const Tensor& t, int) override {
+    stats_.send_bytes += int64_t(t.nbytes());
+    ++stats_.calls;
+  }
+  void recv(const Tensor&, int) override { ++stats_.calls; }
   std::unique_ptr<Communicator> split(int, int) override {
     throw Error("a shape-only communicator cannot be split");
   }

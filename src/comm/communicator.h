@@ -29,8 +29,11 @@ enum class ReduceOp { Sum, Avg };
 
 struct CommStats {
   int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, broadcast_bytes = 0;
+  int64_t send_bytes = 0;  // point to point: the bytes this rank sent
   int64_t calls = 0;
-  int64_t total() const { return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes; }
+  int64_t total() const {
+    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes + send_bytes;
+  }
 };
 
 // A collective in flight. wait() completes it (and applies any post-processing, such as the
@@ -63,6 +66,14 @@ class Communicator {
   // the NCCL communicator refuses (its bootstrap carries such bytes).
   virtual void broadcast_bytes(void* data, size_t n, int root) = 0;
   virtual void barrier() = 0;
+  // Point to point: `t` (contiguous, on device(), any dtype: its bytes are sent) goes to rank
+  // `dst`, which receives it into a tensor of the same byte size with recv(t, src). Blocking; sends
+  // and receives between one pair of ranks match in the order they are issued. A pipeline of
+  // layers (generation split over ranks, infer/generator.h) passes hidden states this way. One
+  // rank has no peer: the local communicator refuses both, as does (by this default) any
+  // communicator that does not implement them.
+  virtual void send(const Tensor& t, int dst);
+  virtual void recv(const Tensor& t, int src);
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job: prints "rank R: message" once and exits non-zero.
@@ -93,6 +104,9 @@ class Communicator {
     if (rank() == root) stats_.broadcast_bytes += int64_t(bytes);
     ++stats_.calls;
   }
+  // Validates a point-to-point tensor and peer: contiguous, on device(), and a peer that is
+  // another rank of this communicator. Errors name the op, the peer and the tensor.
+  void check_peer(const char* op, const Tensor& t, int peer) const;
   CommStats stats_;
 };
 

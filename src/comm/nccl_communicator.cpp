@@ -248,6 +248,11 @@ class NcclCommunicator final : public Communicator {
     fail(world_rank_, "broadcast", "host bytes go over the bootstrap communicator, not NCCL");
   }
 
+  // Point to point, stream-ordered like broadcast: the compute stream sees a received tensor (and
+  // may overwrite a sent one) after the call; the host does not wait. Bytes, so any dtype.
+  void send(const Tensor& t, int dst) override { point_to_point("send", t, dst, true); }
+  void recv(const Tensor& t, int src) override { point_to_point("recv", t, src, false); }
+
   // Synchronizes the host: returns when every rank has reached the barrier and this rank's work
   // enqueued before it (compute stream and comm stream) has finished.
   void barrier() override {
@@ -306,6 +311,25 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // send/recv: bytes to or from `peer` on the comm stream (see send above).
+  void point_to_point(const char* op, const Tensor& t, int peer, bool sending) {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      fail(world_rank_, op, fmt::format("rank {} of {} has no peer rank {}", rank_, size_, peer));
+    if (!t.defined() || !t.is_contiguous() || t.device != Device::CUDA)
+      fail(world_rank_, op, fmt::format("expected a contiguous cuda tensor, got {}", t.describe()));
+    check_memory(op, t);
+    DeviceGuard guard(device_, world_rank_, op);
+    follow_compute(op);
+    if (sending) {
+      nccl_ok(ncclSend(t.data, t.nbytes(), ncclUint8, peer, comm_, stream_), comm_, world_rank_, op, "ncclSend");
+      stats_.send_bytes += int64_t(t.nbytes());
+    } else {
+      nccl_ok(ncclRecv(t.data, t.nbytes(), ncclUint8, peer, comm_, stream_), comm_, world_rank_, op, "ncclRecv");
+    }
+    ++stats_.calls;
+    completion(op)->wait();
+  }
+
   // Runs a check of the base class and names this rank in its Error.
   template <class F>
   void checked(const char*, F&& f) const {

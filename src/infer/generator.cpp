@@ -10,10 +10,30 @@
 
 namespace shardlm::infer {
 
-Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch)
-    : cfg_(cfg), w_(weights), max_len_(max_len) {
+Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
+                     const Pipeline& pipeline)
+    : cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
   SHARDLM_CHECK(max_batch >= 1, "generation batch size must be >= 1, got {}", max_batch);
+  share_ = {.layer_begin = 0, .layer_end = cfg.num_hidden_layers, .embed = true, .head = true, .bytes = 0};
+  if (comm_) {
+    const int R = comm_->size(), me = comm_->rank();
+    SHARDLM_CHECK(int(pipeline.shares.size()) == R, "a pipeline of {} shares on {} ranks", pipeline.shares.size(), R);
+    share_ = pipeline.shares[size_t(me)];
+    head_rank_ = -1;
+    for (int r = 0; r < R; ++r)
+      if (pipeline.shares[size_t(r)].head) head_rank_ = r;
+    SHARDLM_CHECK(head_rank_ >= 0, "a pipeline without a head");
+    // The pipeline is the ranks with something to do, in rank order (placement fills ranks in order).
+    if (!share_.empty()) {
+      for (int r = me - 1; r >= 0 && prev_ < 0; --r)
+        if (!pipeline.shares[size_t(r)].empty()) prev_ = r;
+      for (int r = me + 1; r < R && next_ < 0; ++r)
+        if (!pipeline.shares[size_t(r)].empty()) next_ = r;
+      SHARDLM_CHECK(share_.embed || prev_ >= 0, "rank {} has no embedding and no rank before it", me);
+      SHARDLM_CHECK(share_.head || next_ >= 0, "rank {} has no head and no rank after it", me);
+    }
+  }
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
   slots_.resize(size_t(max_batch));
 }
@@ -58,13 +78,21 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
     Slot& slot = slots_[size_t(s)];
     SHARDLM_CHECK(slot.length + Tq <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
                   slot.length + Tq, max_len_);
-    if (slot.k_cache.empty())  // first use of this slot
-      for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    if (slot.k_cache.empty())  // first use of this slot: a cache per layer this rank runs
+      for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
         slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
         slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
       }
+  }
+  // Logits of every row for all_logits, else of each sequence's last row: [R, V].
+  const int64_t R = all_logits ? N : B;
+  std::vector<float> logits(static_cast<size_t>(R * V));
+  if (share_.empty()) {  // a rank of a split model with no part: it only takes the logits
+    for (int s : slots) slots_[size_t(s)].length += Tq;
+    comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
+    return logits;
   }
   const MemCategory ws = MemCategory::Workspace;
   auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false); };
@@ -79,15 +107,17 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
       pos.t.i32()[b * Tq + t] = int32_t(slots_[size_t(slots[size_t(b)])].length + t);
     }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  ops::embedding_forward(x.t, w_.embed, ids.t);
+  if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
+  else comm_->recv(x.t, prev_);  // the previous rank's layers' output
   model::AttentionKv kv;
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+  for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
     kv.k_seq.clear();
     kv.v_seq.clear();
+    const size_t own = size_t(l - share_.layer_begin);
     for (int s : slots) {  // each sequence's cache through its Tq new rows
       const Slot& slot = slots_[size_t(s)];
-      kv.k_seq.push_back(slot.k_cache[size_t(l)].t.slice(0, slot.length + Tq));
-      kv.v_seq.push_back(slot.v_cache[size_t(l)].t.slice(0, slot.length + Tq));
+      kv.k_seq.push_back(slot.k_cache[own].t.slice(0, slot.length + Tq));
+      kv.v_seq.push_back(slot.v_cache[own].t.slice(0, slot.length + Tq));
     }
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
@@ -95,7 +125,12 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
     model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, Tq, x.t, l);
   }
   for (int s : slots) slots_[size_t(s)].length += Tq;
-  // Final norm and logits: of every row for all_logits, else of each sequence's last row.
+  if (!share_.head) {
+    comm_->send(x.t, next_);
+    comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
+    return logits;
+  }
+  // Final norm and logits.
   Tensor rows = x.t;
   OwnedTensor last;
   if (!all_logits && Tq > 1) {
@@ -103,11 +138,11 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
     for (int64_t b = 0; b < B; ++b) ops::cast(last.t.slice(b, b + 1), x.t.slice(b * Tq + Tq - 1, b * Tq + Tq));
     rows = last.t;
   }
-  const int64_t R = rows.shape[0];
   OwnedTensor xn = make({R, D}), rstd = make({R});
   ops::rmsnorm_forward(xn.t, rstd.t, rows, w_.final_norm, float(cfg_.rms_norm_eps));
-  std::vector<float> logits(static_cast<size_t>(R * V));
-  ops::matmul(Tensor::view(logits.data(), DType::F32, {R, V}), xn.t, w_.lm_head, false, true);
+  const Tensor out = Tensor::view(logits.data(), DType::F32, {R, V});
+  ops::matmul(out, xn.t, w_.lm_head, false, true);
+  if (comm_ && comm_->size() > 1) comm_->broadcast(out, head_rank_);  // every rank samples the same tokens
   return logits;
 }
 

@@ -10,6 +10,13 @@
 // Batch (below) is the scheduling on top: run() drives it for `shardlm generate`, the server's
 // scheduler (infer/server.h) for `shardlm serve`, and generate() (one prompt) is run() with a
 // batch of one.
+//
+// A model split over ranks (`generate --device-map`, infer/placement.h) runs the same Generator on
+// every rank, in lockstep: each rank's Generator holds only its share (its layers' weights and KV
+// caches, maybe the embedding and the head); a forward receives the hidden states [N, d] from the
+// previous rank of the pipeline (or embeds the tokens), runs its layers, and sends them to the
+// next one (or computes the logits); the head's rank then broadcasts the logits to every rank, so
+// every rank samples the same tokens and runs the same scheduling (Batch) on the same requests.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/tensor.h"
+#include "infer/placement.h"
 #include "model/llama.h"
 
 namespace shardlm::infer {
@@ -47,10 +56,19 @@ struct Completion {
   double decode_seconds = 0.0;   // wall time of the decode steps (and sampling) it took part in
 };
 
+// A model split over the ranks of `comm` (which must outlive the Generator): shares[r] is rank
+// r's. The default, no communicator, is the whole model in this process.
+struct Pipeline {
+  comm::Communicator* comm = nullptr;
+  std::vector<RankShare> shares;  // one per rank of comm
+};
+
 class Generator {
  public:
   // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
-  Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1);
+  // With a pipeline, `weights` need only this rank's share bound.
+  Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1,
+            const Pipeline& pipeline = {});
 
   int64_t max_len() const { return max_len_; }
   int64_t max_batch() const { return int64_t(slots_.size()); }
@@ -97,7 +115,7 @@ class Generator {
   struct Slot {
     bool used = false;
     int64_t length = 0;                       // positions cached
-    std::vector<OwnedTensor> k_cache, v_cache;  // per layer [max_len, Hkv * Dh] f32; empty until first used
+    std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] f32; empty until first used
   };
   // The forward of `slots`, each with Tq = tokens.size() / slots.size() new tokens; logits of the
   // last new row of each ([B, V]) or, with all_logits, of every new row ([B * Tq, V]).
@@ -106,6 +124,11 @@ class Generator {
   ModelConfig cfg_;
   model::LlamaWeights w_;
   int64_t max_len_;
+  // This rank's part of the model (the whole model without a pipeline) and its neighbours.
+  comm::Communicator* comm_ = nullptr;
+  RankShare share_;
+  int prev_ = -1, next_ = -1;  // the ranks hidden states come from (no embedding) and go to (no head)
+  int head_rank_ = 0;          // the rank whose logits every rank samples from
   std::vector<float> inv_freq_;
   std::vector<Slot> slots_;
 };

@@ -11,16 +11,22 @@
 
 namespace shardlm::train {
 
-ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype) : cfg_(cfg), compute_dtype_(compute_dtype) {
+ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep)
+    : cfg_(cfg), compute_dtype_(compute_dtype) {
   SHARDLM_CHECK(compute_dtype == DType::F32 || compute_dtype == DType::BF16,
                 "compute dtype must be f32 or bf16, got {}", dtype_name(compute_dtype));
-  for (const model::ModelPart& part : model::llama_parts(cfg)) {
+  for (model::ModelPart& part : model::llama_parts(cfg)) {
+    if (keep && !keep(part)) {
+      partial_ = true;
+      continue;
+    }
     Unit unit;
     unit.layout = shard::make_flat_layout(part.name, part.params, 1);
     const int64_t n = unit.layout.padded_numel;
     unit.master = OwnedTensor(DType::F32, {n}, MemCategory::Parameters);
     if (compute_dtype == DType::BF16) unit.compute = OwnedTensor(DType::BF16, {n}, MemCategory::Parameters);
     units_.push_back(std::move(unit));
+    parts_.push_back(std::move(part));
   }
   for (size_t u = 0; u < units_.size(); ++u)
     for (const shard::FlatEntry& e : units_[u].layout.entries) index_[e.info.name] = {u, &e};
@@ -40,11 +46,14 @@ const ParamStore::Where& ParamStore::where(const std::string& name) const {
 }
 
 void ParamStore::bind() {
-  compute_ = model::bind_weights(cfg_, [&](const std::string& name) {
+  const model::TensorLookup lookup = [&](const std::string& name) {
     const Where& w = where(name);
     const Unit& u = units_[w.unit];
     return entry_view(compute_dtype_ == DType::F32 ? u.master : u.compute, *w.entry);
-  });
+  };
+  compute_ = {};
+  compute_.layers.resize(size_t(cfg_.num_hidden_layers));  // a partial store leaves others' layers unbound
+  for (const model::ModelPart& part : parts_) model::bind_part(cfg_, part, compute_, lookup);
 }
 
 Tensor ParamStore::master(const std::string& name) const {
@@ -93,7 +102,9 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
     }
     layouts.push_back(&u.layout);
   }
-  if (stored.quantized_names().empty()) {
+  if (partial_) {
+    // A rank's share: the other ranks' tensors are theirs to read and check.
+  } else if (stored.quantized_names().empty()) {
     shard::check_no_extra_tensors(layouts, weights, source);
   } else {
     // The same check over the model's tensors, the NF4 states' entries (W.absmax, ...) left out.
@@ -109,6 +120,7 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
 
 void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source) const {
+  SHARDLM_CHECK(!partial_, "cannot save a model from a store that holds only some of its parts");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("cannot create the directory: {}", ec.message()), {.file = dir});

@@ -7,6 +7,7 @@
 // name; they stay valid for the ParamStore's lifetime.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,22 +26,30 @@ namespace shardlm::train {
 
 class ParamStore {
  public:
-  ParamStore(const ModelConfig& cfg, DType compute_dtype);
+  // Which model parts a store holds: all of them, or a rank's share of a model split over ranks
+  // for generation (infer/placement.h). Parts left out have no memory here, are not read by
+  // load(), and their slots in compute_weights() are unbound (undefined tensors).
+  using PartFilter = std::function<bool(const model::ModelPart&)>;
+
+  ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep = {});
 
   // Random initialization as transformers does it (normal(0, initializer_range) for linear and
   // embedding weights, ones for norms, zeros for biases), element i of tensor "name" drawn from
   // the counter-based RNG at (seed, name, i): identical for any sharding.
   void init_random(uint64_t seed);
   // Copies every parameter from Hugging Face weights (any float dtype); names and shapes must
-  // match the config exactly, and every file tensor must be used.
+  // match the config exactly, and every file tensor must be used (a partial store reads only its
+  // parts' byte ranges and does not look at the other tensors).
   void load(const io::ModelWeights& weights, const std::string& source);
   // Writes a Hugging Face model directory: the weights as a safetensors set in `dtype` (sharded above
   // max_shard_bytes), config.json and generation_config.json, and the tokenizer files copied from
-  // `tokenizer_source` ("" for none). Every file atomically.
+  // `tokenizer_source` ("" for none). Every file atomically. A whole store only.
   void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes, const std::string& tokenizer_source) const;
 
   const model::LlamaWeights& compute_weights() const { return compute_; }
   Tensor master(const std::string& name) const;
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  bool partial() const { return partial_; }
   std::vector<std::string> names() const;
   int64_t numel() const;
 
@@ -62,6 +71,8 @@ class ParamStore {
 
   ModelConfig cfg_;
   DType compute_dtype_;
+  bool partial_ = false;  // some parts left out (PartFilter)
+  std::vector<model::ModelPart> parts_;  // the parts held, one per unit
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;
   model::LlamaWeights compute_;

@@ -67,6 +67,44 @@ TEST(Comm, BroadcastFromTheLastRank) {
   EXPECT_EQ(v, (std::vector<float>{float(W - 1), float(W - 1) * 2}));
 }
 
+// Point to point around a ring: rank R sends R-dependent values to R+1 and receives R-1's. Even
+// ranks send first and odd ranks receive first, so blocking calls pair up at any size. One rank
+// has no peer: the local communicator refuses.
+TEST(Comm, SendRecvAroundARing) {
+  const int R = g_world->rank(), W = g_world->size();
+  std::vector<float> out = {float(R), float(R) + 0.5f, -float(R)}, in(3, -1.0f);
+  if (W == 1) {
+    EXPECT_THROW(g_world->send(view(out), 0), Error);
+    EXPECT_THROW(g_world->recv(view(in), 0), Error);
+    return;
+  }
+  const int next = (R + 1) % W, prev = (R + W - 1) % W;
+  const int64_t sent = g_world->stats().send_bytes;
+  if (R % 2 == 0) {
+    g_world->send(view(out), next);
+    g_world->recv(view(in), prev);
+  } else {
+    g_world->recv(view(in), prev);
+    g_world->send(view(out), next);
+  }
+  EXPECT_EQ(in, (std::vector<float>{float(prev), float(prev) + 0.5f, -float(prev)}));
+  EXPECT_EQ(g_world->stats().send_bytes - sent, 12);
+  // Two messages to one peer arrive in the order sent.
+  if (R == 0) {
+    std::vector<float> a = {1}, b = {2};
+    g_world->send(view(a), 1);
+    g_world->send(view(b), 1);
+  } else if (R == 1) {
+    std::vector<float> a(1), b(1);
+    g_world->recv(view(a), 0);
+    g_world->recv(view(b), 0);
+    EXPECT_EQ(a[0], 1.0f);
+    EXPECT_EQ(b[0], 2.0f);
+  }
+  EXPECT_THROW(g_world->send(view(out), R), Error);  // no peer: itself
+  EXPECT_THROW(g_world->recv(view(in), W), Error);   // no such rank
+}
+
 TEST(Comm, SplitIntoShardAndReplicaGroups) {
   // A 2-wide mesh: shard groups of consecutive ranks, replica groups of equal position.
   const int R = g_world->rank(), W = g_world->size();
