@@ -460,7 +460,7 @@ class MpiCommunicator final : public Communicator {
   void send(const Tensor& t, int dst) override {
     check_peer("send", t, dst);
     MPI_Request r;
-    check(MPI_Isend(t.data, int(t.nbytes()), MPI_BYTE, dst, kPointToPointTag, comm_, &r), "MPI_Isend");
+    check_mpi(MPI_Isend(t.data, int(t.nbytes()), MPI_BYTE, dst, kPointToPointTag, comm_, &r), "MPI_Isend");
     wait_or_abort(*g_progress.add(r, "send"));
     stats_.send_bytes += int64_t(t.nbytes());
     ++stats_.calls;
@@ -469,7 +469,7 @@ class MpiCommunicator final : public Communicator {
   void recv(const Tensor& t, int src) override {
     check_peer("recv", t, src);
     MPI_Request r;
-    check(MPI_Irecv(t.data, int(t.nbytes()), MPI_BYTE, src, kPointToPointTag, comm_, &r), "MPI_Irecv");
+    check_mpi(MPI_Irecv(t.data, int(t.nbytes()), MPI_BYTE, src, kPointToPointTag, comm_, &r), "MPI_Irecv");
     wait_or_abort(*g_progress.add(r, "recv"));
     ++stats_.calls;
   }
