@@ -205,6 +205,23 @@ TEST(Alloc, HostBlockCacheReusesExactSizesWithinThePeak) {
   small = Buffer();
   EXPECT_EQ(host_cache_stats().blocks, 1);  // only `other`
   release_host_cache();
+  {
+    // A miss releases the smallest cached block at least as large, and keeps the others.
+    Buffer two(size_t(2) << 20, MemCategory::Other), six(size_t(6) << 20, MemCategory::Other),
+        nine(size_t(9) << 20, MemCategory::Other);
+  }
+  EXPECT_EQ(host_cache_stats().blocks, 3);
+  {
+    Buffer three(size_t(3) << 20, MemCategory::Other);
+    // The 6 MiB block went; 9 MiB was held as 10 (8 MiB and more: rounded up to 2 MiB huge pages).
+    EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(2 + 10) << 20);
+    // No block of 12 MiB or more: the oldest go (10 MiB, then 2 MiB) until 12 MiB are released.
+    Buffer huge((size_t(10) << 20) + 1, MemCategory::Other);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(huge.data()) % (uintptr_t(2) << 20), 0u);
+    EXPECT_EQ(host_cache_stats().cached_bytes, 0);
+  }
+  EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(12 + 3) << 20);
+  release_host_cache();
   EXPECT_EQ(host_cache_stats().cached_bytes, 0);
 }
 
