@@ -650,7 +650,7 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
     Unit& u = *units_[size_t(v.unit)];
     // For the collective watchdog's message, should this visit's collectives hang.
     comm::set_activity({step_, step_ > 0 ? nullptr : "evaluation", &u.plan->name});
-    wait_gathered(u, m);
+    if (v.needs_params) wait_gathered(u, m);
     // Forward prefetch, and BACKWARD_PRE, issue the next unit's gather before this visit's
     // compute; BACKWARD_POST after it (FSDP's meanings).
     const bool post = v.backward && sc.backward_prefetch == BackwardPrefetch::Post;
@@ -664,9 +664,10 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
     }
     if (v.prefetch >= 0 && post) gather_start(*units_[size_t(v.prefetch)]);
     if (v.backward) {
-      // Sharded gradients are reduced after every visit (or, with no_sync, only in the last
-      // micro-batch); replicated ones once, after the unit's last visit of the last micro-batch.
-      const bool due = sc.shard_gradients() ? (last_micro || sc.reduce_every_microbatch) : (last_micro && v.last_backward);
+      // A unit's gradients are reduced once per backward, after its last visit (a tied embedding
+      // and head accumulate both uses first, as FSDP's post-backward does): sharded ones in every
+      // micro-batch (or, with no_sync, only the last), replicated ones in the last.
+      const bool due = v.last_backward && (last_micro || (sc.shard_gradients() && sc.reduce_every_microbatch));
       if (due) reduce_start(u, m);
     }
     for (Unit* r : earlier) reduce_finish(*r);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace shardlm::shard {
@@ -82,6 +84,9 @@ std::vector<Visit> make_visits(const std::vector<Stage>& stages, const std::vect
     visits.back().stages.push_back(s);
     visits.back().backward = visits.back().backward || is_backward(s.kind, training);
   }
+  for (Visit& v : visits)
+    v.needs_params = std::any_of(v.stages.begin(), v.stages.end(),
+                                 [](const Stage& s) { return s.kind != StageKind::EmbedBackward; });
   std::vector<int> last(size_t(num_units), -1);
   for (size_t i = 0; i < visits.size(); ++i) {
     Visit& v = visits[i];
@@ -90,7 +95,7 @@ std::vector<Visit> make_visits(const std::vector<Stage>& stages, const std::vect
     // gradients are sharded; evaluation keeps nothing gathered.
     v.free_after = !training || (v.backward ? sc.shard_gradients() : sc.reshard_after_forward());
     const bool prefetch = v.backward ? sc.backward_prefetch != BackwardPrefetch::None : sc.forward_prefetch;
-    if (prefetch && i + 1 < visits.size()) v.prefetch = visits[i + 1].unit;
+    if (prefetch && i + 1 < visits.size() && visits[i + 1].needs_params) v.prefetch = visits[i + 1].unit;
   }
   for (int u = 0; u < num_units; ++u)
     if (last[size_t(u)] >= 0) visits[size_t(last[size_t(u)])].last_backward = true;

@@ -109,6 +109,10 @@ struct Visit {
   std::vector<Stage> stages;
   bool backward = false;       // computes gradients (Head in training, BlockBackward, EmbedBackward)
   bool last_backward = false;  // the unit's last gradient-computing visit of the micro-batch
+  // False when no stage reads the unit's parameters: the embedding's backward only scatters rows
+  // of the output gradient into its gradient, so that visit neither gathers nor is prefetched (a
+  // tied embedding's 0.5-1 GB gather saved every step).
+  bool needs_params = true;
   bool free_after = false;     // reshard: release the gathered parameters afterwards
   int prefetch = -1;           // the next visit's unit (for forward / backward prefetch), or -1
 };
