@@ -8,7 +8,9 @@
 //
 // Reductions: f32 is summed by MPI in f32. bf16 is summed by a custom MPI op that adds pairs in
 // f32 and rounds each partial sum to bf16, as NCCL does for bf16; use reduce_dtype f32 in the
-// mixed-precision policy when that rounding matters. Avg = Sum, then a multiply by 1/size (MPI; the
+// mixed-precision policy when that rounding matters. Ranks on one node reduce buffers of 8 MiB and
+// more through shared memory instead (shm_collectives.h): f32 summed in rank order, bf16 summed in
+// f32 and rounded once. Avg = Sum, then a multiply by 1/size (MPI; the
 // NCCL communicator uses NCCL's own average, see nccl_communicator.h).
 //
 // Byte accounting (stats()): for each collective, the bytes one rank sends with a ring algorithm:
