@@ -5,7 +5,9 @@ OP = "matmul"
 
 
 def cases():
-    shapes = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (64, 128, 96), (130, 7, 257)]
+    # M <= 8 with a transposed B is the decode path (ops/cpu/matmul.cpp skinny_bt); 9 is just past it.
+    shapes = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (64, 128, 96), (130, 7, 257), (1, 300, 2048), (8, 65, 1031),
+              (9, 33, 70)]
     i = 0
     for (m, n, k) in shapes:
         for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
