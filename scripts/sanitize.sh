@@ -3,8 +3,9 @@
 #   address    AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer over every ctest:
 #              unit, finite-difference, PyTorch parity, golden models, the command line and the
 #              MPI runs at 1, 2 and 4 ranks (whose rank processes are sanitized too)
-#   thread     ThreadSanitizer over the threaded parts, the data prefetch thread and the MPI
-#              progress thread: the Sampler tests and training runs on 1 process and 2 ranks
+#   thread     ThreadSanitizer over the threaded parts, the data prefetch thread, the MPI
+#              progress thread and the shared-memory collectives' worker: the Sampler tests,
+#              training runs on 1 process and 2 ranks, and the collective tests on 2 ranks
 #   scripts/sanitize.sh                  both
 #   scripts/sanitize.sh address -R Unit  one kind; further arguments go to ctest
 #   scripts/sanitize.sh --quick          what CI runs: the unit tests (ctest label "unit") under address
@@ -52,7 +53,7 @@ for kind in "${kinds[@]}"; do
       unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
       ;;
     thread)
-      scripts/sanitize/build.sh thread shardlm_tests shardlm
+      scripts/sanitize/build.sh thread shardlm_tests shardlm shardlm_comm_tests
       # OpenMP's runtime is not built for ThreadSanitizer, so its own synchronization would be
       # reported: one OpenMP thread leaves only the threads shardlm starts itself.
       export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1 OMP_NUM_THREADS=1
@@ -70,6 +71,10 @@ for kind in "${kinds[@]}"; do
         build-tsan/shardlm train --config configs/demo-addition.yaml model="$work/model" output_dir="$work/run2" \
         max_steps=20 eval_every=10 accuracy_examples=0 progress=none sharding_strategy=FULL_SHARD \
         forward_prefetch=true >/dev/null
+      # The collectives, large ones through the shared window: each rank's worker thread runs
+      # them and hands completion to the waiting thread through the progress thread's state.
+      mpirun -np 2 --oversubscribe -x TSAN_OPTIONS -x OMP_NUM_THREADS -x OMPI_MCA_memory \
+        build-tsan/tests/shardlm_comm_tests --gtest_brief=1
       unset TSAN_OPTIONS OMP_NUM_THREADS
       ;;
   esac
