@@ -30,14 +30,6 @@ void Communicator::check_peer(const char* op, const Tensor& t, int peer) const {
                 peer);
 }
 
-void Communicator::send(const Tensor&, int dst) {
-  throw Error(fmt::format("send to rank {}: the {} communicator has no point-to-point transfers", dst, name()));
-}
-
-void Communicator::recv(const Tensor&, int src) {
-  throw Error(fmt::format("recv from rank {}: the {} communicator has no point-to-point transfers", src, name()));
-}
-
 namespace {
 
 class DoneRequest final : public Request {

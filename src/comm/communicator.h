@@ -72,10 +72,9 @@ class Communicator {
   // `dst`, which receives it into a tensor of the same byte size with recv(t, src). Blocking; sends
   // and receives between one pair of ranks match in the order they are issued. A pipeline of
   // layers (generation split over ranks, infer/generator.h) passes hidden states this way. One
-  // rank has no peer: the local communicator refuses both, as does (by this default) any
-  // communicator that does not implement them.
-  virtual void send(const Tensor& t, int dst);
-  virtual void recv(const Tensor& t, int src);
+  // rank has no peer: the local communicator refuses both.
+  virtual void send(const Tensor& t, int dst) = 0;
+  virtual void recv(const Tensor& t, int src) = 0;
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job: prints "rank R: message" once and exits non-zero.
