@@ -88,5 +88,11 @@ def cases():
     # KV cache across blocks, with segments (a segment boundary inside the query range).
     yield ("kvcache_tq66_tk130_segments", *make_case(B=1, Tq=66, Tk=130, H=2, Hkv=1, Dh=16,
                                                      segments=[[70, 35, 25]]))
+    # Head sizes that are not a whole number of 16-float vectors (the CPU kernel pads block rows
+    # with zeros) or need a partial register tile (80 = 4 + 1 vectors), across blocks.
+    yield ("head_dim_24_t67", *make_case(B=1, Tq=67, Tk=67, H=2, Hkv=1, Dh=24))
+    yield ("head_dim_80_t70_segments", *make_case(B=1, Tq=70, Tk=70, H=4, Hkv=2, Dh=80,
+                                                  segments=[[30, 40]]))
+    yield ("head_dim_128_t129", *make_case(B=1, Tq=129, Tk=129, H=2, Hkv=2, Dh=128))
     # bf16 inputs and dout (the kernel writes bf16 out); compared with looser tolerances.
     yield ("bf16_gqa_t33", *make_case(B=1, Tq=33, Tk=33, H=4, Hkv=2, Dh=32, dtype="bf16"))

@@ -14,10 +14,13 @@
 // other owns a block of queries of one head to produce dQ. Both recompute P; that doubles the
 // score work but needs no per-thread copies of dK/dV and no reduction.
 //
-// Every block loop is written so the innermost loop runs over a contiguous f32 row (keys of a
-// transposed K/V block, or the Dh elements of a row) and vectorizes at -O3 without
-// reassociating a reduction. BLAS is not called: OpenBLAS here is the pthread build and must not
-// be entered from inside an OpenMP region.
+// All the arithmetic of a block pair is five small matrix products (block_matmul: S = Q K^T,
+// O += P V, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) on f32 blocks copied out of the
+// tensors, each computed from a register tile of accumulators; the softmax between them runs over
+// contiguous rows of kBk scores with a vectorized exp. Block rows are padded with zeros to Dp, a
+// whole number of vectors, which leaves every product unchanged. BLAS is not called: OpenBLAS
+// here is the pthread build and must not be entered from inside an OpenMP region, and its
+// per-call overhead is large beside a 64 x 64 block.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,25 +29,82 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/vec_math.h"
 
 namespace shardlm::ops::cpu {
 
 namespace {
 
 constexpr int64_t kBq = 64;  // query rows per block
-constexpr int64_t kBk = 64;  // keys per block (the transposed blocks are padded to this width)
+constexpr int64_t kBk = 64;  // keys per block (score rows are kBk wide, padded past the last key)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+static_assert(kBk % kLanes == 0 && kBq % kLanes == 0, "blocks must be whole vectors wide");
+
+// Register tile of block_matmul: kTileRows rows x up to kTileVecs vectors of accumulators, 16
+// registers, plus the tile's row of B and a broadcast. AVX-512 has 32 vector registers, AVX2 16.
+constexpr int kTileRows = 4;
+constexpr int kTileVecs = kLanes == 16 ? 4 : 2;
+
+// C[R rows][NV vectors] += A[R rows][0, K) . B[0, K)[NV vectors], accumulated in registers.
+template <int R, int NV>
+inline void matmul_tile(const float* A, int64_t lda, int64_t K, const float* B, int64_t ldb, float* C, int64_t ldc) {
+  vfloat acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vload(C + r * ldc + v * kLanes);
+  for (int64_t k = 0; k < K; ++k) {
+    vfloat b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const vfloat a = vsplat(A[r * lda + k]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * kLanes, acc[r][v]);
+}
+
+template <int R>
+inline void matmul_tile(int64_t nv, const float* A, int64_t lda, int64_t K, const float* B, int64_t ldb, float* C,
+                        int64_t ldc) {
+  switch (nv) {
+    case 1: return matmul_tile<R, 1>(A, lda, K, B, ldb, C, ldc);
+    case 2: return matmul_tile<R, 2>(A, lda, K, B, ldb, C, ldc);
+    case 3: return matmul_tile<R, 3>(A, lda, K, B, ldb, C, ldc);
+    default: return matmul_tile<R, 4>(A, lda, K, B, ldb, C, ldc);
+  }
+}
+
+// C[n][0, W) += A[n][0, K) . B[K][0, W): row-major f32 blocks with row strides lda, ldb, ldc;
+// W is a whole number of vectors.
+void block_matmul(const float* A, int64_t lda, int64_t n, int64_t K, const float* B, int64_t ldb, int64_t W,
+                  float* C, int64_t ldc) {
+  for (int64_t c = 0; c < W; c += kTileVecs * kLanes) {
+    const int64_t nv = std::min<int64_t>(kTileVecs, (W - c) / kLanes);
+    int64_t i = 0;
+    for (; i + kTileRows <= n; i += kTileRows)
+      matmul_tile<kTileRows>(nv, A + i * lda, lda, K, B + c, ldb, C + i * ldc + c, ldc);
+    for (; i < n; ++i) matmul_tile<1>(nv, A + i * lda, lda, K, B + c, ldb, C + i * ldc + c, ldc);
+  }
+}
+
+// dst[j][i] = src[i][j] for i < rows, j < cols (a block of scores, for the products with P^T).
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+}
 
 // Sizes and the mask, shared by all kernels.
 struct Attn {
   int64_t B, Tq, Tk, H, Hkv, Dh;
+  int64_t Dp;          // Dh rounded up to whole vectors: the row length of every block
   int64_t group;       // query heads per kv head
   int64_t off;         // Tk - Tq: query i sits at key position i + off
   const int32_t* seg;  // [B, Tk] or nullptr
 
   Attn(const Tensor& q, const Tensor& k, const Tensor& segment_ids)
       : B(q.shape[0]), Tq(q.shape[1]), Tk(k.shape[1]), H(q.shape[2]), Hkv(k.shape[2]), Dh(q.shape[3]),
-        group(H / Hkv), off(Tk - Tq), seg(segment_ids.defined() ? segment_ids.i32() : nullptr) {}
+        Dp((Dh + kLanes - 1) / kLanes * kLanes), group(H / Hkv), off(Tk - Tq),
+        seg(segment_ids.defined() ? segment_ids.i32() : nullptr) {}
 
   int64_t num_q_blocks() const { return (Tq + kBq - 1) / kBq; }
   int64_t num_k_blocks() const { return (Tk + kBk - 1) / kBk; }
@@ -59,25 +119,30 @@ struct Attn {
   // Number of keys of the block starting at j0 (of nk keys) that lie at or before query qi's
   // position; those after it are causally masked. May be <= 0.
   int64_t causal_limit(int64_t qi, int64_t j0, int64_t nk) const { return std::min(nk, qi + off - j0 + 1); }
-  // Whether key j shares query qi's segment (always true without segment_ids).
-  bool same_segment(int64_t b, int64_t qi, int64_t j) const {
-    return seg == nullptr || seg[b * Tk + j] == seg[b * Tk + qi + off];
+  // The segment of query qi and of keys [j0, j0 + nk) (into kseg[0, kBk)); all 0 without
+  // segment_ids. A key is visible to a query only within its segment.
+  int32_t query_segment(int64_t b, int64_t qi) const { return seg ? seg[b * Tk + qi + off] : 0; }
+  void key_segments(int64_t b, int64_t j0, int64_t nk, int32_t* kseg) const {
+    for (int64_t j = 0; j < kBk; ++j) kseg[j] = seg && j < nk ? seg[b * Tk + j0 + j] : 0;
   }
 };
 
-// Copies rows [t0, t0 + n) of head h, batch b of a [B, T, heads, Dh] tensor into dst as f32
-// (n rows of Dh, contiguous).
-void load_rows(const Tensor& x, int64_t b, int64_t t0, int64_t n, int64_t h, float* dst) {
+// Copies rows [t0, t0 + n) of head h, batch b of a [B, T, heads, Dh] tensor into dst as f32:
+// n rows of Dp, zero past Dh. Always a copy, even of f32 rows: in the tensor, a head's rows lie
+// heads * Dh floats apart, a power of two in practice, so a block of them would fall into a few
+// L1 cache sets and evict itself while the block products reuse it.
+void load_rows(const Tensor& x, int64_t b, int64_t t0, int64_t n, int64_t h, int64_t Dp, float* dst) {
   const int64_t T = x.shape[1], heads = x.shape[2], Dh = x.shape[3];
   for (int64_t i = 0; i < n; ++i) {
-    float* row = dst + i * Dh;
+    float* row = dst + i * Dp;
     const float* src = row_f32(x, (b * T + t0 + i) * heads + h, Dh, row);
     if (src != row) std::memcpy(row, src, size_t(Dh) * sizeof(float));
+    std::fill(row + Dh, row + Dp, 0.0f);
   }
 }
 
-// Copies keys [j0, j0 + n) of kv head h as a transposed block dst[d * kBk + j], zero-padded to
-// kBk columns, so a query row's scores against the block are a sum of contiguous axpys.
+// Copies keys [j0, j0 + n) of kv head h as a transposed block dst[d * kBk + j] (Dh rows of kBk),
+// zero past key n, so that a block of rows times it is block_matmul's B.
 void load_rows_transposed(const Tensor& x, int64_t b, int64_t j0, int64_t n, int64_t h, float* dst,
                           float* row_scratch) {
   const int64_t T = x.shape[1], heads = x.shape[2], Dh = x.shape[3];
@@ -88,28 +153,19 @@ void load_rows_transposed(const Tensor& x, int64_t b, int64_t j0, int64_t n, int
   }
 }
 
-// s[0, kBk) = x . block columns, for a transposed block from load_rows_transposed.
-inline void row_times_block(const float* x, const float* block_t, int64_t Dh, float* s) {
-  for (int64_t j = 0; j < kBk; ++j) s[j] = 0.0f;
-  for (int64_t d = 0; d < Dh; ++d) {
-    const float xd = x[d];
-    const float* col = block_t + d * kBk;
-    for (int64_t j = 0; j < kBk; ++j) s[j] += xd * col[j];
-  }
-}
+std::vector<float> floats(int64_t n) { return std::vector<float>(static_cast<size_t>(n)); }
 
-// y[0, n) += a * x[0, n).
-inline void axpy(float* y, float a, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// D_i = dO_i . O_i for the nq rows of a block (the softmax-gradient correction term).
-void row_dots(const float* dout, const float* out, int64_t nq, int64_t Dh, float* D) {
-  for (int64_t i = 0; i < nq; ++i) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < Dh; ++d) acc += dout[i * Dh + d] * out[i * Dh + d];
-    D[i] = acc;
+// One row of a block pair in the backward: scores s_j (in p) become P_j = exp(scale s_j - lse)
+// for the first `visible` keys of the query's segment and 0 for the rest, and dP_j (in ds) becomes
+// dS_j = P_j (dP_j - D). The exp is taken for every key and the mask applied after, as a select:
+// a call under a condition would keep the loop from vectorizing.
+void probs_and_dscores_row(float* p, float* ds, int64_t visible, const int32_t* kseg, int32_t qs, float scale,
+                           float lse, float D) {
+  for (int64_t j = 0; j < kBk; ++j) {
+    const float e = exp_nonpositive(p[j] * scale - lse);
+    const float pj = j < visible && kseg[j] == qs ? e : 0.0f;
+    p[j] = pj;
+    ds[j] = pj * (ds[j] - D);
   }
 }
 
@@ -118,7 +174,7 @@ void row_dots(const float* dout, const float* out, int64_t nq, int64_t Dh, float
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& segment_ids, float scale) {
   const Attn a(q, k, segment_ids);
-  const int64_t Dh = a.Dh, nqb = a.num_q_blocks();
+  const int64_t Dh = a.Dh, Dp = a.Dp, nqb = a.num_q_blocks();
   const int64_t tasks = a.B * a.H * nqb;
   float* lse_p = lse.f32();
 
@@ -127,10 +183,14 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 #pragma omp parallel if (a.worth_threads())
   {
     // Per-thread scratch, O(block * Dh).
-    const size_t q_block = size_t(kBq * Dh), k_block = size_t(kBk * Dh);
-    std::vector<float> Q(q_block), acc(q_block), Kt(k_block), V(k_block);
-    std::vector<float> row(static_cast<size_t>(Dh)), s(static_cast<size_t>(kBk));
-    std::vector<float> m(static_cast<size_t>(kBq)), l(static_cast<size_t>(kBq));
+    std::vector<float> Q = floats(kBq * Dp);    // [kBq, Dp] the query block
+    std::vector<float> acc = floats(kBq * Dp);  // [kBq, Dp] unnormalized output
+    std::vector<float> Kt = floats(Dh * kBk);   // [Dh, kBk] the key block, transposed
+    std::vector<float> V = floats(kBk * Dp);    // [kBk, Dp] the value block
+    std::vector<float> S = floats(kBq * kBk);   // [kBq, kBk] scores, then probabilities
+    std::vector<float> m = floats(kBq), l = floats(kBq);  // [kBq] running max and sum
+    std::vector<float> row = floats(Dh);                   // bf16 widening scratch
+    std::vector<int32_t> kseg(static_cast<size_t>(kBk));  // [kBk] key segments
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -138,7 +198,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       const int64_t bh = task / nqb, b = bh / a.H, h = bh % a.H, g = h / a.group;
       const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0);
 
-      load_rows(q, b, i0, nq, h, Q.data());
+      load_rows(q, b, i0, nq, h, Dp, Q.data());
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
@@ -147,50 +207,59 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
         load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
-        load_rows(v, b, j0, nk, g, V.data());
+        load_rows(v, b, j0, nk, g, Dp, V.data());
+        a.key_segments(b, j0, nk, kseg.data());
+
+        std::fill(S.begin(), S.end(), 0.0f);
+        block_matmul(Q.data(), Dp, nq, Dh, Kt.data(), kBk, kBk, S.data(), kBk);  // S = Q K^T
 
         for (int64_t i = 0; i < nq; ++i) {
-          const int64_t qi = i0 + i;
-          const int64_t jmax = a.causal_limit(qi, j0, nk);
-          if (jmax <= 0) continue;  // this block lies wholly after query qi
-          row_times_block(&Q[size_t(i * Dh)], Kt.data(), Dh, s.data());
-
+          const int64_t qi = i0 + i, jmax = a.causal_limit(qi, j0, nk);
+          const int32_t qs = a.query_segment(b, qi);
+          float* s = &S[size_t(i * kBk)];
           float block_max = kNegInf;
-          for (int64_t j = 0; j < jmax; ++j) {
-            s[j] = a.same_segment(b, qi, j0 + j) ? s[j] * scale : kNegInf;
-            block_max = std::max(block_max, s[j]);
+#pragma omp simd reduction(max : block_max)
+          for (int64_t j = 0; j < kBk; ++j) {
+            const float x = j < jmax && kseg[size_t(j)] == qs ? s[j] * scale : kNegInf;
+            s[j] = x;
+            block_max = std::max(block_max, x);
           }
-          // Nothing visible here (another segment): leave the row's state alone; rescaling by
-          // exp(-inf - -inf) would make it NaN.
-          if (block_max == kNegInf) continue;
-
+          // Nothing visible here (later keys, another segment): the row's state stays as it is,
+          // and its zero probabilities add nothing to the output below.
+          if (block_max == kNegInf) {
+            std::fill(s, s + kBk, 0.0f);
+            continue;
+          }
           // Online softmax: move the row to the new max, then add this block's terms.
-          const float m_new = std::max(m[i], block_max);
-          const float alpha = std::exp(m[i] - m_new);  // 0 on the row's first visible block
-          float* acc_i = &acc[size_t(i * Dh)];
-          if (alpha != 1.0f)
-            for (int64_t d = 0; d < Dh; ++d) acc_i[d] *= alpha;
-          float sum = l[i] * alpha;
-          for (int64_t j = 0; j < jmax; ++j) {
-            const float p = std::exp(s[j] - m_new);  // exactly 0 for masked keys
-            if (p == 0.0f) continue;
+          const float m_new = std::max(m[size_t(i)], block_max);
+          const float alpha = exp_nonpositive(m[size_t(i)] - m_new);  // 0 on the row's first visible block
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < kBk; ++j) {
+            const float p = exp_nonpositive(s[j] - m_new);  // exactly 0 for masked keys
+            s[j] = p;
             sum += p;
-            axpy(acc_i, p, &V[size_t(j * Dh)], Dh);
           }
-          l[i] = sum;
-          m[i] = m_new;
+          l[size_t(i)] = l[size_t(i)] * alpha + sum;
+          m[size_t(i)] = m_new;
+          if (alpha != 1.0f) {
+            float* acc_i = &acc[size_t(i * Dp)];
+#pragma omp simd
+            for (int64_t d = 0; d < Dp; ++d) acc_i[d] *= alpha;
+          }
         }
+        block_matmul(S.data(), kBk, nq, nk, V.data(), Dp, Dp, acc.data(), Dp);  // acc += P V
       }
 
       // Normalize. A row with no visible key (impossible: a query always sees itself) would get
       // out = 0 and lse = -inf rather than 0/0.
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t qi = i0 + i;
-        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float* acc_i = &acc[size_t(i * Dh)];
+        const float inv = l[size_t(i)] > 0.0f ? 1.0f / l[size_t(i)] : 0.0f;
+        float* acc_i = &acc[size_t(i * Dp)];
         for (int64_t d = 0; d < Dh; ++d) acc_i[d] *= inv;
         store_row(out, (b * a.Tq + qi) * a.H + h, Dh, acc_i);
-        lse_p[(b * a.H + h) * a.Tq + qi] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
+        lse_p[(b * a.H + h) * a.Tq + qi] = l[size_t(i)] > 0.0f ? m[size_t(i)] + std::log(l[size_t(i)]) : kNegInf;
       }
     }
   }
@@ -200,45 +269,65 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& segment_ids, float scale) {
   const Attn a(q, k, segment_ids);
-  const int64_t Dh = a.Dh, nqb = a.num_q_blocks(), nkb_all = a.num_k_blocks();
+  const int64_t Dh = a.Dh, Dp = a.Dp, nqb = a.num_q_blocks(), nkb_all = a.num_k_blocks();
   const float* lse_p = lse.f32();
   float* dq_p = dq.f32();
   float* dk_p = dk.f32();
   float* dv_p = dv.f32();
+  // D_i = dO_i . O_i for every query row, [B, H, Tq] like lse: the softmax-gradient correction
+  // term, computed once here rather than in every block pair that needs it.
+  std::vector<float> D = floats(a.B * a.H * a.Tq);
 
 #pragma omp parallel if (a.worth_threads())
   {
     // Per-thread scratch, O(block * Dh).
-    const size_t q_block = size_t(kBq * Dh), k_block = size_t(kBk * Dh);
-    std::vector<float> Q(q_block), dO(q_block), O(q_block), D(static_cast<size_t>(kBq));
-    std::vector<float> Kt(k_block), Vt(k_block), K(k_block);
-    // dK and dV in pass 1, dQ (in acc_a) in pass 2.
-    std::vector<float> acc_a(std::max(q_block, k_block)), acc_b(k_block);
-    std::vector<float> row(static_cast<size_t>(Dh)), s(static_cast<size_t>(kBk)), dp(static_cast<size_t>(kBk));
+    std::vector<float> Q = floats(kBq * Dp), dO = floats(kBq * Dp);        // [kBq, Dp]
+    std::vector<float> Kt = floats(Dh * kBk), Vt = floats(Dh * kBk);       // [Dh, kBk]
+    std::vector<float> K = floats(kBk * Dp);                               // [kBk, Dp]
+    std::vector<float> P = floats(kBq * kBk), dS = floats(kBq * kBk);      // [kBq, kBk]
+    std::vector<float> Pt = floats(kBk * kBq), dSt = floats(kBk * kBq);    // [kBk, kBq]
+    // dK and dV in pass 1 ([kBk, Dp] each), dQ in pass 2 ([kBq, Dp], in acc_a).
+    std::vector<float> acc_a = floats(std::max(kBq, kBk) * Dp), acc_b = floats(kBk * Dp);
+    std::vector<float> row = floats(Dh);  // bf16 widening scratch
+    std::vector<int32_t> kseg(static_cast<size_t>(kBk));  // [kBk] key segments
 
-    // Loads query block (b, h, i0..i0+nq) with its dO, lse, and D = rowsum(dO * O).
+    // Loads the query block (b, h, rows i0..i0+nq): its rows of q and dout.
     auto load_query_block = [&](int64_t b, int64_t h, int64_t i0, int64_t nq) {
-      load_rows(q, b, i0, nq, h, Q.data());
-      load_rows(dout, b, i0, nq, h, dO.data());
-      load_rows(out, b, i0, nq, h, O.data());
-      row_dots(dO.data(), O.data(), nq, Dh, D.data());
+      load_rows(q, b, i0, nq, h, Dp, Q.data());
+      load_rows(dout, b, i0, nq, h, Dp, dO.data());
     };
 
-    // For query row i (global index qi) of the loaded query block against the loaded key block
-    // starting at j0: fills s with P_ij and dp with dS_ij for j < the returned count, which is
-    // 0 when the row sees none of these keys.
-    auto probs_and_dscores = [&](int64_t b, int64_t i, int64_t qi, int64_t j0, int64_t nk, float row_lse) {
-      const int64_t jmax = a.causal_limit(qi, j0, nk);
-      if (jmax <= 0 || row_lse == kNegInf) return int64_t(0);
-      row_times_block(&Q[size_t(i * Dh)], Kt.data(), Dh, s.data());
-      row_times_block(&dO[size_t(i * Dh)], Vt.data(), Dh, dp.data());
-      for (int64_t j = 0; j < jmax; ++j) {
-        const float p = a.same_segment(b, qi, j0 + j) ? std::exp(s[j] * scale - row_lse) : 0.0f;
-        s[j] = p;
-        dp[j] = p * (dp[j] - D[size_t(i)]);
+    // For the loaded query block (rows i0.., head h) against the loaded key block (Kt, Vt, kseg;
+    // keys j0..j0+nk): P_ij, and dS_ij = P_ij (dP_ij - D_i), both zero where key j is masked.
+    auto probs_and_dscores = [&](int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+      std::fill(P.begin(), P.end(), 0.0f);
+      std::fill(dS.begin(), dS.end(), 0.0f);
+      block_matmul(Q.data(), Dp, nq, Dh, Kt.data(), kBk, kBk, P.data(), kBk);    // S = Q K^T
+      block_matmul(dO.data(), Dp, nq, Dh, Vt.data(), kBk, kBk, dS.data(), kBk);  // dP = dO V^T
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t qi = i0 + i, jmax = a.causal_limit(qi, j0, nk);
+        const int32_t qs = a.query_segment(b, qi);
+        const float row_lse = lse_p[(b * a.H + h) * a.Tq + qi], Di = D[(b * a.H + h) * a.Tq + qi];
+        // A row with lse = -inf saw no key in the forward: it has no gradient.
+        probs_and_dscores_row(&P[size_t(i * kBk)], &dS[size_t(i * kBk)], row_lse == kNegInf ? 0 : jmax, kseg.data(),
+                              qs, scale, row_lse, Di);
       }
-      return jmax;
     };
+
+    // Pass 0: D. The barrier at its end makes it complete before the passes that read it.
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < a.B * a.Tq; ++bt) {
+      const int64_t b = bt / a.Tq, qi = bt % a.Tq;
+      for (int64_t h = 0; h < a.H; ++h) {
+        const int64_t r = bt * a.H + h;
+        const float* dOi = row_f32(dout, r, Dh, row.data());
+        const float* Oi = row_f32(out, r, Dh, K.data());  // K is free until pass 2
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < Dh; ++d) acc += dOi[d] * Oi[d];
+        D[size_t((b * a.H + h) * a.Tq + qi)] = acc;
+      }
+    }
 
     // Pass 1: dK and dV. One task is one (batch, kv head, key block); it visits every query
     // block, of every query head of its group, that can see the key block. Pass 2 reads only
@@ -249,6 +338,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
       const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
       load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
       load_rows_transposed(v, b, j0, nk, g, Vt.data(), row.data());
+      a.key_segments(b, j0, nk, kseg.data());
       float* dK = acc_a.data();
       float* dV = acc_b.data();
       std::fill(acc_a.begin(), acc_a.end(), 0.0f);
@@ -259,23 +349,17 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
         for (int64_t qb = first_q / kBq; qb < nqb; ++qb) {
           const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0);
           load_query_block(b, h, i0, nq);
-          for (int64_t i = 0; i < nq; ++i) {
-            const int64_t qi = i0 + i;
-            const int64_t n = probs_and_dscores(b, i, qi, j0, nk, lse_p[(b * a.H + h) * a.Tq + qi]);
-            const float* Qi = &Q[size_t(i * Dh)];
-            const float* dOi = &dO[size_t(i * Dh)];
-            for (int64_t j = 0; j < n; ++j) {
-              if (s[j] == 0.0f) continue;  // masked (or underflowed): contributes nothing
-              axpy(dV + j * Dh, s[j], dOi, Dh);
-              axpy(dK + j * Dh, dp[j] * scale, Qi, Dh);
-            }
-          }
+          probs_and_dscores(b, h, i0, nq, j0, nk);
+          transpose(P.data(), kBk, nq, nk, Pt.data(), kBq);
+          transpose(dS.data(), kBk, nq, nk, dSt.data(), kBq);
+          block_matmul(Pt.data(), kBq, nk, nq, dO.data(), Dp, Dp, dV, Dp);  // dV += P^T dO
+          block_matmul(dSt.data(), kBq, nk, nq, Q.data(), Dp, Dp, dK, Dp);  // dK += dS^T Q (scaled below)
         }
       }
       for (int64_t j = 0; j < nk; ++j) {
         const int64_t r = ((b * a.Tk + j0 + j) * a.Hkv + g) * Dh;
-        std::memcpy(dk_p + r, dK + j * Dh, size_t(Dh) * sizeof(float));
-        std::memcpy(dv_p + r, dV + j * Dh, size_t(Dh) * sizeof(float));
+        for (int64_t d = 0; d < Dh; ++d) dk_p[r + d] = dK[j * Dp + d] * scale;
+        std::memcpy(dv_p + r, dV + j * Dp, size_t(Dh) * sizeof(float));
       }
     }
 
@@ -287,26 +371,22 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
       const int64_t bh = task / nqb, b = bh / a.H, h = bh % a.H, g = h / a.group;
       const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0);
       load_query_block(b, h, i0, nq);
-      float* dQ = acc_a.data();  // kBq x Dh
-      std::fill(dQ, dQ + kBq * Dh, 0.0f);
+      float* dQ = acc_a.data();  // [kBq, Dp]
+      std::fill(dQ, dQ + kBq * Dp, 0.0f);
 
       const int64_t nkb = a.visible_k_blocks(i0, nq);
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
         load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
         load_rows_transposed(v, b, j0, nk, g, Vt.data(), row.data());
-        load_rows(k, b, j0, nk, g, K.data());
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t qi = i0 + i;
-          const int64_t n = probs_and_dscores(b, i, qi, j0, nk, lse_p[(b * a.H + h) * a.Tq + qi]);
-          float* dQi = dQ + i * Dh;
-          for (int64_t j = 0; j < n; ++j)
-            if (dp[j] != 0.0f) axpy(dQi, dp[j], &K[size_t(j * Dh)], Dh);
-        }
+        load_rows(k, b, j0, nk, g, Dp, K.data());
+        a.key_segments(b, j0, nk, kseg.data());
+        probs_and_dscores(b, h, i0, nq, j0, nk);
+        block_matmul(dS.data(), kBk, nq, nk, K.data(), Dp, Dp, dQ, Dp);  // dQ += dS K (scaled below)
       }
       for (int64_t i = 0; i < nq; ++i) {
         float* dst = dq_p + ((b * a.Tq + i0 + i) * a.H + h) * Dh;
-        for (int64_t d = 0; d < Dh; ++d) dst[d] = dQ[i * Dh + d] * scale;
+        for (int64_t d = 0; d < Dh; ++d) dst[d] = dQ[i * Dp + d] * scale;
       }
     }
   }

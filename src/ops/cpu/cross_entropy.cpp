@@ -7,37 +7,14 @@
 //     becomes dlogits = grad_scale * (softmax - onehot(target)) in place (zero if ignored)
 //   dw += dlogits^T @ x_chunk (unless dw is undefined: a frozen head);  dx_chunk = dlogits @ w  (BLAS)
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vec_math.h"
 
 namespace shardlm::ops::cpu {
 
 namespace {
-
-// exp(x) for x <= 0, in a form the compiler vectorizes (std::exp is a scalar libm call, and the
-// softmax makes one per logit: with a small hidden size it costs more than the matmuls). Cephes'
-// expf: x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-7 polynomial, times 2^n built in the
-// exponent bits; relative error <= 1.5 ulp (measured). Inputs below -87 are clamped there
-// (2^-126 stays a normal float): exp(-87) ~ 2e-38 is nothing next to the row max's exp(0) = 1.
-// NaN propagates through the polynomial, so a NaN logit still gives a NaN loss.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);  // round(x / ln2)
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // A NaN n must not reach the int conversion (undefined behaviour; UBSan reports it): 2^0 stands
-  // in, and the NaN in p carries through the product.
-  const int32_t ni = n == n ? int32_t(n) : 0;
-  return p * std::bit_cast<float>((ni + 127) << 23);
-}
 
 // An f32 view of `t`: `t` itself, or a widened copy in `holder` (Workspace) when it is bf16.
 // Widening here, once, keeps ops::matmul from widening the same bf16 operand again in every
@@ -97,20 +74,28 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       // The simd reductions let the compiler vectorize these loops without -ffast-math.
       float m = row[0];
 #pragma omp simd reduction(max : m)
-      for (int64_t j = 1; j < V; ++j) m = std::max(m, row[j]);
+      for (int64_t j = 0; j < V; ++j) m = row[j] > m ? row[j] : m;
       // Subtracting the max keeps exp() in range; the row keeps exp(z - m) for the softmax.
+      // Summed in f32 over blocks of 1024 and the blocks in f64: a double accumulator inside
+      // the vector loop would keep GCC from vectorizing it.
       double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < V; ++j) {
-        const float e = exp_nonpositive(row[j] - m);
-        row[j] = e;
-        sum += e;
+      for (int64_t j0 = 0; j0 < V; j0 += 1024) {
+        const int64_t j1 = std::min(V, j0 + 1024);
+        float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+        for (int64_t j = j0; j < j1; ++j) {
+          const float e = exp_nonpositive(row[j] - m);
+          row[j] = e;
+          block += e;
+        }
+        sum += block;
       }
       chunk_loss += double(m) + std::log(sum) - double(target_logit);
       ++chunk_count;
       if (backward) {
         // dloss/dz = softmax(z) - onehot(target), scaled here so the matmuls below need no alpha.
         const float k = float(double(grad_scale) / sum);
+#pragma omp simd
         for (int64_t j = 0; j < V; ++j) row[j] *= k;
         row[t] -= grad_scale;
       }
