@@ -1,6 +1,8 @@
 // bench_ops: speed of the CPU ops at Llama-like shapes.
 //
 //   build/bench/bench_ops [--tokens N] [--quick]
+//   build/bench/bench_ops --sgemm     only the machine's raw sgemm rate at 2048^3, as one JSON line
+//                                     (bench/compare_torch.sh divides training FLOP rates by it)
 //
 // Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
 // interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
@@ -74,14 +76,27 @@ void row(const char* name, const char* shape, double s, double flop = 0) {
 
 int main(int argc, char** argv) {
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
-  bool quick = false;
+  bool quick = false, sgemm_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--sgemm")) sgemm_only = true;
     else {
-      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick]\n");
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm\n");
       return 2;
     }
+  }
+  if (sgemm_only) {
+    const int64_t n = 2048;
+    OwnedTensor A = randn(DType::F32, {n, n}, "A"), B = randn(DType::F32, {n, n}, "B");
+    OwnedTensor C(DType::F32, {n, n}, MemCategory::Other);
+    const double s = seconds_best_of(5, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0f, A.t.f32(), int(n), B.t.f32(),
+                  int(n), 0.0f, C.t.f32(), int(n));
+    });
+    fmt::print("{{\"impl\": \"sgemm\", \"shape\": \"{0}x{0}x{0}\", \"gflops\": {1:.1f}, \"threads\": {2}}}\n", n,
+               2.0 * double(n * n * n) / s * 1e-9, platform_info().omp_threads);
+    return 0;
   }
   const int reps = quick ? 1 : 3;
   const PlatformInfo p = platform_info();

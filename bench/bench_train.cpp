@@ -66,10 +66,16 @@ int main(int argc, char** argv) {
   int64_t trainable = 0;
   for (const shard::PlannedUnit& u : engine.plan().units) trainable += u.layout.numel;
   const std::string mode = cfg.lora ? fmt::format("{} r{}", cfg.nf4_base ? "qlora" : "lora", cfg.lora->rank) : "full";
+  // Model FLOP rate the way issue 19 counts it: 6 FLOPs per non-embedding parameter per token
+  // (the lm_head counts, the input embedding, a lookup, does not; attention's T^2 term is left out).
+  // A tied matrix is counted once, as the lm_head.
+  const double nonembedding =
+      double(parameter_count(cfg) - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size));
+  const double model_gflops = 6.0 * nonembedding * tokens / seconds * 1e-9;
   fmt::print("{{\"impl\": \"shardlm\", \"mode\": \"{}\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, "
              "\"params\": {}, \"trainable\": {}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", "
-             "\"last_loss\": {:.4f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
+             "\"last_loss\": {:.4f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
              mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), trainable,
-             batch, seq, steps, dtype_name(dtype), last_loss, mem.peak_total, peaks);
+             batch, seq, steps, dtype_name(dtype), last_loss, model_gflops, mem.peak_total, peaks);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "ops/ops.h"
 #include "shard/flat_layout.h"
 #include "shard/engine.h"
 
@@ -94,9 +95,6 @@ BlockTemps block_temps(const ModelConfig& c, int64_t N, bool act16, bool w16) {
   }
   return t;
 }
-
-// The engine's own rows per cross-entropy chunk (ops.h: linear_cross_entropy's default).
-constexpr int64_t kCeChunkRows = 256;
 
 bool checkpointed(int every, int64_t layer) { return every > 0 && layer % every == 0; }
 
@@ -225,7 +223,7 @@ Estimate estimate(const EstimateInput& in) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
   const bool act16 = act == DType::BF16, w16 = sc.param_dtype == DType::BF16;
   const BlockTemps temps = block_temps(cfg, N, act16, w16);
-  const int64_t C = std::min(kCeChunkRows, N);
+  const int64_t C = std::min(ops::cross_entropy_chunk_rows(Device::CPU, V), N);  // the model's own chunk
   CountingModel counting;
   counting.tr = &tr;
   counting.in = &in;

@@ -4,8 +4,8 @@
 // same unit plan a real run uses, over shape-only communicators: every buffer the engine would
 // allocate and free is counted in order through a model of the MemoryTracker (live and peak bytes
 // per category, and the peak of their sum), and the model's side (LlamaCompute's activation arena,
-// the cross-entropy chunk of 256 rows of V logits, the bf16 widening copies the CPU matmul makes)
-// is counted by a stand-in for the model's stages. For the tracked categories the result is the
+// the cross-entropy chunk of logits (ops::cross_entropy_chunk_rows rows of V), the bf16 widening
+// copies the CPU matmul makes) is counted by a stand-in for the model's stages. For the tracked categories the result is the
 // byte count the tracker reports (tests/mpi/memory_test.cpp checks it at 1, 2 and 4 ranks); what
 // the tracker cannot see (allocator slack, BLAS/MPI/OpenMP internals, per-thread attention
 // scratch, the data pipeline) is outside it, and docs/memory.md says how large that usually is.

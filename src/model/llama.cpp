@@ -469,9 +469,10 @@ ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_s
     device::copy(arena_->v_targets, targets);
     targets = arena_->v_targets;
   }
-  if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f);
+  const int64_t chunk = ops::cross_entropy_chunk_rows(device_, cfg_.vocab_size);
+  if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f, chunk);
   const ops::CrossEntropyResult r =
-      ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, arena_->v_dxn, g_.lm_head, grad_scale);
+      ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, arena_->v_dxn, g_.lm_head, grad_scale, chunk);
   ops::rmsnorm_backward(arena_->v_dh, g_.final_norm, arena_->v_dxn, arena_->v_h_final, w_.final_norm, arena_->v_rstdf);
   return r;
 }

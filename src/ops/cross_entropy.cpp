@@ -1,6 +1,8 @@
 // Front end of the fused output projection + cross-entropy (ops.h): validates, then dispatches.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ops/check.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
@@ -46,6 +48,14 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 
   SHARDLM_DISPATCH_CUDA(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
   return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
+}
+
+int64_t cross_entropy_chunk_rows(Device device, int64_t vocab) {
+  constexpr int64_t kStep = 256, kMaxRows = 1024;
+  constexpr int64_t kLogitsBudget = int64_t(128) << 20;  // bytes of f32 logits per chunk
+  if (device != Device::CPU) return kStep;
+  const int64_t fit = kLogitsBudget / (int64_t(sizeof(float)) * std::max<int64_t>(vocab, 1)) / kStep * kStep;
+  return std::clamp(fit, kStep, kMaxRows);
 }
 
 }  // namespace shardlm::ops

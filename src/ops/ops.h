@@ -112,6 +112,13 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                                         const Tensor& dx, const Tensor& dw, float grad_scale,
                                         int64_t chunk_rows = 256);
 
+// The chunk_rows the model passes (and the memory estimator counts). CUDA: 256, the chunk its
+// grouped dW updates are built around. CPU: as many rows, in steps of 256 from 256 to 1024, as
+// keep the f32 logits block within 128 MiB; OpenBLAS packs the whole [V, D] head again for each
+// chunk's GEMMs, which costs a small hidden size most (V 32000, D 256: 1024-row chunks make the
+// head's GEMMs ~20% faster than 256-row ones, for 96 MiB more workspace).
+int64_t cross_entropy_chunk_rows(Device device, int64_t vocab);
+
 // ---- Dropout (LoRA's, on an adapter's input) ------------------------------------------------
 // out[i] = x[i] / (1 - p) if rng_uniform(key, stream, i) >= p, else 0 (core/rng.h; i is the flat
 // element index). The mask is a function of (key, stream, i) alone, so the backward applies the
