@@ -169,7 +169,8 @@ TEST(Alloc, TracksLiveAndPeakPerCategory) {
 }
 
 // The host block cache: a freed large block comes back for the same size (zeroed when asked), a
-// miss releases cached blocks first, and live bytes are charged as without the cache.
+// miss releases only as much as keeps live + cached within the peak of live bytes, and live bytes
+// are charged as without the cache.
 TEST(Alloc, HostBlockCacheReusesExactSizesWithinThePeak) {
   release_host_cache();
   if (!host_cache_stats().enabled) {
@@ -224,16 +225,24 @@ TEST(Alloc, HostBlockCacheReusesExactSizesWithinThePeak) {
         nine(size_t(9) << 20, MemCategory::Other);
   }
   EXPECT_EQ(host_cache_stats().blocks, 3);
+  // Live peak so far 18 MiB (9 MiB is held as 10: 8 MiB and more is rounded up to 2 MiB huge
+  // pages); cached 18, live 0.
   {
+    // 3 live + 18 cached is 3 over the peak: the smallest block of at least 3 MiB goes (6 MiB).
     Buffer three(size_t(3) << 20, MemCategory::Other);
-    // The 6 MiB block went; 9 MiB was held as 10 (8 MiB and more: rounded up to 2 MiB huge pages).
     EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(2 + 10) << 20);
-    // No block of 12 MiB or more: the oldest go (10 MiB, then 2 MiB) until 12 MiB are released.
+    // 12 MiB more live: 15 live + 12 cached is 9 over: the 10 MiB block goes, the 2 MiB one stays.
     Buffer huge((size_t(10) << 20) + 1, MemCategory::Other);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(huge.data()) % (uintptr_t(2) << 20), 0u);
+    EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(2) << 20);
+    // 16 live + 2 cached is the peak exactly: a miss within it releases nothing.
+    Buffer one(size_t(1) << 20, MemCategory::Other);
+    EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(2) << 20);
+    // 21 live, a new peak: the 2 cached would be 2 over it, and go.
+    Buffer five(size_t(5) << 20, MemCategory::Other);
     EXPECT_EQ(host_cache_stats().cached_bytes, 0);
   }
-  EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(12 + 3) << 20);
+  EXPECT_EQ(host_cache_stats().cached_bytes, int64_t(3 + 12 + 1 + 5) << 20);
   release_host_cache();
   EXPECT_EQ(host_cache_stats().cached_bytes, 0);
 }
