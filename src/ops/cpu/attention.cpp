@@ -14,7 +14,7 @@
 // other owns a block of queries of one head to produce dQ. Both recompute P; that doubles the
 // score work but needs no per-thread copies of dK/dV and no reduction.
 //
-// All the arithmetic of a block pair is five small matrix products (block_matmul: S = Q K^T,
+// All the arithmetic of a block pair is small matrix products (block_matmul: S = Q K^T,
 // O += P V, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) on f32 blocks copied out of the
 // tensors, each computed from a register tile of accumulators; the softmax between them runs over
 // contiguous rows of kBk scores with a vectorized exp. Block rows are padded with zeros to Dp, a
