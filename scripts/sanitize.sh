@@ -28,6 +28,8 @@ done
 
 # Open MPI's memory hooks patch malloc, which the sanitizers own.
 export OMPI_MCA_memory=^patcher
+# The thread pass runs mpirun itself, which refuses root without these (containers run as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 for kind in "${kinds[@]}"; do
   case $kind in
