@@ -16,7 +16,7 @@
 namespace shardlm::ops::cpu {
 
 // exp(x) for x <= 0 (a softmax's x - max, or a log-probability), within 1.5 ulp of the exact value
-// over [-87, 88] (VecMath.ExpNonpositive checks it). Cephes' expf: x = n ln2 + r with |r| <= ln2/2, exp(r)
+// over [-87, 88] (VecMath.ExpNonpositive* checks it). Cephes' expf: x = n ln2 + r with |r| <= ln2/2, exp(r)
 // by a degree-7 polynomial, times 2^n built in the exponent bits. Below -87, where expf itself
 // reaches the denormals (exp(-87) ~ 1.6e-38), it returns exactly 0, so -inf (a masked score) gives
 // 0. NaN propagates, so a NaN logit still gives a NaN loss. Small positive x (a rounding error in
