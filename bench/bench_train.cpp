@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
   const double model_gflops = 6.0 * nonembedding * tokens / seconds * 1e-9;
   fmt::print("{{\"impl\": \"shardlm\", \"mode\": \"{}\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, "
              "\"params\": {}, \"trainable\": {}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", "
-             "\"last_loss\": {:.4f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
+             "\"last_loss\": {:.4f}, \"nonembedding_params\": {:.0f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
              mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), trainable,
-             batch, seq, steps, dtype_name(dtype), last_loss, model_gflops, mem.peak_total, peaks);
+             batch, seq, steps, dtype_name(dtype), last_loss, nonembedding, model_gflops, mem.peak_total, peaks);
   return 0;
 }

@@ -28,15 +28,11 @@ for r in $(seq "$rounds"); do
     /usr/bin/python3 bench/torch_train_bench.py "${shape[@]}" --threads "$threads"
   } | sed "s/^{/{\"round\": $r, /" | tee -a "$log"
 done
-/usr/bin/python3 - "$log" "${shape[@]}" <<'PY'
+/usr/bin/python3 - "$log" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-a = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-d, L, f, v, h, kv = (int(a[k]) for k in ("--dim", "--layers", "--ffn", "--vocab", "--heads", "--kv-heads"))
-hd = d // h
-# Non-embedding parameters of the (untied) benchmark model: the layers, the final norm, the lm_head.
-layer = d * hd * (h + 2 * kv) + h * hd * d + 3 * d * f + 2 * d
-nonembedding = L * layer + d + v * d
+# The same model on both sides: bench_train's count of its non-embedding parameters serves both.
+nonembedding = next(x["nonembedding_params"] for x in rows if x.get("impl") == "shardlm")
 print(f"non-embedding parameters: {nonembedding}; model FLOPs per token: {6 * nonembedding}")
 for r in sorted({x["round"] for x in rows}):
     rnd = [x for x in rows if x["round"] == r]

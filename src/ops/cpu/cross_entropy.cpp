@@ -78,9 +78,10 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       // Subtracting the max keeps exp() in range; the row keeps exp(z - m) for the softmax.
       // Summed in f32 over blocks of 1024 and the blocks in f64: a double accumulator inside
       // the vector loop would keep GCC from vectorizing it.
+      constexpr int64_t kSumBlock = 1024;
       double sum = 0.0;
-      for (int64_t j0 = 0; j0 < V; j0 += 1024) {
-        const int64_t j1 = std::min(V, j0 + 1024);
+      for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
+        const int64_t j1 = std::min(V, j0 + kSumBlock);
         float block = 0.0f;
 #pragma omp simd reduction(+ : block)
         for (int64_t j = j0; j < j1; ++j) {
