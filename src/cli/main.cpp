@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -18,6 +19,10 @@
 
 namespace {
 shardlm::comm::Communicator* g_world = nullptr;
+
+// SIGUSR1 is how `shardlm launch` relays a stop through mpirun (src/cli/launch.cpp): outside
+// training, which handles it itself, it means what SIGTERM means to the command that runs.
+void usr1_as_sigterm(int) { kill(getpid(), SIGTERM); }
 }
 
 namespace shardlm::cli {
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f, a quota) should fail the write that crosses it with EFBIG,
   // which the atomic writers report naming the file, rather than kill the process with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGUSR1, usr1_as_sigterm);
   std::unique_ptr<shardlm::comm::Communicator> world;
   auto fail = [&](const char* what) {
     if (world && world->size() > 1) world->abort(what);  // prints "rank R: ..." and ends every rank

@@ -396,7 +396,7 @@ std::vector<ConfigField<TrainConfig>> make_table() {
                [](double v) { return v >= 0 ? std::string() : "must be >= 0 (0: wait forever)"; })
           .alias("ddp_timeout"),
       F::field("save_on_signal", &TrainConfig::save_on_signal,
-               "SIGTERM/SIGINT: finish the step, checkpoint (if configured), exit 0"),
+               "SIGTERM/SIGINT/SIGUSR1: finish the step, checkpoint (if configured), exit 0"),
       F::field("on_nonfinite", &TrainConfig::on_nonfinite, "a NaN/Inf loss or gradient norm: stop or skip the step"),
       F::field("max_skipped_steps", &TrainConfig::max_skipped_steps, "on_nonfinite: skip: non-finite steps in a row allowed",
                positive),

@@ -53,9 +53,10 @@ struct TrainConfig {
   double max_grad_norm = 1.0;  // 0 disables clipping
   NonFinitePolicy on_nonfinite = NonFinitePolicy::Stop;
   double collective_timeout = 600;  // seconds a rank waits in a collective before naming it and ending the job
-  // SIGTERM / SIGINT (Slurm's preemption, a person's Ctrl-C): every rank finishes the step, writes
-  // a checkpoint when checkpointing is configured, and exits 0 saying how to resume. A second
-  // signal exits at once. false: the signals end the process as usual.
+  // SIGTERM / SIGINT / SIGUSR1 (Slurm's preemption, a person's Ctrl-C, `shardlm launch` relaying
+  // either through mpirun): every rank finishes the step, writes a checkpoint when checkpointing is
+  // configured, and exits 0 saying how to resume. A second signal exits at once. false: the
+  // signals end the process as usual.
   bool save_on_signal = true;
   int64_t max_skipped_steps = 5;  // on_nonfinite: skip: this many non-finite steps in a row end the run
   int64_t eval_every = 50;     // 0: only at the end

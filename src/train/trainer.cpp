@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
@@ -48,8 +49,11 @@ namespace {
 constexpr int64_t kByteFallbackMaxVocab = 4096;
 
 // ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
-// The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
-// process at once. The handlers are the trainer's while it runs (SignalGuard restores the old ones).
+// The first SIGTERM, SIGINT or SIGUSR1 only raises a flag the loop reads between steps; a second one
+// ends the process at once. SIGUSR1 is how `shardlm launch` relays a stop through mpirun (which
+// passes SIGUSR1 to every rank but answers SIGTERM by killing them within a second), and what
+// Slurm's `--signal=USR1@120` sends. The handlers are the trainer's while it runs (SignalGuard
+// restores the old ones).
 volatile std::sig_atomic_t g_stop_signal = 0;
 
 void on_stop_signal(int sig) {
@@ -62,21 +66,19 @@ class SignalGuard {
   explicit SignalGuard(bool on) : on_(on) {
     if (!on_) return;
     g_stop_signal = 0;
-    old_term_ = std::signal(SIGTERM, on_stop_signal);
-    old_int_ = std::signal(SIGINT, on_stop_signal);
+    for (size_t i = 0; i < std::size(kSignals); ++i) old_[i] = std::signal(kSignals[i], on_stop_signal);
   }
   ~SignalGuard() {
     if (!on_) return;
-    std::signal(SIGTERM, old_term_);
-    std::signal(SIGINT, old_int_);
+    for (size_t i = 0; i < std::size(kSignals); ++i) std::signal(kSignals[i], old_[i]);
   }
   SignalGuard(const SignalGuard&) = delete;
   SignalGuard& operator=(const SignalGuard&) = delete;
 
  private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   bool on_;
-  void (*old_term_)(int) = SIG_DFL;
-  void (*old_int_)(int) = SIG_DFL;
+  void (*old_[std::size(kSignals)])(int) = {};
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -729,7 +731,7 @@ void Trainer::evaluate(int64_t step) {
   result_.accuracy = acc;
 }
 
-// Whether any rank got SIGTERM/SIGINT: every rank learns it at the same step (one scalar sum).
+// Whether any rank got a stop signal: every rank learns it at the same step (one scalar sum).
 bool Trainer::stop_requested() { return world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0; }
 
 // Preemption: the step is done; checkpoint it (unless that just happened) and end cleanly.

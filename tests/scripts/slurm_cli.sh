@@ -5,7 +5,8 @@
 #   2. through `shardlm launch` (mpirun) inside the allocation: the same final weights, bit for bit;
 #   3. preemption: `scancel --signal=TERM` once past step 20 checkpoints and ends the job with exit
 #      code 0 and the resume line; `scontrol requeue` reruns the job, which resumes (resume_from=auto)
-#      and ends with the same final weights, bit for bit, as the uninterrupted run 1;
+#      and ends with the same final weights, bit for bit, as the uninterrupted run 1; under
+#      `shardlm launch`, `scancel --batch --signal=TERM` checkpoints and ends the job with exit code 0;
 #   4. srun without PMIx is refused in one line.
 # Jobs are watched through `scontrol show job` and their output files (no accounting daemon, no sacct).
 # Exit 77 (reported skipped) only when Slurm cannot run on this machine (not root, packages not
@@ -148,6 +149,20 @@ grep -q "resumed from $(printf "%s/live/checkpoints/step_%08d" "$work" "$step")"
 cmp "$work/full/model.safetensors" "$work/live/model.safetensors" ||
   fail "job $live's final weights differ from the uninterrupted run's"
 echo "running job $live requeued at step $step: checkpointed, resumed, final weights identical"
+
+# 3c. Under shardlm launch the ranks are in the batch step: `scancel --batch --signal=TERM` signals
+# the script, which passes it to launch, which relays it to every rank through mpirun.
+lcut=$(submit launch_cut launch output_dir="$work/launch_cut" save_every=1000)
+jobs+=("$lcut")
+for _ in $(seq 2400); do grep -qE "^step +20/" "$work/launch_cut.out" 2>/dev/null && break; sleep 0.05; done
+grep -qE "^step +20/" "$work/launch_cut.out" || fail "job $lcut did not reach step 20 in 120 s"
+scancel --batch --signal=TERM "$lcut"
+wait_done "$lcut" 60
+line=$(grep "stopped by a signal after step" "$work/launch_cut.out") || fail "job $lcut: no 'stopped by a signal' line"
+step=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
+[[ -f $(printf "%s/launch_cut/checkpoints/step_%08d/COMPLETE" "$work" "$step") ]] ||
+  fail "job $lcut: no complete checkpoint at step $step"
+echo "shardlm launch job $lcut stopped by scancel --batch --signal=TERM: checkpoint at step $step, exit code 0:0"
 
 # 4. srun without PMIx: one line saying what to do, not MPI_Init's abort.
 out=$(timeout 60 srun -n 2 --mpi=none "$shardlm" train --config "$work/run.yaml" output_dir="$work/nopmix" 2>&1) &&

@@ -1,0 +1,100 @@
+// What `shardlm launch` lets through of mpirun's stderr (comm/mpirun_output.h): Open MPI's notice
+// after MPI_Abort goes, everything else passes unchanged, however the stream is split into reads.
+// Owner: comm.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/mpirun_output.h"
+
+using shardlm::comm::MpirunStderrFilter;
+
+namespace {
+
+const std::string kRule(74, '-');
+// Open MPI 4.1's notice after MPI_Abort, as mpirun prints it.
+const std::string kAbortNotice = kRule + "\n" +
+                                 "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n"
+                                 "with errorcode 1.\n"
+                                 "\n"
+                                 "NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n"
+                                 "You may or may not see output from other processes, depending on\n"
+                                 "exactly when Open MPI kills them.\n" +
+                                 kRule + "\n";
+const std::string kSignalNotice = kRule + "\n" +
+                                  "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 "
+                                  "(Killed).\n" +
+                                  kRule + "\n";
+const std::string kErrorLine = "shardlm: error: rank 0: command line: key 'max_stepz': unknown key\n";
+
+// The filter's output for `input` fed in pieces of `piece` bytes (0: all at once), then finished.
+std::string filtered(const std::string& input, size_t piece = 0) {
+  std::string out;
+  MpirunStderrFilter filter([&](std::string_view b) { out += b; });
+  if (piece == 0) piece = input.size() + 1;
+  for (size_t i = 0; i < input.size(); i += piece) filter.feed(std::string_view(input).substr(i, piece));
+  filter.finish();
+  return out;
+}
+
+// The same output for every split of the stream into reads of 1..17 bytes and all at once.
+void expect_filtered(const std::string& input, const std::string& want) {
+  EXPECT_EQ(filtered(input), want);
+  for (size_t piece = 1; piece <= 17; ++piece) EXPECT_EQ(filtered(input, piece), want) << "pieces of " << piece;
+}
+
+}  // namespace
+
+TEST(MpirunStderrFilter, DropsTheAbortNoticeAfterAnErrorLine) {
+  const std::string before = "step 1/10 | loss 6.28\n" + kErrorLine;
+  expect_filtered(before + kAbortNotice, before);
+  expect_filtered(before + kAbortNotice + "after\n", before + "after\n");
+}
+
+TEST(MpirunStderrFilter, CondensesAnAbortNoticeThatNoErrorLineExplains) {
+  expect_filtered("step 1/10 | loss 6.28\n" + kAbortNotice,
+                  "step 1/10 | loss 6.28\nshardlm launch: MPI_ABORT was invoked on rank 0 in communicator "
+                  "MPI_COMM_WORLD with errorcode 1. (no error message came before it)\n");
+  // A line that only mentions an error further in is not the rank's error line.
+  expect_filtered("warning: shardlm: error: not at the start\n" + kAbortNotice,
+                  "warning: shardlm: error: not at the start\nshardlm launch: MPI_ABORT was invoked on rank 0 in "
+                  "communicator MPI_COMM_WORLD with errorcode 1. (no error message came before it)\n");
+}
+
+TEST(MpirunStderrFilter, KeepsEveryOtherNoticeAndLine) {
+  // The notice naming a killed rank is the only place it is named.
+  expect_filtered(kSignalNotice, kSignalNotice);
+  expect_filtered(kErrorLine + kSignalNotice + kAbortNotice, kErrorLine + kSignalNotice);
+  // Lines of or with dashes that are not rules, and a rule alone at the end.
+  const std::string dashes = "--- a list item\n-\n----------\n--x--\n" + kRule + "\n" + kRule + "\n";
+  expect_filtered(dashes, dashes);
+  const std::string unfinished = kErrorLine + kRule + "\nMPI_ABORT was invoked on rank 0 in comm";
+  expect_filtered(unfinished, unfinished);
+  expect_filtered(kErrorLine + kRule, kErrorLine + kRule);
+}
+
+TEST(MpirunStderrFilter, PassesAPartialLineAtOnce) {
+  // A progress bar redraws its line with '\r' and never ends it until the run does.
+  std::string out;
+  MpirunStderrFilter filter([&](std::string_view b) { out += b; });
+  filter.feed("\rstep 1/10 [#    ]");
+  EXPECT_EQ(out, "\rstep 1/10 [#    ]");
+  filter.feed("\rstep 2/10 [##   ]");
+  EXPECT_EQ(out, "\rstep 1/10 [#    ]\rstep 2/10 [##   ]");
+  // Dashes are held only while they could be a rule: the first other byte lets them through.
+  filter.feed("\n--");
+  EXPECT_EQ(out.substr(out.size() - 1), "\n");
+  filter.feed("> next");
+  EXPECT_EQ(out.substr(out.size() - 9), "\n--> next");
+}
+
+TEST(MpirunStderrFilter, LetsAnEndlessNoticeThrough) {
+  // A rule opening something that never closes is not held back for ever.
+  std::string input = kRule + "\n";
+  for (int i = 0; i < 2000; ++i) input += "a line of a notice that does not end, " + std::to_string(i) + "\n";
+  std::string out;
+  MpirunStderrFilter filter([&](std::string_view b) { out += b; });
+  filter.feed(input);
+  EXPECT_EQ(out, input);
+}
