@@ -394,6 +394,11 @@ TEST(TiktokenLlama3, FileErrorsNameFileAndLine) {
   shardlm::testing::expect_error([&] { load_tiktoken(bad_rank); }, bad_rank + ":2: invalid rank");
   const std::string twice = dir.write("twice.model", "IQ== 0\nIg== 0\n");
   shardlm::testing::expect_error([&] { load_tiktoken(twice); }, twice + ":2: rank 0 is given twice");
+  // Ranks run 0..N-1 over a file's N lines (Llama 3's special tokens follow them): a rank beyond is
+  // refused before it sizes any table (60M ranks would be gigabytes for a file of 14 bytes).
+  const std::string beyond = dir.write("beyond.model", "IQ== 0\nIg== 60000000\n");
+  shardlm::testing::expect_error([&] { load_tiktoken(beyond); },
+                                 beyond + ":2: rank 60000000 is beyond the file's 2 ranks");
   // Well-formed, but without all 256 bytes it cannot encode every text.
   const std::string few = dir.write("few.model", "IQ== 0\nIg== 1\n");
   shardlm::testing::expect_error([&] { load_tiktoken(few); }, "not a byte-level BPE");

@@ -584,6 +584,10 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
   spec.source = path;
   spec.bytes.reserve(128256);
   spec.kinds.reserve(128256);
+  // A tiktoken file lists ranks 0..N-1 over its N lines, and Llama 3's special tokens take the ids
+  // after them; a rank beyond N is a corrupt file, refused before it sizes the tables.
+  int64_t ranks = 0;
+  for_each_line(text, [&](int64_t, std::string_view) { ++ranks; });
   std::string bytes;
   int64_t max_rank = -1;
   for_each_line(text, [&](int64_t line_no, std::string_view line) {
@@ -597,6 +601,9 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
     const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     if (ec != std::errc() || end != rank_text.data() + rank_text.size() || rank < 0 || rank >= kMaxId)
       throw Error(fmt::format("invalid rank '{}'", rank_text), {.file = path, .line = line_no});
+    if (rank >= ranks)
+      throw Error(fmt::format("rank {} is beyond the file's {} ranks (they run from 0 to {})", rank, ranks, ranks - 1),
+                  {.file = path, .line = line_no});
     if (!place(spec, rank, bytes, Kind::kToken))
       throw Error(fmt::format("rank {} is given twice", rank), {.file = path, .line = line_no});
     max_rank = std::max(max_rank, rank);
