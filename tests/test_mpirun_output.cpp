@@ -52,14 +52,40 @@ TEST(MpirunStderrFilter, DropsTheAbortNoticeAfterAnErrorLine) {
   expect_filtered(before + kAbortNotice + "after\n", before + "after\n");
 }
 
+TEST(MpirunStderrFilter, DropsTheAbortNoticeBeforeAnErrorLine) {
+  // The notice and the rank's own line reach mpirun apart, in either order.
+  expect_filtered(kAbortNotice + kErrorLine, kErrorLine);
+  expect_filtered("step 1\n" + kAbortNotice + "step 2\n" + kErrorLine, "step 1\nstep 2\n" + kErrorLine);
+}
+
 TEST(MpirunStderrFilter, CondensesAnAbortNoticeThatNoErrorLineExplains) {
   expect_filtered("step 1/10 | loss 6.28\n" + kAbortNotice,
                   "step 1/10 | loss 6.28\nshardlm launch: MPI_ABORT was invoked on rank 0 in communicator "
-                  "MPI_COMM_WORLD with errorcode 1. (no error message came before it)\n");
+                  "MPI_COMM_WORLD with errorcode 1. (no rank printed an error)\n");
   // A line that only mentions an error further in is not the rank's error line.
   expect_filtered("warning: shardlm: error: not at the start\n" + kAbortNotice,
                   "warning: shardlm: error: not at the start\nshardlm launch: MPI_ABORT was invoked on rank 0 in "
-                  "communicator MPI_COMM_WORLD with errorcode 1. (no error message came before it)\n");
+                  "communicator MPI_COMM_WORLD with errorcode 1. (no rank printed an error)\n");
+}
+
+TEST(MpirunStderrFilter, DropsTheLogLineOfANoticeCutShortAfterAnErrorLine) {
+  // What mpirun printed instead of the abort notice in one of two 3-rank aborts here.
+  const std::string lost =
+      "[vm:27351] [[1577,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in file "
+      "../../../orte/util/show_help.c at line 501\n";
+  expect_filtered(kErrorLine + lost, kErrorLine);
+  for (const char* why : {"Data unpack had inadequate space", "Out of resource"}) {
+    const std::string also =
+        std::string("[vm:21652] [[14442,0],0] ORTE_ERROR_LOG: ") + why + " in file ../../../orte/util/show_help.c at line 513\n";
+    expect_filtered(kErrorLine + also, kErrorLine);
+  }
+  expect_filtered(kErrorLine + lost + kAbortNotice, kErrorLine);
+  expect_filtered(lost + kErrorLine, kErrorLine);
+  // With no error line to explain the job's end it stays (written at the end), as do mpirun's
+  // other log lines (in place).
+  expect_filtered(lost + "step 2\n", "step 2\n" + lost);
+  const std::string other = "[vm:27351] [[1577,0],0] ORTE_ERROR_LOG: Not found in file plm_base_launch_support.c\n";
+  expect_filtered(kErrorLine + other, kErrorLine + other);
 }
 
 TEST(MpirunStderrFilter, KeepsEveryOtherNoticeAndLine) {
@@ -69,6 +95,8 @@ TEST(MpirunStderrFilter, KeepsEveryOtherNoticeAndLine) {
   // Lines of or with dashes that are not rules, and a rule alone at the end.
   const std::string dashes = "--- a list item\n-\n----------\n--x--\n" + kRule + "\n" + kRule + "\n";
   expect_filtered(dashes, dashes);
+  const std::string brackets = "[1/3] loading\n[\n[" + std::string(3000, 'x') + "]\n[a]\r[b]\n";
+  expect_filtered(brackets, brackets);
   const std::string unfinished = kErrorLine + kRule + "\nMPI_ABORT was invoked on rank 0 in comm";
   expect_filtered(unfinished, unfinished);
   expect_filtered(kErrorLine + kRule, kErrorLine + kRule);
@@ -87,6 +115,11 @@ TEST(MpirunStderrFilter, PassesAPartialLineAtOnce) {
   EXPECT_EQ(out.substr(out.size() - 1), "\n");
   filter.feed("> next");
   EXPECT_EQ(out.substr(out.size() - 9), "\n--> next");
+  // So is a line of mpirun's form, which starts with '[': until '\r', or its end.
+  filter.feed("\n[##   ] 20%");
+  EXPECT_EQ(out.substr(out.size() - 7), "> next\n");
+  filter.feed("\r");
+  EXPECT_EQ(out.substr(out.size() - 12), "[##   ] 20%\r");
 }
 
 TEST(MpirunStderrFilter, LetsAnEndlessNoticeThrough) {

@@ -9,6 +9,16 @@ constexpr std::string_view kErrorPrefix = "shardlm: error:";
 constexpr std::string_view kAbortNotice = "MPI_ABORT was invoked";
 constexpr size_t kMinRule = 20;              // Open MPI's rules are 74 dashes
 constexpr size_t kMaxNotice = size_t(64) << 10;  // a "notice" this long is not one: let it through
+constexpr size_t kMaxHeldLine = 1024;
+
+// mpirun's log line for a notice it could not unpack, as one sent by a rank that MPI_Abort is
+// taking down: "[vm:27351] [[1577,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer
+// in file ../../../orte/util/show_help.c at line 501" ("Data unpack had inadequate space" and "Out
+// of resource" the same way; one of these in about one 2- or 3-rank abort in ten here).
+bool is_lost_notice(std::string_view line) {
+  return line.starts_with('[') && line.find("ORTE_ERROR_LOG: ") != line.npos &&
+         line.find("/orte/util/show_help.c at line ") != line.npos;
+}
 
 // A line (its '\n' included) of dashes only, long enough to be one of Open MPI's rules.
 bool is_rule(std::string_view line) {
@@ -45,7 +55,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
     switch (state_) {
       case State::kLineStart:
         head_.clear();
-        state_ = bytes[i] == '-' ? State::kMaybeRule : State::kMidLine;
+        state_ = bytes[i] == '-' || bytes[i] == '[' ? State::kHeldLine : State::kMidLine;
         break;
       case State::kMidLine: {
         // Through at once, up to the end of the line: a progress bar redraws a line with '\r'.
@@ -60,15 +70,17 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
         if (nl != std::string_view::npos) state_ = State::kLineStart;
         break;
       }
-      case State::kMaybeRule: {
-        // Dashes are held until the line shows whether it is a rule; anything else lets it go.
-        while (i < bytes.size() && bytes[i] == '-') line_ += bytes[i++];
+      case State::kHeldLine: {
+        // Held until the line shows what it is; a rule's dashes give way at the first other byte,
+        // anything at a '\r' (a progress bar) or past a length no Open MPI line reaches.
+        const bool dashes = (line_.empty() ? bytes[i] : line_[0]) == '-';
+        while (i < bytes.size() && bytes[i] != '\n' && bytes[i] != '\r' && line_.size() < kMaxHeldLine &&
+               (!dashes || bytes[i] == '-'))
+          line_ += bytes[i++];
         if (i == bytes.size()) break;
-        if (bytes[i] == '\n' && is_rule(line_)) {
-          notice_ = line_ + '\n';
-          line_.clear();
+        if (bytes[i] == '\n') {
           ++i;
-          state_ = State::kInNotice;
+          end_held_line();
         } else {
           pass(line_);
           head_ = line_.substr(0, kErrorPrefix.size());
@@ -102,20 +114,37 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
   }
 }
 
+void MpirunStderrFilter::end_held_line() {
+  if (is_rule(line_)) {
+    notice_ = line_ + '\n';
+    state_ = State::kInNotice;
+  } else {
+    if (is_lost_notice(line_)) {
+      deferred_ += line_ + '\n';
+    } else {
+      pass(line_ + '\n');
+    }
+    state_ = State::kLineStart;
+  }
+  line_.clear();
+}
+
 void MpirunStderrFilter::end_notice() {
   const size_t body = notice_.find('\n') + 1;
   const bool abort_notice = notice_.compare(body, kAbortNotice.size(), kAbortNotice) == 0;
   if (!abort_notice) {
     pass(notice_);
-  } else if (!saw_shardlm_error_) {
-    pass("shardlm launch: " + first_paragraph(notice_) + " (no error message came before it)\n");
+  } else {
+    deferred_ += "shardlm launch: " + first_paragraph(notice_) + " (no rank printed an error)\n";
   }
   notice_.clear();
   state_ = State::kLineStart;
 }
 
 void MpirunStderrFilter::finish() {
-  if (state_ == State::kMaybeRule) pass(line_);
+  if (!saw_shardlm_error_) pass(deferred_);
+  deferred_.clear();
+  if (state_ == State::kHeldLine) pass(line_);
   if (state_ == State::kInNotice) {
     pass(notice_);
     pass(line_);

@@ -6,9 +6,11 @@
 // to kill all MPI processes..."), which says nothing the rank's line did not. The filter drops that
 // one notice and passes everything else through unchanged and at once: ranks' stderr (progress bars
 // included, which are partial lines), and mpirun's other notices, such as "mpirun noticed that
-// process rank 1 ... exited on signal 9", the only place a killed rank is named. Should an abort
-// come with no shardlm error line before it (MPI_Abort called by a library), the notice is
-// condensed to one line rather than dropped.
+// process rank 1 ... exited on signal 9", the only place a killed rank is named. mpirun's log line
+// for a notice that arrived cut short (the abort notice of a rank being taken down) goes too.
+// Should no rank's error line pass by the end of the stream (MPI_Abort called by a library), the
+// abort notice is written then, condensed to one line, and the log line as it was: the end, since
+// the notice may arrive before the rank's line, the two travelling apart.
 //
 // Owner: comm. Not thread-safe; one filter per stream, fed in order.
 #pragma once
@@ -26,14 +28,15 @@ class MpirunStderrFilter {
 
   // The next bytes of mpirun's stderr, split anywhere.
   void feed(std::string_view bytes);
-  // End of the stream: whatever is held back (an unfinished notice) is written as it was.
+  // End of the stream: whatever is held back (an unfinished notice) is written as it was, and what
+  // was kept for the end (see the top).
   void finish();
 
  private:
   enum class State {
     kLineStart,  // at the start of a line
     kMidLine,    // inside a line that passes through as it comes
-    kMaybeRule,  // holding a line that starts with '-': a rule opening a notice, or not
+    kHeldLine,   // holding a line that starts with '-' (a rule opening a notice?) or '[' (mpirun's log)
     kInNotice,   // holding a notice, from its opening rule, until the closing one
   };
   void end_held_line();
@@ -42,9 +45,10 @@ class MpirunStderrFilter {
 
   std::function<void(std::string_view)> write_;
   State state_ = State::kLineStart;
-  std::string line_;    // the held line (kMaybeRule) or the notice's current line (kInNotice)
+  std::string line_;    // the held line (kHeldLine) or the notice's current line (kInNotice)
   std::string notice_;  // the notice's complete lines so far (kInNotice), rules included
   std::string head_;    // the first bytes of the line passing through (kMidLine), to spot errors
+  std::string deferred_;  // what finish() writes if no error line passed (see the top)
   bool saw_shardlm_error_ = false;  // a "shardlm: error:" line passed: an abort notice adds nothing
 };
 
