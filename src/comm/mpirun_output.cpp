@@ -142,13 +142,13 @@ void MpirunStderrFilter::end_notice() {
 }
 
 void MpirunStderrFilter::finish() {
-  if (!saw_shardlm_error_) pass(deferred_);
-  deferred_.clear();
   if (state_ == State::kHeldLine) pass(line_);
   if (state_ == State::kInNotice) {
     pass(notice_);
     pass(line_);
   }
+  if (!saw_shardlm_error_) pass(deferred_);
+  deferred_.clear();
   notice_.clear();
   line_.clear();
   state_ = State::kLineStart;

@@ -4,8 +4,9 @@
 // Open MPI's mpirun then adds a nine-line notice between dashed rules ("MPI_ABORT was invoked on
 // rank 0 in communicator MPI_COMM_WORLD with errorcode 1. NOTE: invoking MPI_ABORT causes Open MPI
 // to kill all MPI processes..."), which says nothing the rank's line did not. The filter drops that
-// one notice and passes everything else through unchanged and at once: ranks' stderr (progress bars
-// included, which are partial lines), and mpirun's other notices, such as "mpirun noticed that
+// one notice and passes everything else through unchanged, at once (a line that starts with '-'
+// or '[', as mpirun's own do, when it ends or shows it is not one of them): ranks' stderr (progress
+// bars included, which are partial lines), and mpirun's other notices, such as "mpirun noticed that
 // process rank 1 ... exited on signal 9", the only place a killed rank is named. mpirun's log line
 // for a notice that arrived cut short (the abort notice of a rank being taken down) goes too.
 // Should no rank's error line pass by the end of the stream (MPI_Abort called by a library), the
@@ -18,6 +19,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace shardlm::comm {
 
