@@ -429,6 +429,17 @@ TEST(HfTokenizerJson, ErrorsNameFileAndComponent) {
   const std::string lower = dir.write("lower.json", doc.dump());
   shardlm::testing::expect_error([&] { load_hf_tokenizer_json(lower); }, "normalizer 'Lowercase'");
 
+  // An id no file of this size could reach is refused before it sizes the tables (60M ids would
+  // be gigabytes).
+  doc = gpt2_tokenizer_json();
+  doc["model"]["vocab"]["zzzz"] = 60000000;
+  const std::string far_id = dir.write("far_id.json", doc.dump());
+  shardlm::testing::expect_error([&] { load_hf_tokenizer_json(far_id); }, far_id + ": token 'zzzz' has id 60000000");
+  doc = gpt2_tokenizer_json();
+  doc["added_tokens"] = json::array({{{"id", 60000000}, {"content", "<far>"}, {"special", true}}});
+  const std::string far_added = dir.write("far_added.json", doc.dump());
+  shardlm::testing::expect_error([&] { load_hf_tokenizer_json(far_added); }, far_added + ": added token id 60000000");
+
   doc = gpt2_tokenizer_json();
   doc["model"]["merges"][7] = "Ġt nosuchtoken";
   const std::string merges = dir.write("merges.json", doc.dump());

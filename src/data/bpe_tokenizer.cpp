@@ -499,15 +499,29 @@ bool place(BpeSpec& spec, int64_t id, std::string bytes, Kind kind) {
 // Ids beyond this are surely a corrupt file, and would make the tables absurdly large.
 constexpr int64_t kMaxId = int64_t(1) << 26;
 
+// The ids a JSON vocabulary file of this size can hold: each entry takes several bytes, so an id
+// beyond the file's byte count leaves most of the table empty — a corrupt file, whose few bytes
+// would otherwise size tables of gigabytes ({"a": 60000000} took 5.6 s and 3 GB).
+int64_t id_limit(const std::string& path) {
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  return ec ? kMaxId : std::min<int64_t>(kMaxId, int64_t(bytes));
+}
+
 // Reads a vocabulary object {"token in the alphabet": id} (vocab.json, tokenizer.json's
 // model.vocab). Tokens that are also added tokens may lie outside the alphabet; they are skipped
 // here and placed as added tokens.
 void read_vocab(const json& vocab, BpeSpec& spec, const std::string& source, const StringMap<int32_t>& added) {
   if (!vocab.is_object()) throw Error("vocabulary is not a JSON object", {.file = source});
+  const int64_t limit = id_limit(source);
   std::string bytes;
   for (const auto& [token, value] : vocab.items()) {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= kMaxId)
+    if (!value.is_number_integer() || value.get<int64_t>() < 0)
       throw Error(fmt::format("token '{}' has no valid id", token), {.file = source});
+    if (value.get<int64_t>() >= limit)
+      throw Error(fmt::format("token '{}' has id {}, more ids than a file of {} bytes can list", token,
+                              value.get<int64_t>(), limit),
+                  {.file = source});
     if (const auto it = added.find(token); it != added.end() && it->second == value.get<int64_t>()) continue;
     if (!alphabet_to_bytes(token, bytes))
       throw Error(fmt::format("token '{}' is not spelled in the byte-level alphabet", token), {.file = source});
@@ -750,11 +764,14 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer_json(const std::string& path) {
   StringMap<int32_t> added;
   std::vector<std::tuple<int64_t, std::string, bool>> added_list;
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
+    const int64_t limit = id_limit(path);
     for (const json& t : doc["added_tokens"]) {
       if (!t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
         throw Error("an added token lacks an integer id or a content string", {.file = path, .key = "added_tokens"});
       const int64_t id = t["id"].get<int64_t>();
-      if (id < 0 || id >= kMaxId) throw Error(fmt::format("added token id {} out of range", id), {.file = path});
+      if (id < 0 || id >= limit)
+        throw Error(fmt::format("added token id {} out of range (a file of its size lists fewer ids)", id),
+                    {.file = path});
       added_list.emplace_back(id, t["content"].get<std::string>(), t.value("special", false));
       added.emplace(t["content"].get<std::string>(), int32_t(id));
     }
