@@ -20,8 +20,9 @@
 namespace {
 shardlm::comm::Communicator* g_world = nullptr;
 
-// SIGUSR1 is how `shardlm launch` relays a stop through mpirun (src/cli/launch.cpp): outside
-// training, which handles it itself, it means what SIGTERM means to the command that runs.
+// SIGUSR1 is how `shardlm launch` relays a stop through mpirun (src/cli/launch.cpp), and what
+// Slurm's --signal=USR1 sends: it means what SIGTERM means to the command that runs (training
+// finishes its step and checkpoints; see save_on_signal).
 void usr1_as_sigterm(int) { kill(getpid(), SIGTERM); }
 }
 

@@ -51,7 +51,6 @@ void MpirunStderrFilter::pass(std::string_view bytes) {
 void MpirunStderrFilter::feed(std::string_view bytes) {
   size_t i = 0;
   while (i < bytes.size()) {
-    const size_t nl = bytes.find('\n', i);
     switch (state_) {
       case State::kLineStart:
         head_.clear();
@@ -59,6 +58,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
         break;
       case State::kMidLine: {
         // Through at once, up to the end of the line: a progress bar redraws a line with '\r'.
+        const size_t nl = bytes.find('\n', i);
         const size_t end = nl == std::string_view::npos ? bytes.size() : nl + 1;
         const std::string_view part = bytes.substr(i, end - i);
         if (head_.size() < kErrorPrefix.size()) {
@@ -90,6 +90,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
         break;
       }
       case State::kInNotice: {
+        const size_t nl = bytes.find('\n', i);
         const size_t end = nl == std::string_view::npos ? bytes.size() : nl + 1;
         line_.append(bytes.substr(i, end - i));
         i = end;

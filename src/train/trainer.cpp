@@ -49,11 +49,10 @@ namespace {
 constexpr int64_t kByteFallbackMaxVocab = 4096;
 
 // ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
-// The first SIGTERM, SIGINT or SIGUSR1 only raises a flag the loop reads between steps; a second one
-// ends the process at once. SIGUSR1 is how `shardlm launch` relays a stop through mpirun (which
-// passes SIGUSR1 to every rank but answers SIGTERM by killing them within a second), and what
-// Slurm's `--signal=USR1@120` sends. The handlers are the trainer's while it runs (SignalGuard
-// restores the old ones).
+// The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
+// process at once. (SIGUSR1, how `shardlm launch` relays a stop through mpirun, arrives as SIGTERM:
+// the command line's main() turns one into the other for every command.) The handlers are the
+// trainer's while it runs (SignalGuard restores the old ones).
 volatile std::sig_atomic_t g_stop_signal = 0;
 
 void on_stop_signal(int sig) {
@@ -76,7 +75,7 @@ class SignalGuard {
   SignalGuard& operator=(const SignalGuard&) = delete;
 
  private:
-  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+  static constexpr int kSignals[] = {SIGTERM, SIGINT};
   bool on_;
   void (*old_[std::size(kSignals)])(int) = {};
 };
