@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 
 using namespace shardlm;
 
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
       MemStats mem;
       {
         shard::ShardedModel engine(cfg, c, mesh);
-        engine.init_random(1);
+        shard::init_random(engine, 1);
         model::LlamaCompute compute(cfg, DType::F32);
         for (int64_t i = 0; i < warmup + steps; ++i) {
           if (i == warmup) {

@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "comm/communicator.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 
 using namespace shardlm;
 
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   sc.param_dtype = dtype;
   shard::Mesh mesh = shard::make_mesh(*local, sc, 1);
   shard::ShardedModel engine(cfg, sc, mesh);
-  engine.init_random(0);
+  shard::init_random(engine, 0);
   model::LlamaCompute model(cfg, dtype);
 
   auto random_batch = [&](int64_t s) {

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "io/model_files.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 #include "testing.h"
 #include "model/hf_dir.h"
 #include "train/param_store.h"
@@ -31,7 +32,7 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   shard::ShardingConfig sc;
   shard::Mesh mesh = shard::make_mesh(*world, sc, 1);
   shard::ShardedModel engine(cfg, sc, mesh);
-  engine.load(io::ModelWeights(model_dir), model_dir);
+  shard::load_weights(engine, io::ModelWeights(model_dir), model_dir);
   model::LlamaCompute compute(cfg, DType::F32);
   // Batch s of the golden reference (ids and targets are kept in the caller's vectors).
   auto batch = [&](int s, std::vector<int32_t>& ids, std::vector<int32_t>& targets) {

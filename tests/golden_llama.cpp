@@ -59,7 +59,7 @@ Loaded load(const GoldenCase& c) {
   Loaded l;
   l.cfg = load_hf_config(c.model_dir);
   l.run = std::make_unique<LocalEngine>(l.cfg);
-  l.run->engine.load(io::ModelWeights(c.model_dir), c.model_dir);
+  shard::load_weights(l.run->engine, io::ModelWeights(c.model_dir), c.model_dir);
   l.model = std::make_unique<model::LlamaCompute>(l.cfg, DType::F32);
   return l;
 }

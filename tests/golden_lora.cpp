@@ -80,7 +80,7 @@ struct Loaded {
                                          << ") differ from the reference's (" << want.size() << ")";
 
   l.run = std::make_unique<LocalEngine>(l.cfg);
-  l.run->engine.load(io::ModelWeights(c.base_dir), c.base_dir);
+  shard::load_weights(l.run->engine, io::ModelWeights(c.base_dir), c.base_dir);
 
   // The engine must train exactly A and B of every target.
   const std::vector<std::string> names = l.run->engine.names();

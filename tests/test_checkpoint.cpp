@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "io/model_files.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 #include "testing.h"
 
 using namespace shardlm;
@@ -54,7 +55,7 @@ struct Trained {
     engine = std::make_unique<shard::ShardedModel>(cfg, sc, mesh);
   }
   void train(int steps) {
-    engine->init_random(11);
+    shard::init_random(*engine, 11);
     model::LlamaCompute compute(cfg, DType::F32);
     std::vector<int32_t> ids, targets;
     for (int s = 1; s <= steps; ++s)

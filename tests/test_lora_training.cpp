@@ -54,7 +54,7 @@ TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
   const ModelConfig cfg = lora_config(0.3);
   auto run = [&](uint64_t key) {
     LocalEngine eng(cfg);
-    eng.engine.init_random(1);
+    shard::init_random(eng.engine, 1);
     randomize_b(eng);
     model::LlamaCompute m(cfg, DType::F32);
     std::vector<double> losses;
@@ -68,8 +68,8 @@ TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
 
   // Evaluation (no key) ignores dropout: the same weights give the same loss as with dropout 0.
   LocalEngine with(cfg), without(lora_config(0.0));
-  with.engine.init_random(1);
-  without.engine.init_random(1);
+  shard::init_random(with.engine, 1);
+  shard::init_random(without.engine, 1);
   randomize_b(with);
   randomize_b(without);
   model::LlamaCompute mw(cfg, DType::F32), mo(lora_config(0.0), DType::F32);
@@ -84,7 +84,7 @@ TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
   // B (lr 0: the step changes nothing), against the gradients the backward computed.
   const ModelConfig cfg = lora_config(0.25);
   LocalEngine eng(cfg);
-  eng.engine.init_random(2);
+  shard::init_random(eng.engine, 2);
   randomize_b(eng);
   model::LlamaCompute m(cfg, DType::F32);
   const data::BatchBuffers b = batch(1);

@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "testing.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 
 using namespace shardlm;
 
@@ -41,7 +42,7 @@ struct TinyModel {
   model::LlamaCompute model;
   TinyModel()
       : cfg(make_cfg()), mesh(shard::make_mesh(*local, {}, 1)), engine(cfg, {}, mesh), model(cfg, DType::F32) {
-    engine.init_random(21);
+    shard::init_random(engine, 21);
   }
   static ModelConfig make_cfg() {
     ModelConfig c = preset("tiny");

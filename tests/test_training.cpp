@@ -303,7 +303,7 @@ TEST(Training, GradientAccumulationEqualsOneBigBatch) {
   ModelConfig cfg = small_config();
   auto run = [&](bool split) {
     LocalEngine p(cfg);
-    p.engine.init_random(3);
+    shard::init_random(p.engine, 3);
     model::LlamaCompute m(cfg, DType::F32);
     std::vector<data::Example> rows;
     for (int r = 0; r < 4; ++r) {
@@ -384,7 +384,7 @@ TEST(Training, Bf16ComputeTracksF32) {
     shard::ShardingConfig sc;
     sc.param_dtype = dtype;
     LocalEngine p(cfg, sc);
-    p.engine.init_random(21);
+    shard::init_random(p.engine, 21);
     model::LlamaCompute m(cfg, dtype);
     ops::AdamWConfig opt;
     opt.lr = 1e-3;
@@ -422,7 +422,7 @@ TEST(Training, ActivationCheckpointingGivesTheSameGradientsWithLessMemory) {
   const data::BatchBuffers batch = data::make_batch(rows, 24, 0);
   auto run = [&](int every, int64_t* arena_bytes) {
     LocalEngine p(cfg);
-    p.engine.init_random(8);
+    shard::init_random(p.engine, 8);
     model::LlamaCompute m(cfg, DType::F32);
     m.set_checkpointing(every);
     const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Activations)];
@@ -453,7 +453,7 @@ TEST(Training, ANonFiniteStepTakesNoOptimizerStepAndNamesTheTensor) {
   // leaves weights and AdamW moments as they were.
   const ModelConfig cfg = small_config();
   LocalEngine p(cfg);
-  p.engine.init_random(4);
+  shard::init_random(p.engine, 4);
   model::LlamaCompute m(cfg, DType::F32);
   std::vector<data::Example> rows(2);
   for (int r = 0; r < 2; ++r)
@@ -518,6 +518,6 @@ TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
   p.master("model.layers.0.mlp.up_proj.weight").f32()[7] = NAN;
   p.save((d / "nan").string(), DType::F32, ~uint64_t(0), "");
   LocalEngine e(cfg);
-  expect_error([&] { e.engine.load(io::ModelWeights((d / "nan").string()), "nan"); },
+  expect_error([&] { shard::load_weights(e.engine, io::ModelWeights((d / "nan").string()), "nan"); },
                "nan: tensor 'model.layers.0.mlp.up_proj.weight': element 7 is nan");
 }

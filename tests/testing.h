@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "data/dataset.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 #include <map>
 
 namespace shardlm::testing {

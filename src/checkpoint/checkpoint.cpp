@@ -106,6 +106,21 @@ int64_t StoredTensor::numel() const {
 
 // ---- saving ---------------------------------------------------------------------------------
 
+namespace {
+// The part of a unit's optimizer state this rank writes. Ranks that hold identical copies (every
+// rank under NO_SHARD, the replicas of a hybrid mesh) split their copy between them, so each
+// element is written exactly once and every rank writes in parallel. May be empty.
+shard::ShardedModel::StateRange written_state(shard::ShardedModel& engine, int k) {
+  shard::ShardedModel::StateRange s = engine.owned_state(k);
+  const comm::Communicator* copies = engine.state_copies();
+  if (s.numel == 0 || !copies || copies->size() == 1) return s;
+  const int64_t part = (s.numel + copies->size() - 1) / copies->size();
+  const int64_t lo = std::min(s.numel, copies->rank() * part), hi = std::min(s.numel, lo + part);
+  return {s.begin + lo, hi - lo, s.master.slice(lo, hi), s.exp_avg.slice(lo, hi), s.exp_avg_sq.slice(lo, hi)};
+}
+}  // namespace
+
+
 SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
                            comm::Communicator& world) {
   using clock = std::chrono::steady_clock;
@@ -131,7 +146,7 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
   std::map<std::string, std::string> header = {{"format", "shardlm-checkpoint-shard"},
                                                {"rank", std::to_string(world.rank())}};
   for (int k = 0; k < engine.num_units(); ++k) {
-    const shard::ShardedModel::StateRange s = engine.checkpoint_state(k);
+    const shard::ShardedModel::StateRange s = written_state(engine, k);
     if (s.numel == 0) continue;
     header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
     for (Field f : kFields) {

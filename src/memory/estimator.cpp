@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "shard/flat_layout.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 
 namespace shardlm::memory {
 
@@ -237,7 +238,7 @@ Estimate estimate(const EstimateInput& in) {
   dry.offload_params = in.offload;
   shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn);
   shard::ShardedModel engine(cfg, dry, mesh, tr);
-  engine.init_random(0);
+  shard::init_random(engine, 0);
   est.num_units = engine.num_units();
   est.padded_params = engine.plan().padded_numel();
   std::vector<model::Batch> micro(size_t(in.grad_accum), model::Batch{.B = in.micro_batch_size, .T = in.seq_len});

@@ -17,6 +17,10 @@
 // A dry run (the memory estimator, memory/estimator.h) is the same engine over shape-only
 // communicators with a BufferLedger: buffers have sizes but no memory, arithmetic and
 // communication are skipped, and the ledger sees every allocation and release in order.
+//
+// Pieces: the unit's gathered data is a ShardedBuffer (sharded_buffer.h), its gradients go to
+// their owners through a GradReduction (grad_reduction.h), and filling the buffers from weights or
+// a seed is shard/load.h's. Checkpoint state is sliced in checkpoint/.
 #pragma once
 
 #include <memory>
@@ -28,15 +32,10 @@
 #include "model/llama.h"
 #include "ops/ops.h"
 #include "shard/flat_layout.h"
+#include "shard/grad_reduction.h"
 #include "shard/plan.h"
+#include "shard/sharded_buffer.h"
 #include "shard/sharding.h"
-
-namespace shardlm::io {
-class ModelWeights;
-}
-namespace shardlm::model {
-class Nf4ModelReader;
-}
 
 namespace shardlm::shard {
 
@@ -52,58 +51,12 @@ struct StepStats {
   std::string nonfinite;
 };
 
-// Sees every allocation and release of the engine's buffers, in order.
-class BufferLedger {
- public:
-  virtual ~BufferLedger() = default;
-  virtual void on_alloc(BufferRole role, bool host, int64_t bytes) = 0;
-  virtual void on_free(BufferRole role, bool host, int64_t bytes) = 0;
-};
-
-// One of the engine's flat buffers: it owns its memory (none in a dry run), knows what it is for,
-// and reports itself to the ledger, if any. Move-only; view() is valid while it lives.
-class FlatBuffer {
- public:
-  FlatBuffer() = default;
-  FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device,
-             BufferLedger* ledger);
-  ~FlatBuffer() { reset(); }
-  FlatBuffer(FlatBuffer&& o) noexcept;
-  FlatBuffer& operator=(FlatBuffer&& o) noexcept;
-  FlatBuffer(const FlatBuffer&) = delete;
-  FlatBuffer& operator=(const FlatBuffer&) = delete;
-
-  bool live() const { return live_; }
-  const Tensor& view() const { return view_; }
-  void reset();
-
- private:
-  OwnedTensor mem_;
-  Tensor view_;
-  BufferRole role_ = BufferRole::Staging;
-  bool host_ = false, live_ = false;
-  int64_t bytes_ = 0;
-  BufferLedger* ledger_ = nullptr;
-};
-
 class ShardedModel {
  public:
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
   // A dry run over a shape-only mesh (make_shape_mesh): see the top of this file.
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger);
   ~ShardedModel();
-
-  // Each rank initializes / reads only the elements it keeps. A LoRA run reads its frozen base
-  // from the weights and initializes the new adapters from `seed` (A as PEFT does, B zero).
-  void init_random(uint64_t seed);
-  // Weights saved by transformers from a bitsandbytes 4-bit model (model/nf4_loader.h: a packed
-  // NF4 state per Linear weight) are read without re-quantizing: QLoRA copies each rank's chunk
-  // of codes, absmax and nested absmax as stored, so it trains on exactly bitsandbytes' base
-  // (with a double-quantized layout, every such weight must be double-quantized in the file
-  // with the standard nested map, else an Error names lora.double_quant; a plain layout takes
-  // either, as exact f32 absmax values). Every other layout (LoRA's dense base, full
-  // fine-tuning) reads such a weight as bitsandbytes dequantizes it, in f32.
-  void load(const io::ModelWeights& weights, const std::string& source, uint64_t seed = 0);
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
   // over the non-ignored targets of the whole global batch (all micro-batches of all ranks).
@@ -127,7 +80,7 @@ class ShardedModel {
   // Where gathered parameters and gradients live (what the model must be built for).
   Device device() const { return device_; }
 
-  // ---- checkpoints (checkpoint/checkpoint.h) ------------------------------------------------
+  // ---- checkpoints (checkpoint/checkpoint.h) and loading (load.h) ----------------------------
   // This rank's optimizer state of a unit: flat elements [begin, begin + numel) of the unit's
   // buffer, as f32 views into the engine's own buffers (valid while the engine lives).
   struct StateRange {
@@ -139,32 +92,33 @@ class ShardedModel {
   // The reduced gradients of those elements from the last step (f32 [own_numel], before clipping;
   // valid until the next step).
   Tensor owned_grad(int unit) const;
-  // The part of it this rank writes to a checkpoint. Ranks that hold identical copies (every rank
-  // under NO_SHARD, the replicas of a hybrid mesh) split their copy between them, so each element
-  // is written exactly once and every rank writes in parallel. May be empty.
-  StateRange checkpoint_state(int unit);
-  // Call after the master weights were changed outside train_step (a checkpoint was loaded): the
-  // persistent full parameters are refreshed (collective for ZERO1).
+  // The host group of the ranks that hold identical copies of this rank's optimizer state (every
+  // rank of the shard group under NO_SHARD, the replicas of a hybrid mesh), or null when none does.
+  comm::Communicator* state_copies() const;
+  // Where loading writes this rank's elements of a unit: its f32 master (undefined for a frozen
+  // unit; pinned host memory under offload), its frozen base and NF4 store at rest (undefined
+  // when it has none).
+  struct LoadTargets {
+    Tensor master, frozen, nf4_store;
+  };
+  LoadTargets load_targets(int unit);
+  const BufferMaker& buffers() const { return make_; }
+  Mesh& mesh() const { return mesh_; }
+  const ModelConfig& config() const { return cfg_; }
+  // Call after the master weights were changed outside train_step (loaded, or a checkpoint was
+  // read): the persistent full parameters are refreshed (collective for ZERO1).
   void master_weights_changed();
 
  private:
   struct Unit;
+  // Training visits compute gradients and name their step to the watchdog; evaluation visits do
+  // neither.
+  enum class Pass : uint8_t { Training, Evaluation };
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger);
-  FlatBuffer buffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool host = false) const;
-  // Optimizer-side state: pinned host memory under offload, else on the engine's device.
-  FlatBuffer state_buffer(BufferRole role, int64_t numel) const { return buffer(role, DType::F32, numel, true, plan_.offload.params); }
-  template <class Fill>
-  void fill_master(Unit& u, Fill fill);
-  template <class Fill>
-  void fill_frozen(Unit& u, Fill fill);
-  template <class Fill>
-  void fill_nf4(Unit& u, Fill fill, const model::Nf4ModelReader* stored = nullptr);
-  void dequantize(Unit& u);
-  void end_visit(Unit& u, model::StagedModel& m);
-  void refresh_params(Unit& u);
-  const Tensor& gather_source(Unit& u);
+  Tensor host_staging() const { return host_staging_.live() ? host_staging_.view() : Tensor{}; }
   void gather_start(Unit& u);
   void wait_gathered(Unit& u, model::StagedModel& m);
+  void end_visit(Unit& u, model::StagedModel& m);
   void release(Unit& u, model::StagedModel& m);
   void acquire_grad(Unit& u, model::StagedModel& m);
   void reduce_start(Unit& u, model::StagedModel& m);
@@ -173,7 +127,8 @@ class ShardedModel {
   void unbind(const Unit& u, model::LlamaWeights& w) const;
   // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.
   template <class Compute>
-  void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, bool last_micro, Compute compute);
+  void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, Pass pass, int64_t step, bool last_micro,
+                  Compute compute);
   void optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip);
   std::string first_nonfinite_gradient();
   double host_sum(double v, bool over_replicas);
@@ -181,11 +136,10 @@ class ShardedModel {
   ModelConfig cfg_;
   UnitPlan plan_;
   Mesh& mesh_;
-  comm::Communicator& shard_comm_;      // tensors: mesh's device shard group, or its host one
-  comm::Communicator* replicate_comm_;  // tensors across replicas (hybrid), else null
   Device device_;
-  BufferLedger* ledger_ = nullptr;  // a dry run when set
-  int64_t step_ = 0;                // the training step running (0: none), for the watchdog
+  BufferMaker make_;        // a dry run when it has a ledger
+  ReduceContext reduce_;    // what every gradient reduction shares
+  comm::Communicator& shard_comm_;  // tensors: mesh's device shard group, or its host one
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> reducing_;  // units whose gradient reduction is in flight, oldest first
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy

@@ -102,6 +102,43 @@ std::vector<Visit> make_visits(const std::vector<Stage>& stages, const std::vect
   return visits;
 }
 
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// The gather's segments and the at-rest buffer's layout (plan.h GatherSegment, rest_*).
+void plan_segments(PlannedUnit& u, DType param_dtype, int64_t S) {
+  const int64_t pd = int64_t(dtype_size(param_dtype));
+  const int64_t frozen_bytes = (u.persistent ? u.frozen.padded_numel : u.frozen_shard_numel) * pd;
+  if (u.persistent) {
+    int64_t at = 0;
+    if (frozen_bytes > 0) u.rest_frozen_offset = 0, at = align16(frozen_bytes);
+    if (u.nf4_store_bytes > 0) u.rest_nf4_offset = at, at += align16(u.nf4_store_bytes);
+    u.rest_bytes = at;
+    return;
+  }
+  if (u.trains()) u.gather.push_back({SegmentKind::Trained, u.shard_numel * pd});
+  if (frozen_bytes > 0) u.gather.push_back({SegmentKind::Frozen, frozen_bytes});
+  if (u.nf4_store_bytes > 0) u.gather.push_back({SegmentKind::Nf4, u.nf4_store_bytes});
+  std::stable_sort(u.gather.begin(), u.gather.end(),
+                   [](const GatherSegment& a, const GatherSegment& b) { return a.part_bytes > b.part_bytes; });
+  if (u.gather.empty()) return;
+  const bool one = u.gather.size() == 1;  // gathered as it lies: no alignment, nothing to rearrange
+  int64_t block = 0, whole = 0;
+  for (GatherSegment& g : u.gather) {
+    g.block_offset = block;
+    g.whole_offset = whole;
+    block += one ? g.part_bytes : align16(g.part_bytes);
+    whole += one ? S * g.part_bytes : align16(S * g.part_bytes);
+    // The at-rest buffer: the block itself when it holds several segments, else the one part
+    // (none for trained parameters alone, which are cast from the master for each gather).
+    const int64_t rest = one ? 0 : g.block_offset;
+    if (g.kind == SegmentKind::Frozen) u.rest_frozen_offset = rest;
+    if (g.kind == SegmentKind::Nf4) u.rest_nf4_offset = rest;
+    if (g.kind == SegmentKind::Trained && !one) u.rest_trained_offset = rest;
+  }
+  u.gather_block_bytes = block;
+  u.rest_bytes = one ? (u.gather[0].kind == SegmentKind::Trained ? 0 : block) : block;
+}
+
 }  // namespace
 
 UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_rank, int shard_size) {
@@ -149,6 +186,7 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
       u.nf4_store_bytes += int64_t(piece.chunk.total_bytes);
       u.nf4.push_back(piece);
     }
+    plan_segments(u, sc.param_dtype, S);
     p.units.push_back(std::move(u));
   }
   const int L = cfg.num_hidden_layers;

@@ -68,6 +68,19 @@ struct Nf4Piece {
 };
 MemCategory role_category(BufferRole r);
 
+// What a unit gathers for its visits, as one all-gather (FSDP2's foreach_all_gather): the trained
+// parameters (cast from the f32 master to the param dtype), a LoRA run's frozen base, QLoRA's NF4
+// store. Each rank contributes one part of each segment, back to back in a block of 16-byte
+// aligned parts; the gathered [shard size x block] is rearranged in place into each segment
+// whole, one after another (sharded_buffer.h).
+enum class SegmentKind : uint8_t { Trained, Frozen, Nf4 };
+struct GatherSegment {
+  SegmentKind kind = SegmentKind::Trained;
+  int64_t part_bytes = 0;    // one rank's part
+  int64_t block_offset = 0;  // where the part sits in a rank's block (and in the at-rest buffer)
+  int64_t whole_offset = 0;  // where the whole segment sits in the rearranged gathered buffer
+};
+
 struct PlannedUnit {
   std::string name;        // the parts' names joined: "model.layers.3", "model.layers.0..1", ...
   std::vector<int> parts;  // indices into model::llama_parts, consecutive
@@ -94,6 +107,18 @@ struct PlannedUnit {
   bool solo = false;
   // NO_SHARD, ZERO1 and solo units keep their full parameters between steps.
   bool persistent = false;
+  // The gather of a unit that is not persistent: its segments, the largest part first (the one
+  // that stays in place when the gathered buffer is rearranged). Empty for persistent units, whose
+  // frozen base and NF4 store are whole on every rank (ZERO1 gathers only its trained parameters
+  // after each step, refreshing them).
+  std::vector<GatherSegment> gather;
+  int64_t gather_block_bytes = 0;  // one rank's block: its parts, each 16-byte aligned
+  // This rank's frozen base and NF4 store at rest, in one buffer of rest_bytes: where the unit
+  // gathers two or more segments this is the gather's block itself, the trained parameters' part
+  // included (cast into it before each gather), so the block is sent as it lies; else
+  // [frozen | NF4 store], each 16-byte aligned. -1: none.
+  int64_t rest_bytes = 0;
+  int64_t rest_frozen_offset = -1, rest_nf4_offset = -1, rest_trained_offset = -1;
   bool trains() const { return layout.numel > 0; }
 };
 

@@ -30,6 +30,7 @@
 #include "report/html_report.h"
 #include "report/tensorboard.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 #include "train/progress.h"
 
 namespace shardlm::train {
@@ -505,7 +506,7 @@ void Trainer::load_or_resume() {
   // A LoRA run's checkpoint holds only the adapters: the frozen base always comes from the model.
   if (!resume_ || in_.model.lora) {
     const io::ModelWeights weights(c_.model);
-    engine_.load(weights, c_.model, c_.seed);
+    shard::load_weights(engine_, weights, c_.model, c_.seed);
   }
   if (!resume_) return;
   const auto t0 = Clock::now();

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "train/param_store.h"
@@ -111,7 +112,7 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
   const shard::ShardingConfig one_process;
   shard::Mesh ref_mesh = shard::make_mesh(*local, one_process, 1);
   shard::ShardedModel ref(cfg, one_process, ref_mesh);
-  ref.init_random(5);
+  shard::init_random(ref, 5);
   model::LlamaCompute ref_model(cfg, DType::F32);
   std::vector<shard::StepStats> ref_steps;
   for (int s = 0; s < kSteps; ++s) {
@@ -131,7 +132,7 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
     SCOPED_TRACE(tc.name);
     shard::Mesh mesh = shard::make_mesh(*g_world, tc.cfg, std::min(W, 2));
     shard::ShardedModel engine(cfg, tc.cfg, mesh);
-    engine.init_random(5);
+    shard::init_random(engine, 5);
     model::LlamaCompute compute(cfg, DType::F32);
     compute.set_checkpointing(tc.checkpoint_every);
     for (int s = 0; s < kSteps; ++s) {
@@ -236,7 +237,7 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
     sc.strategy = shard::Strategy::FullShard;
     shard::Mesh mesh = shard::make_mesh(world, sc, 1);
     shard::ShardedModel engine(cfg, sc, mesh);
-    engine.load(io::ModelWeights(model_dir), model_dir, 3);
+    shard::load_weights(engine, io::ModelWeights(model_dir), model_dir, 3);
     model::LlamaCompute compute(cfg, DType::F32);
     std::vector<double> out;
     const int W = world.size(), R = world.rank(), per = kRowsPerMicro / W;
@@ -269,7 +270,7 @@ LoadedRun run_loaded(const ModelConfig& cfg, const std::string& dir, comm::Commu
   sc.strategy = strategy;
   shard::Mesh mesh = shard::make_mesh(world, sc, 1);
   shard::ShardedModel engine(cfg, sc, mesh);
-  engine.load(io::ModelWeights(dir), dir, 3);
+  shard::load_weights(engine, io::ModelWeights(dir), dir, 3);
   model::LlamaCompute compute(cfg, DType::F32);
   ops::AdamWConfig opt;
   opt.lr = 1e-2;
@@ -410,7 +411,7 @@ TEST(Engine, LoraAndFullFineTuningReadABitsandbytesDirectoryDequantized) {
   sc.strategy = shard::Strategy::FullShard;
   shard::Mesh mesh = shard::make_mesh(*g_world, sc, 1);
   shard::ShardedModel engine(full, sc, mesh);
-  engine.load(io::ModelWeights(d.bnb), d.bnb);
+  shard::load_weights(engine, io::ModelWeights(d.bnb), d.bnb);
   const auto weights = shardlm::testing::gather_weights(engine);
   const std::map<std::string, OwnedTensor> dense = model::load_dequantized_f32(d.bnb);
   for (const std::string& name : engine.names()) {
@@ -469,7 +470,7 @@ TEST(Engine, BytesPerStepMatchZeroTheory) {
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     shard::ShardedModel engine(cfg, c, mesh);
-    engine.init_random(1);
+    shard::init_random(engine, 1);
     model::LlamaCompute compute(cfg, DType::F32);
     mesh.shard->reset_stats();
     one_step(engine, compute, 0, 1, {});
@@ -507,7 +508,7 @@ TEST(Engine, GradientBytesFallWithTheShardCount) {
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Gradients)];
     shard::ShardedModel engine(cfg, c, mesh);
-    engine.init_random(1);
+    shard::init_random(engine, 1);
     model::LlamaCompute compute(cfg, DType::F32);
     one_step(engine, compute, 0, 1, {});
     return double(MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Gradients)] - before);
@@ -526,8 +527,8 @@ TEST(Engine, TwoMicroBatchesEqualOneBatchTwiceTheSize) {
     c.reduce_every_microbatch = !no_sync;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     shard::ShardedModel one(cfg, c, mesh), two(cfg, c, mesh);
-    one.init_random(9);
-    two.init_random(9);
+    shard::init_random(one, 9);
+    shard::init_random(two, 9);
     model::LlamaCompute compute(cfg, DType::F32);
     ops::AdamWConfig opt;
     opt.lr = 1e-3;
@@ -555,7 +556,7 @@ TEST(Engine, EachRankLoadsItsShardOfAHuggingFaceDirectory) {
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     shard::ShardedModel engine(cfg, c, mesh);
-    engine.load(io::ModelWeights(dir), dir);
+    shard::load_weights(engine, io::ModelWeights(dir), dir);
     const auto weights = shardlm::testing::gather_weights(engine);
     for (const std::string& name : engine.names()) {
       const std::vector<float>& got = weights.at(name);
@@ -579,7 +580,7 @@ TEST(Engine, Bf16MixedPrecisionTracksF32) {
     if (mixed) c.param_dtype = c.reduce_dtype = DType::BF16;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     shard::ShardedModel engine(cfg, c, mesh);
-    engine.init_random(4);
+    shard::init_random(engine, 4);
     model::LlamaCompute compute(cfg, c.param_dtype);
     for (int s = 0; s < 4; ++s) losses[mixed].push_back(one_step(engine, compute, s, 1, opt).loss);
   }

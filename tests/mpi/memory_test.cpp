@@ -18,6 +18,7 @@
 #include "memory/estimator.h"
 #include "mpi_test_main.h"
 #include "shard/engine.h"
+#include "shard/load.h"
 
 using namespace shardlm;
 
@@ -71,7 +72,7 @@ Measured run_case(const Case& c) {
     cfg.nf4_double_quant = c.nf4_double_quant;
     shard::Mesh mesh = shard::make_mesh(*g_world, c.sc, 2);
     shard::ShardedModel engine(cfg, c.sc, mesh);
-    engine.init_random(3);
+    shard::init_random(engine, 3);
     model::LlamaCompute compute(cfg, c.sc.param_dtype);
     compute.set_checkpointing(c.ckpt);
     ops::AdamWConfig opt;
@@ -257,7 +258,7 @@ TEST(MemoryEstimate, FinalSaveStaysWithinOneUnitOfTheTrainingPeak) {
   sc.strategy = shard::Strategy::FullShard;
   shard::Mesh mesh = shard::make_mesh(*g_world, sc, 2);
   shard::ShardedModel engine(cfg, sc, mesh);
-  engine.init_random(3);
+  shard::init_random(engine, 3);
   model::LlamaCompute compute(cfg, DType::F32);
   tracker.reset_peaks();
   for (int s = 0; s < 2; ++s) {

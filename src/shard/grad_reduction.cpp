@@ -1,0 +1,53 @@
+#include "shard/grad_reduction.h"
+
+namespace shardlm::shard {
+
+GradReduction::GradReduction(const ReduceContext& c, const Tensor& full, FlatBuffer handed_over, int64_t shard_numel)
+    : grad_(std::move(handed_over)) {
+  const Arith a{c.make.dry()};
+  const bool low = c.wire != DType::F32;
+  if (low) {
+    wire_ = c.make(BufferRole::Staging, c.wire, full.numel(), false);
+    a.cast(wire_.view(), full);
+  }
+  const Tensor send = low ? wire_.view() : full;
+  if (c.all_reduce) {
+    request_ = c.shard->all_reduce_async(send, comm::ReduceOp::Sum);
+    return;
+  }
+  reduced_ = c.make(BufferRole::Staging, DType::F32, shard_numel, false);
+  if (low) wire_part_ = c.make(BufferRole::Staging, c.wire, shard_numel, false);
+  request_ = c.shard->reduce_scatter_async(low ? wire_part_.view() : reduced_.view(), send, comm::ReduceOp::Sum);
+}
+
+void GradReduction::wait() {
+  if (!request_) return;
+  request_->wait();
+  request_.reset();
+}
+
+void GradReduction::finish(const ReduceContext& c, const Tensor& full, const Tensor& grad_shard) {
+  wait();
+  const Arith a{c.make.dry()};
+  if (c.all_reduce) {
+    if (wire_.live()) a.cast(full, wire_.view());
+  } else {
+    if (wire_part_.live()) a.cast(reduced_.view(), wire_part_.view());
+    if (c.replicate) c.replicate->all_reduce(reduced_.view(), comm::ReduceOp::Sum);
+    if (grad_shard.device != reduced_.view().device) {
+      // Offload: the reduced part comes down into the reused pinned staging buffer and is added
+      // to the host shard, where the optimizer step reads it.
+      const Tensor host = c.make.dry() ? Tensor{} : c.host_staging.slice(0, reduced_.view().numel());
+      a.copy(host, reduced_.view());
+      a.add(grad_shard, host);
+    } else {
+      a.add(grad_shard, reduced_.view());
+    }
+  }
+  wire_part_.reset();
+  wire_.reset();
+  reduced_.reset();
+  grad_.reset();
+}
+
+}  // namespace shardlm::shard
