@@ -241,26 +241,93 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
 
 // ---- LlamaCompute --------------------------------------------------------------------------
 
-// Everything LlamaCompute allocates, sized for a capacity of tokens (rows). Each batch works on
-// views of the first B*T rows, so batches of varying shape (padding to the longest row) reuse one
-// allocation. Saved activations are charged to Activations; buffers that only carry gradients
-// through the backward are Workspace.
-struct LlamaCompute::Arena {
-  int64_t capacity = 0;                          // tokens
-  std::vector<std::vector<OwnedTensor>> layer;   // per layer: the 14 BlockActivations buffers, or only
-                                                 // x_in for a checkpointed layer
-  std::vector<OwnedTensor> recompute;            // checkpointed layers' other 13, shared (recomputed)
-  OwnedTensor h_final, xnf, rstdf, ids, positions, segments;
-  OwnedTensor targets;  // CUDA only: the batch's targets uploaded (a CPU run reads the batch's own array)
-  OwnedTensor dh, dtmp, dxn, datt, dq, dk, dv, d_act, dgate, dup;
-  OwnedTensor du, drop_x, drop_dx;  // LoRA: du [r]; with dropout the dropped input and its gradient
-  // Views for the current batch shape.
+// The views of the arena's top and workspace buffers for the current batch shape (LlamaCompute's
+// arena holds them; a table below binds each by member pointer).
+struct ArenaViews {
   Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments, v_targets;
   Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
   Tensor v_du, v_drop_x, v_drop_dx;
 };
 
+// Everything LlamaCompute allocates, sized for a capacity of tokens (rows). Each batch works on
+// views of the first B*T rows, so batches of varying shape (padding to the longest row) reuse one
+// allocation. Saved activations are charged to Activations; buffers that only carry gradients
+// through the backward are Workspace.
+struct LlamaCompute::Arena : ArenaViews {
+  int64_t capacity = 0;                          // tokens
+  std::vector<std::vector<OwnedTensor>> layer;   // per layer: kBlockBuffers' then the LoRA u buffers, or
+                                                 // only x_in for a checkpointed layer
+  std::vector<OwnedTensor> recompute;            // checkpointed layers' others, shared (recomputed)
+  std::vector<OwnedTensor> top, workspace;       // kTopBuffers' and kWorkspaceBuffers' that exist
+};
+
 namespace {
+
+// ---- the arena's table ---------------------------------------------------------------------------
+// Every arena buffer is N rows of a width, in the activation dtype or f32 or i32, and is viewed as
+// [N, width], [N], [B, H, T] or [B, T]. One table for the arena and for the memory estimator
+// (arena_widths), binding each buffer to its member as kLayerTensors binds weights.
+enum class Elem : uint8_t { Act, F32, I32 };
+enum class Width : uint8_t { One, Hidden, QDim, KvDim, Heads, Intermediate, LoraRank, LoraWidest };
+enum class RowView : uint8_t { Rows, Flat, HeadsByTokens, Grid };
+// Which runs have the buffer.
+enum class Needs : uint8_t { Always, Device, Lora, LoraDropout };
+template <class Owner>
+struct ArenaSlot {
+  Tensor Owner::*view;
+  Elem elem;
+  Width width;
+  RowView shape = RowView::Rows;
+  Needs needs = Needs::Always;
+};
+
+// BlockActivations, x_in first (the one buffer a checkpointed layer keeps); each adapted module's
+// lora_u [N, r] follows them.
+constexpr ArenaSlot<BlockActivations> kBlockBuffers[] = {
+    {&BlockActivations::x_in, Elem::Act, Width::Hidden},
+    {&BlockActivations::xn1, Elem::Act, Width::Hidden},
+    {&BlockActivations::rstd1, Elem::F32, Width::One, RowView::Flat},
+    {&BlockActivations::q, Elem::Act, Width::QDim},
+    {&BlockActivations::k, Elem::Act, Width::KvDim},
+    {&BlockActivations::v, Elem::Act, Width::KvDim},
+    {&BlockActivations::att, Elem::Act, Width::QDim},
+    {&BlockActivations::lse, Elem::F32, Width::Heads, RowView::HeadsByTokens},
+    {&BlockActivations::h1, Elem::Act, Width::Hidden},
+    {&BlockActivations::xn2, Elem::Act, Width::Hidden},
+    {&BlockActivations::rstd2, Elem::F32, Width::One, RowView::Flat},
+    {&BlockActivations::gate, Elem::Act, Width::Intermediate},
+    {&BlockActivations::up, Elem::Act, Width::Intermediate},
+    {&BlockActivations::act, Elem::Act, Width::Intermediate},
+};
+// The final norm's input and output, and the batch (its targets uploaded only where the arena is
+// on a device: a CPU run reads the batch's own array).
+constexpr ArenaSlot<ArenaViews> kTopBuffers[] = {
+    {&ArenaViews::v_h_final, Elem::Act, Width::Hidden},
+    {&ArenaViews::v_xnf, Elem::Act, Width::Hidden},
+    {&ArenaViews::v_rstdf, Elem::F32, Width::One, RowView::Flat},
+    {&ArenaViews::v_ids, Elem::I32, Width::One, RowView::Flat},
+    {&ArenaViews::v_positions, Elem::I32, Width::One, RowView::Grid},
+    {&ArenaViews::v_segments, Elem::I32, Width::One, RowView::Grid},
+    {&ArenaViews::v_targets, Elem::I32, Width::One, RowView::Flat, Needs::Device},
+};
+// The backward's gradient buffers (f32); with LoRA du [r], and with LoRA dropout the dropped
+// input and its gradient [widest adapted input].
+constexpr ArenaSlot<ArenaViews> kWorkspaceBuffers[] = {
+    {&ArenaViews::v_dh, Elem::F32, Width::Hidden},
+    {&ArenaViews::v_dtmp, Elem::F32, Width::Hidden},
+    {&ArenaViews::v_dxn, Elem::F32, Width::Hidden},
+    {&ArenaViews::v_datt, Elem::F32, Width::QDim},
+    {&ArenaViews::v_dq, Elem::F32, Width::QDim},
+    {&ArenaViews::v_dk, Elem::F32, Width::KvDim},
+    {&ArenaViews::v_dv, Elem::F32, Width::KvDim},
+    {&ArenaViews::v_d_act, Elem::F32, Width::Intermediate},
+    {&ArenaViews::v_dgate, Elem::F32, Width::Intermediate},
+    {&ArenaViews::v_dup, Elem::F32, Width::Intermediate},
+    {&ArenaViews::v_du, Elem::F32, Width::LoraRank, RowView::Rows, Needs::Lora},
+    {&ArenaViews::v_drop_x, Elem::F32, Width::LoraWidest, RowView::Rows, Needs::LoraDropout},
+    {&ArenaViews::v_drop_dx, Elem::F32, Width::LoraWidest, RowView::Rows, Needs::LoraDropout},
+};
+
 // The LoraModule indices a layer adapts (every layer adapts the same), ascending.
 std::vector<int> lora_layer_modules(const ModelConfig& c) {
   std::vector<int> out;
@@ -274,29 +341,57 @@ int64_t lora_widest_input(const ModelConfig& c) {
   for (const LoraTarget& t : lora_targets(c, *c.lora)) w = std::max(w, t.in_features);
   return w;
 }
+
+bool needed(Needs n, const ModelConfig& c, Device device) {
+  switch (n) {
+    case Needs::Always: return true;
+    case Needs::Device: return device != Device::CPU;
+    case Needs::Lora: return c.lora.has_value();
+    case Needs::LoraDropout: return c.lora && c.lora->dropout > 0;
+  }
+  return false;
+}
+
+template <class Owner>
+ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, DType act) {
+  int64_t w = 1;
+  switch (s.width) {
+    case Width::One: w = 1; break;
+    case Width::Hidden: w = c.hidden_size; break;
+    case Width::QDim: w = c.q_dim(); break;
+    case Width::KvDim: w = c.kv_dim(); break;
+    case Width::Heads: w = c.num_attention_heads; break;
+    case Width::Intermediate: w = c.intermediate_size; break;
+    case Width::LoraRank: w = c.lora->rank; break;
+    case Width::LoraWidest: w = lora_widest_input(c); break;
+  }
+  return {s.elem == Elem::Act ? act : s.elem == Elem::F32 ? DType::F32 : DType::I32, w};
+}
+
+// The view of a buffer's first B x T rows, shaped as the slot says.
+template <class Owner>
+Tensor view_of(const ArenaSlot<Owner>& s, const OwnedTensor& t, int64_t B, int64_t T, int64_t H) {
+  const Tensor rows = t.t.slice(0, B * T);
+  switch (s.shape) {
+    case RowView::Rows: return rows;
+    case RowView::Flat: return rows.reshape({B * T});
+    case RowView::HeadsByTokens: return rows.reshape({B, H, T});
+    case RowView::Grid: return rows.reshape({B, T});
+  }
+  return rows;
+}
+
 }  // namespace
 
 ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
-  const int64_t D = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  const DType f32 = DType::F32, i32 = DType::I32;
   ArenaWidths w;
-  // x_in, xn1, rstd1, q, k, v, att, lse (H values per row), h1, xn2, rstd2, gate, up, act
-  w.layer = {{a, D},   {a, D}, {f32, 1}, {a, qd}, {a, kvd}, {a, kvd}, {a, qd},
-             {f32, H}, {a, D}, {a, D},   {f32, 1}, {a, F},  {a, F},   {a, F}};
-  w.top = {{a, D}, {a, D}, {f32, 1}, {i32, 1}, {i32, 1}, {i32, 1}};
-  if (device != Device::CPU) w.top.push_back({i32, 1});  // the batch's targets uploaded (a CPU run reads the batch's)
-  w.workspace = {{f32, D}, {f32, D}, {f32, D}, {f32, qd}, {f32, qd}, {f32, kvd}, {f32, kvd}, {f32, F}, {f32, F}, {f32, F}};
-  if (c.lora) {
-    const std::vector<int> modules = lora_layer_modules(c);
-    for (size_t i = 0; i < modules.size(); ++i) w.layer.push_back({a, c.lora->rank});  // lora_u
-    w.workspace.push_back({f32, c.lora->rank});                                          // du
-    if (c.lora->dropout > 0) {
-      const int64_t widest = lora_widest_input(c);
-      w.workspace.push_back({f32, widest});  // drop_x
-      w.workspace.push_back({f32, widest});  // drop_dx
-    }
-  }
+  for (const auto& s : kBlockBuffers) w.layer.push_back(buffer_of(s, c, a));
+  if (c.lora)
+    for (size_t i = 0; i < lora_layer_modules(c).size(); ++i) w.layer.push_back({a, c.lora->rank});  // lora_u
+  for (const auto& s : kTopBuffers)
+    if (needed(s.needs, c, device)) w.top.push_back(buffer_of(s, c, a));
+  for (const auto& s : kWorkspaceBuffers)
+    if (needed(s.needs, c, device)) w.workspace.push_back(buffer_of(s, c, a));
   return w;
 }
 
@@ -349,13 +444,8 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
     arena->recompute.emplace_back();  // slot 0 (the input) is each layer's own
     for (size_t i = 1; i < widths.layer.size(); ++i) arena->recompute.push_back(make(widths.layer[i], act));
   }
-  OwnedTensor* top[] = {&arena->h_final, &arena->xnf, &arena->rstdf, &arena->ids, &arena->positions, &arena->segments,
-                        &arena->targets};
-  for (size_t i = 0; i < widths.top.size(); ++i) *top[i] = make(widths.top[i], act);
-  OwnedTensor* work[] = {&arena->dh, &arena->dtmp,  &arena->dxn,   &arena->datt, &arena->dq,
-                         &arena->dk, &arena->dv,    &arena->d_act, &arena->dgate, &arena->dup,
-                         &arena->du, &arena->drop_x, &arena->drop_dx};
-  for (size_t i = 0; i < widths.workspace.size(); ++i) *work[i] = make(widths.workspace[i], ws);
+  for (const ArenaBuffer& b : widths.top) arena->top.push_back(make(b, act));
+  for (const ArenaBuffer& b : widths.workspace) arena->workspace.push_back(make(b, ws));
   arena_ = std::move(arena);
   B_ = T_ = 0;  // views must be rebuilt
 }
@@ -367,42 +457,23 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   T_ = T;
   const int64_t N = B * T, H = cfg_.num_attention_heads;
   Arena& r = *arena_;
-  auto rows = [N](const OwnedTensor& t) { return t.t.slice(0, N); };
   acts_.assign(size_t(cfg_.num_hidden_layers), {});
   const std::vector<int> lora_modules = cfg_.lora ? lora_layer_modules(cfg_) : std::vector<int>{};
-  const size_t per_layer = 14 + lora_modules.size();
+  const size_t block = std::size(kBlockBuffers);
   for (size_t l = 0; l < acts_.size(); ++l) {
     // A checkpointed layer: its own input, the shared recompute set for the rest.
-    std::vector<const OwnedTensor*> src;
-    for (size_t i = 0; i < per_layer; ++i) src.push_back(i < r.layer[l].size() ? &r.layer[l][i] : &r.recompute[i]);
-    auto t = [&](size_t i) -> const OwnedTensor& { return *src[i]; };
-    acts_[l] = {rows(t(0)),  rows(t(1)),  rows(t(2)).reshape({N}), rows(t(3)), rows(t(4)),  rows(t(5)),
-                rows(t(6)),  rows(t(7)).reshape({B, H, T}),          rows(t(8)), rows(t(9)),  rows(t(10)).reshape({N}),
-                rows(t(11)), rows(t(12)), rows(t(13)),           {}};
-    for (size_t i = 0; i < lora_modules.size(); ++i) acts_[l].lora_u[lora_modules[i]] = rows(t(14 + i));
+    auto buffer = [&](size_t i) -> const OwnedTensor& { return i < r.layer[l].size() ? r.layer[l][i] : r.recompute[i]; };
+    for (size_t i = 0; i < block; ++i) acts_[l].*kBlockBuffers[i].view = view_of(kBlockBuffers[i], buffer(i), B, T, H);
+    for (size_t i = 0; i < lora_modules.size(); ++i) acts_[l].lora_u[lora_modules[i]] = buffer(block + i).t.slice(0, N);
   }
-  r.v_h_final = rows(r.h_final);
-  r.v_xnf = rows(r.xnf);
-  r.v_rstdf = rows(r.rstdf).reshape({N});
-  r.v_ids = rows(r.ids).reshape({N});
-  r.v_positions = rows(r.positions).reshape({B, T});
-  r.v_segments = rows(r.segments).reshape({B, T});
-  if (r.targets.t.defined()) r.v_targets = rows(r.targets).reshape({N});
-  r.v_dh = rows(r.dh);
-  r.v_dtmp = rows(r.dtmp);
-  r.v_dxn = rows(r.dxn);
-  r.v_datt = rows(r.datt);
-  r.v_dq = rows(r.dq);
-  r.v_dk = rows(r.dk);
-  r.v_dv = rows(r.dv);
-  r.v_d_act = rows(r.d_act);
-  r.v_dgate = rows(r.dgate);
-  r.v_dup = rows(r.dup);
-  if (r.du.t.defined()) r.v_du = rows(r.du);
-  if (r.drop_x.t.defined()) {
-    r.v_drop_x = rows(r.drop_x);
-    r.v_drop_dx = rows(r.drop_dx);
-  }
+  // The top and workspace buffers that exist, in their tables' order.
+  auto bind = [&](const auto& table, const std::vector<OwnedTensor>& buffers) {
+    size_t next = 0;
+    for (const auto& s : table)
+      if (needed(s.needs, cfg_, device_)) r.*s.view = view_of(s, buffers.at(next++), B, T, H);
+  };
+  bind(kTopBuffers, r.top);
+  bind(kWorkspaceBuffers, r.workspace);
 }
 
 void LlamaCompute::bind_positions(const Batch& batch) {
