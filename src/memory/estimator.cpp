@@ -204,15 +204,7 @@ Estimate estimate(const EstimateInput& in) {
                 "micro batch, sequence length and accumulation steps must be >= 1");
   const int W = in.world_size;
   const int rpn = in.ranks_per_node > 0 ? std::min(in.ranks_per_node, W) : W;
-  // The shard group, as make_mesh forms it.
-  int S = W;
-  if (sc.hybrid()) {
-    S = sc.shard_group_size > 0 ? sc.shard_group_size : rpn;
-    if (S < 1 || W % S != 0)
-      throw Error(fmt::format("{}: a shard group of {} ranks does not divide the world of {} ranks",
-                              shard::strategy_name(sc.strategy), S, W),
-                  {.key = "shard_group_size"});
-  }
+  const int S = shard::shard_group_size(sc, W, rpn);  // the shard group, as make_mesh forms it
   const bool sharded = sc.shard_optimizer();
   const DType act = sc.param_dtype;  // the trainer computes in the parameter dtype
 
