@@ -2,6 +2,7 @@
 // the distributed sampler and prefetch, the data config, and an end-to-end run on Alpaca data.
 // Owner: the data pipeline. Reads <repo>/../shared/data when present (skips what needs it).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -32,7 +33,8 @@ namespace {
 const fs::path kData = fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / "data";
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_data_" + name);
+  // Per process: checkouts beside this one may run the same tests at the same time.
+  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_data_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -1,6 +1,7 @@
 // Unit and end-to-end tests of the single-process training layer: data, schedules, the parameter
 // store, generation with a KV cache, the training loop, and the errors users see.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -29,7 +30,8 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_" + name);
+  // Per process: checkouts beside this one may run the same tests at the same time.
+  const fs::path d = fs::path(::testing::TempDir()) / ("shardlm_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
