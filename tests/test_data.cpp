@@ -18,7 +18,7 @@
 #include "testing.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "train/train_config.h"
 #include "data/run_data.h"
 #include "train/trainer.h"
@@ -463,7 +463,7 @@ TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
   ASSERT_TRUE(fs::exists(alpaca)) << "shared test data not found at " << kData;
   const fs::path d = fresh_dir("e2e");
   ModelConfig cfg = preset("tiny");  // vocab 512 >= the byte-level tokenizer's 259
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ConfigTree t = ConfigTree::parse("model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +

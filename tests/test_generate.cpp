@@ -6,7 +6,7 @@
 #include "infer/generator.h"
 #include "model/llama.h"
 #include "testing.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 using namespace shardlm::testing;
@@ -48,7 +48,7 @@ std::vector<float> training_logits(const ModelConfig& cfg, const model::LlamaWei
 
 TEST(Generator, DecodeStepOfSequencesOfDifferentLengthsEqualsTheTrainingForward) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(3);
   const int64_t V = cfg.vocab_size;
   infer::Generator gen(cfg, p.compute_weights(), 16, 3);
@@ -84,7 +84,7 @@ TEST(Generator, DecodeStepOfSequencesOfDifferentLengthsEqualsTheTrainingForward)
 
 TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   std::vector<infer::Request> reqs;
   for (size_t i = 0; i < prompts().size(); ++i) {
@@ -128,7 +128,7 @@ TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
 
 TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(6);
   std::vector<infer::Request> reqs;
   for (size_t i = 0; i < prompts().size(); ++i) {
@@ -155,7 +155,7 @@ TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
 
 TEST(Generator, EachSequenceStopsOnItsOwn) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   infer::SamplingOptions greedy;
   greedy.temperature = 0;

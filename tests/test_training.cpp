@@ -16,7 +16,7 @@
 #include "model/llama.h"
 #include "testing.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "train/schedule.h"
 #include "train/sharding_config.h"
 #include "train/train_config.h"
@@ -133,7 +133,7 @@ TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
   ModelConfig cfg = preset("tiny");
   cfg.vocab_size = 32000;
   cfg.num_hidden_layers = 1;
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ASSERT_FALSE(fs::exists(d / "init" / "tokenizer.model"));
@@ -166,7 +166,7 @@ TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
 TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   const fs::path d = fresh_dir("paramstore");
   ModelConfig cfg = small_config();
-  train::ParamStore a(cfg, DType::F32), b(cfg, DType::F32);
+  infer::ParamStore a(cfg, DType::F32), b(cfg, DType::F32);
   a.init_random(5);
   b.init_random(5);
   for (const std::string& n : a.names())
@@ -174,20 +174,20 @@ TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   EXPECT_FLOAT_EQ(a.master("model.norm.weight").f32()[3], 1.0f);
   a.save((d / "m").string(), DType::BF16, ~uint64_t(0), "");
   // Reloaded from bf16: equal to the bf16 rounding of the original.
-  train::ParamStore c(cfg, DType::F32);
+  infer::ParamStore c(cfg, DType::F32);
   c.load(io::ModelWeights((d / "m").string()), (d / "m").string());
   const float orig = a.master("model.layers.1.mlp.up_proj.weight").f32()[17];
   EXPECT_EQ(c.master("model.layers.1.mlp.up_proj.weight").f32()[17], bf16_to_f32(f32_to_bf16(orig)));
   // A config that disagrees with the weights names the tensor and both shapes.
   ModelConfig wider = cfg;
   wider.intermediate_size += 8;
-  train::ParamStore w(wider, DType::F32);
+  infer::ParamStore w(wider, DType::F32);
   const std::string msg = error_of([&] { w.load(io::ModelWeights((d / "m").string()), "m"); });
   EXPECT_NE(msg.find("tensor 'model.layers.0.mlp.gate_proj.weight': shape [172, 64] in the file"), std::string::npos)
       << msg;
   ModelConfig tied = cfg;
   tied.tie_word_embeddings = true;
-  train::ParamStore t(tied, DType::F32);
+  infer::ParamStore t(tied, DType::F32);
   EXPECT_NE(error_of([&] { t.load(io::ModelWeights((d / "m").string()), "m"); }).find("lm_head.weight"),
             std::string::npos);
 }
@@ -197,7 +197,7 @@ TEST(Generator, KvCacheDecodingEqualsTheFullForward) {
   cfg.qkv_bias = true;  // exercise biases too
   cfg.architecture = Architecture::Qwen2;
   cfg.model_type = "qwen2";
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(11);
   const std::vector<int32_t> tokens = {1, 40, 77, 300, 12, 5, 91, 250, 3};
   const int64_t T = int64_t(tokens.size()), V = cfg.vocab_size;
@@ -338,7 +338,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   // End to end: init -> train on text -> held-out loss far below its start -> reload -> generate.
   const fs::path d = fresh_dir("train");
   ModelConfig cfg = preset("tiny");
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
@@ -354,7 +354,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
   EXPECT_TRUE(fs::exists(d / "out" / "metrics.jsonl"));
   const ModelConfig back = load_hf_config((d / "out").string());
-  train::ParamStore q(back, DType::F32);
+  infer::ParamStore q(back, DType::F32);
   q.load(io::ModelWeights((d / "out").string()), "out");
   data::ByteTokenizer tok;
   infer::Generator gen(back, q.compute_weights(), 64);
@@ -494,7 +494,7 @@ TEST(Training, ANonFiniteStepTakesNoOptimizerStepAndNamesTheTensor) {
 TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
   const fs::path d = fresh_dir("nonfinite");
   const ModelConfig cfg = preset("tiny");
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
