@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cmath>
 #include <filesystem>
-#include <iterator>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
@@ -31,6 +29,7 @@
 #include "report/tensorboard.h"
 #include "shard/engine.h"
 #include "train/progress.h"
+#include "train/stop_signal.h"
 
 namespace shardlm::train {
 
@@ -47,38 +46,6 @@ namespace {
 // The largest vocabulary the byte-level fallback tokenizer may stand in for (its 259 ids fit
 // shardlm init's small presets; real tokenizers have tens of thousands).
 constexpr int64_t kByteFallbackMaxVocab = 4096;
-
-// ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
-// The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
-// process at once. (SIGUSR1, how `shardlm launch` relays a stop through mpirun, arrives as SIGTERM:
-// the command line's main() turns one into the other for every command.) The handlers are the
-// trainer's while it runs (SignalGuard restores the old ones).
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-void on_stop_signal(int sig) {
-  if (g_stop_signal != 0) std::_Exit(128 + sig);
-  g_stop_signal = sig;
-}
-
-class SignalGuard {
- public:
-  explicit SignalGuard(bool on) : on_(on) {
-    if (!on_) return;
-    g_stop_signal = 0;
-    for (size_t i = 0; i < std::size(kSignals); ++i) old_[i] = std::signal(kSignals[i], on_stop_signal);
-  }
-  ~SignalGuard() {
-    if (!on_) return;
-    for (size_t i = 0; i < std::size(kSignals); ++i) std::signal(kSignals[i], old_[i]);
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-
- private:
-  static constexpr int kSignals[] = {SIGTERM, SIGINT};
-  bool on_;
-  void (*old_[std::size(kSignals)])(int) = {};
-};
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -731,7 +698,7 @@ void Trainer::evaluate(int64_t step) {
 }
 
 // Whether any rank got a stop signal: every rank learns it at the same step (one scalar sum).
-bool Trainer::stop_requested() { return world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0; }
+bool Trainer::stop_requested() { return world_.all_reduce_sum(stop_signal_received() ? 1.0 : 0.0) > 0; }
 
 // Preemption: the step is done; checkpoint it (unless that just happened) and end cleanly.
 void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now) {
@@ -921,7 +888,7 @@ TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
   // A DeepSpeed train_batch_size completes or checks the batch shape once the world is known.
   const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
-  const SignalGuard signals(c.save_on_signal);
+  const StopSignalGuard signals(c.save_on_signal);
   return Trainer(c, world).run();
 }
 
