@@ -29,6 +29,7 @@
 #include "report/tensorboard.h"
 #include "shard/engine.h"
 #include "train/progress.h"
+#include "train/resume.h"
 #include "train/stop_signal.h"
 
 namespace shardlm::train {
@@ -49,118 +50,6 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 int ranks_per_node(const comm::Communicator& world) {
   const int n = comm::ranks_per_node_from_environment();
   return n > 0 ? n : world.size();
-}
-
-// The checkpoint to resume from, opened and checked against this run, or null to start from the
-// model. Notes for the log (skipped incomplete checkpoints, "nothing to resume") go to `notes`.
-std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig& c, const ModelConfig& mcfg,
-                                                               std::vector<std::string>& notes) {
-  if (c.resume_from.empty()) return nullptr;
-  std::string dir = c.resume_from;
-  if (dir == "auto") {
-    const std::optional<std::string> found =
-        ckpt::latest_complete(c.checkpoint_root(), [&](const std::string& w) { notes.push_back("warning: " + w); });
-    if (!found) {
-      notes.push_back(fmt::format("resume_from: auto: no complete checkpoint in {}; starting from {}",
-                                  c.checkpoint_root(), c.model));
-      return nullptr;
-    }
-    dir = *found;
-  }
-  auto reader = std::make_unique<ckpt::CheckpointReader>(dir);
-  if (reader->model().lora.has_value() != mcfg.lora.has_value())
-    throw Error(reader->model().lora ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
-                                     : "a full fine-tune's checkpoint, but this config trains LoRA adapters",
-                {.file = dir, .key = "lora"});
-  if (const auto& saved_lora = reader->model().lora; saved_lora && mcfg.lora) {
-    // Adapters trained at one scale do not continue at another (rank and targets differ in shape,
-    // and load_checkpoint names the tensor).
-    const model::LoraSpec& now = *mcfg.lora;
-    if (saved_lora->alpha != now.alpha || saved_lora->use_rslora != now.use_rslora)
-      throw Error(fmt::format("the checkpoint's adapters were trained with lora_alpha {}{}, this config has {}{}",
-                              saved_lora->alpha, saved_lora->use_rslora ? " (rsLoRA)" : "", now.alpha,
-                              now.use_rslora ? " (rsLoRA)" : ""),
-                  {.file = dir, .key = saved_lora->alpha != now.alpha ? "lora.alpha" : "lora.use_rslora"});
-  }
-  nlohmann::json saved = to_hf_json(reader->model()), here = to_hf_json(mcfg);
-  saved.erase("torch_dtype");
-  here.erase("torch_dtype");
-  for (const auto& [key, value] : here.items())
-    if (!saved.contains(key) || saved[key] != value)
-      throw Error(fmt::format("checkpoint of another model: {} is {} in the checkpoint but {} in {}", key,
-                              saved.value(key, nlohmann::json()).dump(), value.dump(), c.model),
-                  {.file = dir, .key = key});
-  if (reader->step() >= c.max_steps)
-    throw Error(fmt::format("{} is at step {}, and max_steps is {}: nothing is left to train", dir, reader->step(),
-                            c.max_steps),
-                {.file = c.source, .key = "max_steps"});
-  return reader;
-}
-
-// Puts the sampler where the checkpointed run would have read next and returns the checkpoint's
-// step. The data order continues exactly when the global batch (rows per step) is unchanged, on
-// any world size; a different global batch continues at the same row when it divides the rows read.
-int64_t resume_training_state(const ckpt::CheckpointReader& r, const TrainConfig& c, data::DistributedSampler& sampler) {
-  const nlohmann::json& t = r.metadata().at("training");
-  // Counters as JSON integers (io::json_integer: a float is refused, never cast).
-  auto counter = [&](const nlohmann::json& obj, const char* key) {
-    const std::optional<int64_t> v = io::json_integer(obj.at(key), 0);
-    if (!v) throw Error(fmt::format("malformed training state: '{}' is {}", key, obj.at(key).dump()), {.file = r.dir()});
-    return *v;
-  };
-  if (!t.at("seed").is_number_integer())
-    throw Error(fmt::format("malformed training state: 'seed' is {}", t.at("seed").dump()), {.file = r.dir()});
-  const uint64_t seed = t.at("seed").get<uint64_t>();
-  if (seed != c.seed)
-    throw Error(fmt::format("the checkpoint was trained with seed {} but this run's seed is {}: the data order would "
-                            "not continue (set seed: {})",
-                            seed, c.seed, seed),
-                {.file = c.source, .key = "seed"});
-  data::SamplerState next{counter(t.at("sampler"), "epoch"), counter(t.at("sampler"), "step")};
-  const int64_t saved_rows = counter(t, "rows_per_step"), rows = sampler.rows_per_step();
-  if (saved_rows != rows) {
-    const int64_t read = next.step * saved_rows;  // rows of the epoch already trained on
-    if (read % rows != 0)
-      throw Error(fmt::format("the checkpoint's global batch is {} rows per step and this run's is {}, which does not "
-                              "divide the {} rows of epoch {} already read; choose micro_batch_size x "
-                              "gradient_accumulation_steps x ranks to match",
-                              saved_rows, rows, read, next.epoch),
-                  {.file = c.source, .key = "micro_batch_size"});
-    next.step = read / rows;
-    if (next.step >= sampler.steps_in_epoch(next.epoch)) next = {next.epoch + 1, 0};
-  }
-  sampler.set_state(next);
-  return r.step();
-}
-
-// What a checkpoint records about the run that wrote it (for people and for checks on resume).
-nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig& sharding, int world_size,
-                               const shard::Mesh& mesh) {
-  return {{"config_file", c.source},
-          {"model", c.model},
-          {"world_size", world_size},
-          {"strategy", shard::strategy_name(sharding.strategy)},
-          {"shard_group_size", mesh.shard->size()},
-          {"param_dtype", dtype_name(sharding.param_dtype)},
-          {"reduce_dtype", dtype_name(sharding.reduce_dtype)},
-          {"seq_len", c.seq_len},
-          {"micro_batch_size", c.micro_batch_size},
-          {"gradient_accumulation_steps", c.gradient_accumulation_steps},
-          {"max_steps", c.max_steps},
-          {"optimizer",
-           {{"lr", c.optimizer.lr},
-            {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
-            {"eps", c.optimizer.eps},
-            {"weight_decay", c.optimizer.weight_decay}}},
-          {"lr_scheduler",
-           {{"kind", int(c.schedule.kind)},
-            {"warmup_steps", c.schedule.warmup_steps},
-            {"warmup_type", enum_name(c.schedule.warmup)},
-            {"warmup_min_ratio", c.schedule.warmup_min_ratio},
-            {"total_steps", c.schedule.total_steps},
-            {"min_lr_ratio", c.schedule.min_lr_ratio}}},
-          {"max_grad_norm", c.max_grad_norm},
-          {"seed", c.seed}};
 }
 
 // ---- the parts of a run ------------------------------------------------------------------------
@@ -371,7 +260,7 @@ void Trainer::load_or_resume() {
   const double s = seconds_since(t0);
   load_note_ = fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
                            double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9));
-  start_step_ = resume_training_state(*resume_, c_, sampler_) + 1;
+  start_step_ = load_training_state(*resume_, c_, sampler_) + 1;
 }
 
 void Trainer::print_setup() {
@@ -640,11 +529,7 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
   ckpt::SaveOptions so;
   so.dir = (fs::path(root) / ckpt::step_dir_name(step)).string();
   so.step = step;
-  so.training = {{"step", step},
-                 {"sampler", {{"epoch", next.epoch}, {"step", next.step}}},
-                 {"rows_per_step", sampler_.rows_per_step()},
-                 {"seed", c_.seed},
-                 {"lr", c_.schedule.at(step)}};
+  so.training = TrainingState{step, next, sampler_.rows_per_step(), c_.seed, c_.schedule.at(step)};
   so.run = run_description(c_, mem_.sharding, world_.size(), mesh_);
   so.tokenizer_source = c_.model;
   const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine_, in_.model, world_);
