@@ -28,6 +28,7 @@
 #include "report/html_report.h"
 #include "report/tensorboard.h"
 #include "shard/engine.h"
+#include "train/evaluation.h"
 #include "train/progress.h"
 #include "train/resume.h"
 #include "train/stop_signal.h"
@@ -102,64 +103,6 @@ class Reporter {
   std::unique_ptr<report::EventWriter> events_;
   report::TrainingReport report_;
 };
-
-// Exact-match accuracy of greedy answers to held-out problems, decoded through the engine (one
-// unit gathered at a time, no KV cache: the problems are a few tokens long). Collective: rank r
-// decodes its slice of the problems in batches of B rows, and every rank runs the same number of
-// forward passes.
-double task_accuracy(shard::ShardedModel& engine, model::LlamaCompute& m, const data::AdditionTask& task,
-                     const data::Tokenizer& tok, int64_t n, int64_t B, int64_t T, comm::Communicator& world,
-                     int64_t* correct_out) {
-  constexpr int kMaxNew = 12;
-  n = std::min(n, task.size());
-  const int W = world.size(), r = world.rank();
-  const int64_t per_rank = (n + W - 1) / W, lo = std::min(n, r * per_rank), hi = std::min(n, lo + per_rank);
-  const int64_t V = m.config().vocab_size;
-  const int32_t eos = tok.eos_id();
-  int64_t correct = 0;
-  for (int64_t chunk = 0; chunk < per_rank; chunk += B) {
-    std::vector<std::vector<int32_t>> seq, out;
-    std::vector<bool> done;
-    for (int64_t i = lo + chunk; i < std::min(hi, lo + chunk + B); ++i) {
-      seq.push_back(tok.encode_with(task.prompt(i), true, false));
-      out.emplace_back();
-      done.push_back(false);
-    }
-    if (seq.empty()) seq.push_back({eos}), out.emplace_back(), done.push_back(true);  // keeps the collectives in step
-    for (int step = 0; step < kMaxNew; ++step) {
-      // Every rank stops when no rank has a row left to decode.
-      if (world.all_reduce_sum(double(std::count(done.begin(), done.end(), false))) == 0) break;
-      size_t cols = 0;
-      for (const auto& s : seq) cols = std::max(cols, s.size());
-      data::BatchBuffers buf;
-      buf.B = int64_t(seq.size());
-      buf.T = int64_t(cols);
-      buf.ids.assign(size_t(buf.B) * cols, eos);
-      buf.targets.assign(size_t(buf.B) * cols, ops::kIgnoreIndex);
-      for (size_t b = 0; b < seq.size(); ++b) std::copy(seq[b].begin(), seq[b].end(), buf.ids.begin() + int64_t(b * cols));
-      std::vector<float> logits(size_t(buf.B) * cols * size_t(V));
-      engine.forward_logits(m, buf.batch(), Tensor::view(logits.data(), DType::F32, {buf.B * int64_t(cols), V}));
-      for (size_t b = 0; b < seq.size(); ++b) {
-        if (done[b]) continue;
-        const float* row = logits.data() + (b * cols + seq[b].size() - 1) * size_t(V);
-        const int32_t next = int32_t(std::max_element(row, row + V) - row);
-        // Rows stay within the training row length T (prompt and answer fit it), so decoding never
-        // grows the activation arena beyond training's.
-        if (next == eos || int64_t(seq[b].size()) == T) {
-          done[b] = true;
-          continue;
-        }
-        seq[b].push_back(next);
-        out[b].push_back(next);
-      }
-    }
-    for (size_t b = 0; b < out.size(); ++b)
-      if (lo + chunk + int64_t(b) < hi) correct += tok.decode(out[b]) == task.answer(lo + chunk + int64_t(b));
-  }
-  correct = int64_t(world.all_reduce_sum(double(correct)));
-  if (correct_out) *correct_out = correct;
-  return n ? double(correct) / double(n) : 0.0;
-}
 
 // One training run, in parts: setup (inputs, memory plan, mesh and engine, data order), then the
 // loop of train_step, with evaluation, checkpoints and reporting beside it, then the final save.
@@ -447,24 +390,15 @@ void Trainer::report_communication() {
                          t.busy_seconds, t.waited_seconds, 100 * t.hidden_share()));
 }
 
-// Held-out loss over the same rows for any world size (each rank evaluates its slice of each
-// global batch), and for the built-in task the accuracy of greedy answers.
+// Held-out loss and, for a built-in task, accuracy (evaluation.h), recorded and printed.
 void Trainer::evaluate(int64_t step) {
-  const ops::CrossEntropyResult part = data::eval_loss_sums(
-      [&](const model::Batch& b) { return engine_.forward_loss(model_, b); }, *in_.data.eval, in_.data.packing, in_.B,
-      in_.T, c_.eval_batches, in_.tok->eos_id(), world_.rank(), world_.size());
-  const double sum = world_.all_reduce_sum(part.loss_sum), count = world_.all_reduce_sum(double(part.count));
-  const double loss = count > 0 ? sum / count : NAN;
+  const EvalResult e = train::evaluate(engine_, model_, in_, c_, world_);
+  const double loss = e.loss, acc = e.accuracy;
   nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
   std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
-  double acc = -1;
-  if (in_.data.task && c_.accuracy_examples > 0) {
-    int64_t correct = 0;
-    acc = task_accuracy(engine_, model_, *in_.data.task, *in_.tok, c_.accuracy_examples, in_.B, in_.T, world_,
-                        &correct);
+  if (acc >= 0) {
     rec["eval_accuracy"] = acc;
-    line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
-                        std::min(c_.accuracy_examples, in_.data.task->size()));
+    line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, e.correct, e.problems);
   }
   memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
   out_.write(rec);
