@@ -17,6 +17,7 @@
 #include "testing.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
+#include "train/resume.h"
 #include "train/schedule.h"
 #include "train/sharding_config.h"
 #include "train/train_config.h"
@@ -520,4 +521,28 @@ TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
   LocalEngine e(cfg);
   expect_error([&] { e.engine.load(io::ModelWeights((d / "nan").string()), "nan"); },
                "nan: tensor 'model.layers.0.mlp.up_proj.weight': element 7 is nan");
+}
+
+// A checkpoint's training state reads back what it wrote, with the keys every checkpoint so far has
+// written, and refuses a counter that is not a non-negative JSON integer, naming it.
+TEST(ResumeState, TrainingStateKeepsItsKeysAndRefusesCountersThatAreNotIntegers) {
+  const train::TrainingState s{7, {1, 3}, 64, 1234, 0.0025};
+  const nlohmann::json j = s;
+  EXPECT_EQ(j, nlohmann::json::parse(
+                   R"({"step": 7, "sampler": {"epoch": 1, "step": 3}, "rows_per_step": 64, "seed": 1234, "lr": 0.0025})"));
+  const train::TrainingState back = j.get<train::TrainingState>();
+  EXPECT_EQ(back.step, 7);
+  EXPECT_EQ(back.sampler, (data::SamplerState{1, 3}));
+  EXPECT_EQ(back.rows_per_step, 64);
+  EXPECT_EQ(back.seed, 1234u);
+  EXPECT_EQ(back.lr, 0.0025);
+  nlohmann::json bad = j;
+  bad["sampler"]["step"] = 3.5;
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'step' is 3.5");
+  bad = j;
+  bad["rows_per_step"] = -64;
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'rows_per_step' is -64");
+  bad = j;
+  bad["seed"] = "1234";
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'seed' is \"1234\"");
 }
