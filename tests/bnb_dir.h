@@ -19,7 +19,7 @@
 #include "model/nf4_loader.h"
 #include "ops/nf4.h"
 #include "ops/ops.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 namespace shardlm::testing {
 
@@ -35,7 +35,7 @@ struct BnbDirOptions {
 // Writes the model in `store` (config `cfg`, no LoRA) to `dir`: config.json with a
 // quantization_config, one model.safetensors holding every Linear weight of the decoder layers
 // (q/k/v/o/gate/up/down) as bitsandbytes' NF4 state and every other tensor in o.dtype.
-inline void write_bnb_dir(const std::string& dir, const ModelConfig& cfg, const train::ParamStore& store,
+inline void write_bnb_dir(const std::string& dir, const ModelConfig& cfg, const infer::ParamStore& store,
                           const BnbDirOptions& o = {}) {
   store.save(dir, o.dtype, uint64_t(1) << 40, "");  // config.json (and a model.safetensors replaced below)
   ModelConfig qcfg = cfg;  // which tensors QLoRA keeps in NF4

@@ -15,7 +15,7 @@
 #include "shard/load.h"
 #include "testing.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 using namespace shardlm::testing;
@@ -60,7 +60,7 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   ckpt::convert_checkpoint(reader, {.out = out, .dtype = DType::F32});
 
   // shardlm's logits from the engine's weights.
-  train::ParamStore full(cfg, DType::F32);
+  infer::ParamStore full(cfg, DType::F32);
   const auto weights = shardlm::testing::gather_weights(engine);
   for (const std::string& name : engine.names()) {
     const std::vector<float>& v = weights.at(name);

@@ -30,7 +30,7 @@
 #include "io/yaml_config.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -86,7 +86,7 @@ int run_all() {
   fs::create_directories(dir);
   ModelConfig cfg = preset("tiny");
   cfg.num_hidden_layers = 2;
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((dir / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;

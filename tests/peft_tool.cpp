@@ -19,7 +19,7 @@
 #include "model/peft_adapter.h"
 #include "testing.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 
@@ -70,7 +70,7 @@ int logits(int argc, char** argv) {
   if (argc != 5) throw Error("usage: peft_tool logits MODEL IDS.npy OUT.npy");
   const std::string dir = argv[2];
   const ModelConfig cfg = load_hf_config(dir);
-  train::ParamStore params(cfg, DType::F32);
+  infer::ParamStore params(cfg, DType::F32);
   params.load(io::ModelWeights(dir), dir);
   const shardlm::testing::NpyArray a = shardlm::testing::load_npy(argv[3]);
   if (a.shape.size() != 2) throw Error("ids must be [B, T]", {.file = argv[3]});

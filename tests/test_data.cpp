@@ -19,7 +19,7 @@
 #include "testing.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "train/train_config.h"
 #include "data/run_data.h"
 #include "train/trainer.h"
@@ -436,6 +436,29 @@ TEST(Sampler, OrderIsDeterministicPerSeedAndEpochAndStateRestores) {
   expect_error([&] { data::DistributedSampler(ds, o); }, "fewer than one global batch");
 }
 
+// load_state continues a saved state: the same state for the same global batch; for another
+// global batch the same row of the epoch when it divides the rows read, else an Error naming where
+// the batch is configured.
+TEST(Sampler, LoadStateContinuesAtTheSameRowForAnotherGlobalBatch) {
+  const data::ExampleDataset ds = varied_dataset(200, 8);
+  data::SamplerOptions o;
+  o.seq_len = 8;
+  o.micro_batch_size = 2;
+  o.gradient_accumulation_steps = 2;  // G = 4
+  data::DistributedSampler a(ds, o);
+  ASSERT_GT(a.steps_in_epoch(0), 6);
+  a.load_state({0, 3}, 4);
+  EXPECT_EQ(a.state(), (data::SamplerState{0, 3}));
+  a.load_state({0, 3}, 8);  // 24 rows read: step 6 of 4 rows
+  EXPECT_EQ(a.state(), (data::SamplerState{0, 6}));
+  expect_error([&] { a.load_state({0, 1}, 6, {.file = "run.yaml", .key = "micro_batch_size"}); },
+               "run.yaml: key 'micro_batch_size': the checkpoint's global batch is 6 rows per step and this run's is 4");
+  const int64_t last = a.steps_in_epoch(0);
+  a.load_state({0, last}, 4);  // the epoch's end: the next epoch begins
+  EXPECT_EQ(a.state(), (data::SamplerState{0, last}));
+  EXPECT_EQ(a.next().state, (data::SamplerState{1, 0}));
+}
+
 TEST(Sampler, PrefetchKeepsOrderPropagatesErrorsAndShutsDown) {
   const data::ExampleDataset ds = varied_dataset(40, 8);
   data::SamplerOptions o;
@@ -465,7 +488,7 @@ TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
   ASSERT_TRUE(fs::exists(alpaca)) << "shared test data not found at " << kData;
   const fs::path d = fresh_dir("e2e");
   ModelConfig cfg = preset("tiny");  // vocab 512 >= the byte-level tokenizer's 259
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ConfigTree t = ConfigTree::parse("model: " + (d / "init").string() + "\noutput_dir: " + (d / "out").string() +

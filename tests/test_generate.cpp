@@ -6,7 +6,7 @@
 #include "infer/generator.h"
 #include "model/llama.h"
 #include "testing.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 using namespace shardlm::testing;
@@ -48,7 +48,7 @@ std::vector<float> training_logits(const ModelConfig& cfg, const model::LlamaWei
 
 TEST(Generator, DecodeStepOfSequencesOfDifferentLengthsEqualsTheTrainingForward) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(3);
   const int64_t V = cfg.vocab_size;
   infer::Generator gen(cfg, p.compute_weights(), 16, 3);
@@ -84,7 +84,7 @@ TEST(Generator, DecodeStepOfSequencesOfDifferentLengthsEqualsTheTrainingForward)
 
 TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   std::vector<infer::Request> reqs;
   for (size_t i = 0; i < prompts().size(); ++i) {
@@ -128,7 +128,7 @@ TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
 
 TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(6);
   std::vector<infer::Request> reqs;
   for (size_t i = 0; i < prompts().size(); ++i) {
@@ -155,7 +155,7 @@ TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
 
 TEST(Generator, EachSequenceStopsOnItsOwn) {
   const ModelConfig cfg = gen_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   infer::SamplingOptions greedy;
   greedy.temperature = 0;
@@ -199,4 +199,40 @@ TEST(Generator, RepetitionPenaltyAsTransformers) {
   EXPECT_EQ(infer::sample_token(l, o, 0), 3);
   infer::apply_repetition_penalty(l, {3}, 4.0f);  // 3 -> 0.75: token 0 (1.0) is now the largest
   EXPECT_EQ(infer::sample_token(l, o, 0), 0);
+}
+
+// The Recompute form (what training's evaluation runs over the sharded engine): whole sequences
+// through a forward without a cache, scheduled and sampled as the cached form is, give the same
+// greedy tokens and the same reasons to stop.
+TEST(Generator, RecomputeOfWholeSequencesGeneratesWhatTheCacheDoes) {
+  const ModelConfig cfg = gen_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(3);
+  const int64_t V = cfg.vocab_size;
+  int forwards = 0;
+  infer::Generator cached(cfg, p.compute_weights(), 16, 2);
+  infer::Generator recompute(
+      cfg,
+      [&](const std::vector<std::vector<int32_t>>& seqs) {
+        ++forwards;
+        std::vector<float> last;
+        for (const auto& s : seqs) {
+          const std::vector<float> all = training_logits(cfg, p.compute_weights(), s);
+          last.insert(last.end(), all.end() - V, all.end());
+        }
+        return last;
+      },
+      16, 2);
+  std::vector<infer::Request> requests;
+  for (const auto& prompt : prompts()) requests.push_back({prompt, {.max_new_tokens = 6, .temperature = 0}});
+  const int32_t stop = cached.run({requests[0]}, {})[0].tokens.at(2);  // a token some request meets
+  const std::vector<infer::Completion> a = cached.run(requests, {stop}), b = recompute.run(requests, {stop});
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    EXPECT_EQ(a[i].finish, b[i].finish) << i;
+  }
+  EXPECT_EQ(a[0].finish, infer::FinishReason::Stop);
+  EXPECT_GT(forwards, int(requests.size()));  // a prefill each, then the decode steps
+  expect_error([&] { recompute.forward_all({1, 2}); }, "need a generator with weights");
 }

@@ -9,7 +9,7 @@
 #include "memory/estimator.h"
 #include "memory/usage.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -157,7 +157,7 @@ TEST(Training, ReportsMemoryAndPicksTheStrategyItself) {
   fs::create_directories(d);
   ModelConfig cfg = preset("tiny");
   cfg.num_hidden_layers = 2;
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;

@@ -10,7 +10,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "testing.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 using namespace shardlm::infer;
@@ -162,10 +162,10 @@ TEST(Placement, ARankStoreHoldsOnlyItsParts) {
   ModelConfig cfg = preset("tiny");
   cfg.num_hidden_layers = 3;
   cfg.tie_word_embeddings = true;
-  train::ParamStore whole(cfg, DType::F32);
+  infer::ParamStore whole(cfg, DType::F32);
   whole.init_random(4);
   whole.save(dir / "m", DType::F32, 1ull << 40, "");
-  train::ParamStore part(cfg, DType::F32, [](const model::ModelPart& p) {
+  infer::ParamStore part(cfg, DType::F32, [](const model::ModelPart& p) {
     return p.kind != model::PartKind::Layer || p.layer == 1;
   });
   EXPECT_TRUE(part.partial());

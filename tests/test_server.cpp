@@ -11,7 +11,7 @@
 #include "infer/requests.h"
 #include "infer/server.h"
 #include "testing.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 using namespace shardlm;
 using namespace shardlm::testing;
@@ -37,7 +37,7 @@ std::vector<int32_t> bytes(const std::string& s) {
 
 TEST(Scheduler, ConcurrentRequestsGetTheirOfflineTokens) {
   const ModelConfig cfg = server_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   const data::ByteTokenizer tok;
   const std::vector<int32_t> stops = {data::ByteTokenizer::kEos};
@@ -99,7 +99,7 @@ TEST(Scheduler, ConcurrentRequestsGetTheirOfflineTokens) {
 
 TEST(Scheduler, StopStringsEndARequestAsOffline) {
   const ModelConfig cfg = server_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   const data::ByteTokenizer tok;
   infer::Request r;
@@ -127,7 +127,7 @@ TEST(Scheduler, StopStringsEndARequestAsOffline) {
 
 TEST(Scheduler, ShutdownEndsEveryRequest) {
   const ModelConfig cfg = server_config();
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
   const data::ByteTokenizer tok;
   infer::Generator gen(cfg, p.compute_weights(), 200, 1);

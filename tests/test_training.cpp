@@ -17,7 +17,8 @@
 #include "model/llama.h"
 #include "testing.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
+#include "train/resume.h"
 #include "train/schedule.h"
 #include "train/sharding_config.h"
 #include "train/train_config.h"
@@ -135,7 +136,7 @@ TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
   ModelConfig cfg = preset("tiny");
   cfg.vocab_size = 32000;
   cfg.num_hidden_layers = 1;
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   ASSERT_FALSE(fs::exists(d / "init" / "tokenizer.model"));
@@ -168,7 +169,7 @@ TEST(Data, TokenFilesAreCheckedAgainstTheModelsVocabulary) {
 TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   const fs::path d = fresh_dir("paramstore");
   ModelConfig cfg = small_config();
-  train::ParamStore a(cfg, DType::F32), b(cfg, DType::F32);
+  infer::ParamStore a(cfg, DType::F32), b(cfg, DType::F32);
   a.init_random(5);
   b.init_random(5);
   for (const std::string& n : a.names())
@@ -176,20 +177,20 @@ TEST(ParamStore, InitIsDeterministicAndLoadNamesTheBadTensor) {
   EXPECT_FLOAT_EQ(a.master("model.norm.weight").f32()[3], 1.0f);
   a.save((d / "m").string(), DType::BF16, ~uint64_t(0), "");
   // Reloaded from bf16: equal to the bf16 rounding of the original.
-  train::ParamStore c(cfg, DType::F32);
+  infer::ParamStore c(cfg, DType::F32);
   c.load(io::ModelWeights((d / "m").string()), (d / "m").string());
   const float orig = a.master("model.layers.1.mlp.up_proj.weight").f32()[17];
   EXPECT_EQ(c.master("model.layers.1.mlp.up_proj.weight").f32()[17], bf16_to_f32(f32_to_bf16(orig)));
   // A config that disagrees with the weights names the tensor and both shapes.
   ModelConfig wider = cfg;
   wider.intermediate_size += 8;
-  train::ParamStore w(wider, DType::F32);
+  infer::ParamStore w(wider, DType::F32);
   const std::string msg = error_of([&] { w.load(io::ModelWeights((d / "m").string()), "m"); });
   EXPECT_NE(msg.find("tensor 'model.layers.0.mlp.gate_proj.weight': shape [172, 64] in the file"), std::string::npos)
       << msg;
   ModelConfig tied = cfg;
   tied.tie_word_embeddings = true;
-  train::ParamStore t(tied, DType::F32);
+  infer::ParamStore t(tied, DType::F32);
   EXPECT_NE(error_of([&] { t.load(io::ModelWeights((d / "m").string()), "m"); }).find("lm_head.weight"),
             std::string::npos);
 }
@@ -199,7 +200,7 @@ TEST(Generator, KvCacheDecodingEqualsTheFullForward) {
   cfg.qkv_bias = true;  // exercise biases too
   cfg.architecture = Architecture::Qwen2;
   cfg.model_type = "qwen2";
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(11);
   const std::vector<int32_t> tokens = {1, 40, 77, 300, 12, 5, 91, 250, 3};
   const int64_t T = int64_t(tokens.size()), V = cfg.vocab_size;
@@ -340,7 +341,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   // End to end: init -> train on text -> held-out loss far below its start -> reload -> generate.
   const fs::path d = fresh_dir("train");
   ModelConfig cfg = preset("tiny");
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
@@ -356,7 +357,7 @@ TEST(Training, TinyModelLearnsTextAndTheSavedModelGenerates) {
   EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
   EXPECT_TRUE(fs::exists(d / "out" / "metrics.jsonl"));
   const ModelConfig back = load_hf_config((d / "out").string());
-  train::ParamStore q(back, DType::F32);
+  infer::ParamStore q(back, DType::F32);
   q.load(io::ModelWeights((d / "out").string()), "out");
   data::ByteTokenizer tok;
   infer::Generator gen(back, q.compute_weights(), 64);
@@ -496,7 +497,7 @@ TEST(Training, ANonFiniteStepTakesNoOptimizerStepAndNamesTheTensor) {
 TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
   const fs::path d = fresh_dir("nonfinite");
   const ModelConfig cfg = preset("tiny");
-  train::ParamStore p(cfg, DType::F32);
+  infer::ParamStore p(cfg, DType::F32);
   p.init_random(0);
   p.save((d / "init").string(), DType::F32, ~uint64_t(0), "");
   std::string text;
@@ -522,4 +523,28 @@ TEST(Training, OnNonfiniteStopsOrSkipsAndLoadRefusesNonFiniteWeights) {
   LocalEngine e(cfg);
   expect_error([&] { shard::load_weights(e.engine, io::ModelWeights((d / "nan").string()), "nan"); },
                "nan: tensor 'model.layers.0.mlp.up_proj.weight': element 7 is nan");
+}
+
+// A checkpoint's training state reads back what it wrote, with the keys every checkpoint so far has
+// written, and refuses a counter that is not a non-negative JSON integer, naming it.
+TEST(ResumeState, TrainingStateKeepsItsKeysAndRefusesCountersThatAreNotIntegers) {
+  const train::TrainingState s{7, {1, 3}, 64, 1234, 0.0025};
+  const nlohmann::json j = s;
+  EXPECT_EQ(j, nlohmann::json::parse(
+                   R"({"step": 7, "sampler": {"epoch": 1, "step": 3}, "rows_per_step": 64, "seed": 1234, "lr": 0.0025})"));
+  const train::TrainingState back = j.get<train::TrainingState>();
+  EXPECT_EQ(back.step, 7);
+  EXPECT_EQ(back.sampler, (data::SamplerState{1, 3}));
+  EXPECT_EQ(back.rows_per_step, 64);
+  EXPECT_EQ(back.seed, 1234u);
+  EXPECT_EQ(back.lr, 0.0025);
+  nlohmann::json bad = j;
+  bad["sampler"]["step"] = 3.5;
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'step' is 3.5");
+  bad = j;
+  bad["rows_per_step"] = -64;
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'rows_per_step' is -64");
+  bad = j;
+  bad["seed"] = "1234";
+  expect_error([&] { (void)bad.get<train::TrainingState>(); }, "malformed training state: 'seed' is \"1234\"");
 }

@@ -17,7 +17,7 @@
 #include "infer/requests.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 namespace shardlm::cli {
 
@@ -197,7 +197,7 @@ void run_generate(const Opts& o) {
   // every rank runs the same requests in lockstep and rank 0 writes the results.
   comm::Communicator& w = world();
   infer::Pipeline pipeline;
-  train::ParamStore::PartFilter keep;
+  infer::ParamStore::PartFilter keep;
   std::string command = "generate";
   if (!o.device_map.empty()) {
     const infer::DeviceMap map = infer::parse_device_map(o.device_map);
@@ -223,7 +223,7 @@ void run_generate(const Opts& o) {
     // What a rank was doing when the watchdog names a send, recv or broadcast that never completed.
     comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
   }
-  train::ParamStore params(cfg, DType::F32, keep);
+  infer::ParamStore params(cfg, DType::F32, keep);
   load_inference_weights(command.c_str(), {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit},
                          cfg, params);
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));

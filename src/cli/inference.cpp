@@ -9,7 +9,7 @@
 namespace shardlm::cli {
 
 void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
-                            train::ParamStore& params) {
+                            infer::ParamStore& params) {
   const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
   params.load(io::ModelWeights(w.model), w.model);
   if (stored_nf4)

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "model/config.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 namespace shardlm::cli {
 
@@ -27,6 +27,6 @@ struct InferenceWeights {
 // merges only the parts it holds.
 // Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
 void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
-                            train::ParamStore& params);
+                            infer::ParamStore& params);
 
 }  // namespace shardlm::cli

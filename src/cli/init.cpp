@@ -9,7 +9,7 @@
 #include "io/yaml_config.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 namespace shardlm::cli {
 
@@ -72,7 +72,7 @@ void register_init(CLI::App& app) {
                    cfg.head_dim, cfg.hidden_size, cfg.num_attention_heads);
     }
     const DType dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
-    train::ParamStore params(cfg, DType::F32);
+    infer::ParamStore params(cfg, DType::F32);
     params.init_random(o->seed);
     params.save(o->out, dtype, ~uint64_t(0), "");
     fmt::print("wrote {} ({} layers, hidden {}, vocab {}, {:.2f}M parameters, {}, seed {})\n", o->out,

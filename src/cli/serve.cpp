@@ -15,7 +15,7 @@
 #include "infer/requests.h"
 #include "infer/server.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 namespace shardlm::cli {
 
@@ -46,7 +46,7 @@ void run_serve(const Opts& o) {
                 {.key = "--max-len"});
   const auto tok = data::load_tokenizer(o.model);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
-  train::ParamStore params(cfg, DType::F32);
+  infer::ParamStore params(cfg, DType::F32);
   load_inference_weights("serve", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,
                          params);
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);

@@ -73,6 +73,22 @@ int64_t DistributedSampler::truncated_in_epoch(int64_t epoch) {
   return n;
 }
 
+void DistributedSampler::load_state(const SamplerState& saved, int64_t saved_rows_per_step, const ErrorContext& batch_at) {
+  SamplerState next = saved;
+  if (saved_rows_per_step != G_) {
+    const int64_t read = next.step * saved_rows_per_step;  // rows of the epoch already trained on
+    if (read % G_ != 0)
+      throw Error(fmt::format("the checkpoint's global batch is {} rows per step and this run's is {}, which does not "
+                              "divide the {} rows of epoch {} already read; choose micro_batch_size x "
+                              "gradient_accumulation_steps x ranks to match",
+                              saved_rows_per_step, G_, read, next.epoch),
+                  batch_at);
+    next.step = read / G_;
+    if (next.step >= steps_in_epoch(next.epoch)) next = {next.epoch + 1, 0};
+  }
+  set_state(next);
+}
+
 void DistributedSampler::set_state(const SamplerState& s) {
   SHARDLM_CHECK(s.epoch >= 0 && s.step >= 0 && s.step <= steps_in_epoch(s.epoch),
                 "sampler state epoch {} step {} is outside the data ({} steps in that epoch)", s.epoch, s.step,

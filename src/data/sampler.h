@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "data/dataset.h"
 
 namespace shardlm::data {
@@ -71,6 +72,11 @@ class DistributedSampler {
 
   SamplerState state() const { return state_; }
   void set_state(const SamplerState& s);  // throws for a step beyond its epoch
+  // Continues a run whose sampler would have read `saved` next, its steps counting
+  // `saved_rows_per_step` rows. The data order continues exactly when the global batch is unchanged,
+  // on any world size; a different global batch continues at the same row when it divides the rows
+  // of the epoch already read, else an Error (with `batch_at`: where this run's batch is configured).
+  void load_state(const SamplerState& saved, int64_t saved_rows_per_step, const ErrorContext& batch_at = {});
   StepBatch next();                       // this rank's batches of the current step; advances
 
  private:

@@ -38,6 +38,12 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
   slots_.resize(size_t(max_batch));
 }
 
+Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch)
+    : Generator(cfg, model::LlamaWeights{}, max_len, max_batch) {
+  SHARDLM_CHECK(bool(recompute), "a generator without weights needs a forward");
+  recompute_ = std::move(recompute);
+}
+
 int Generator::acquire() {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].used) {
@@ -78,13 +84,28 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
     Slot& slot = slots_[size_t(s)];
     SHARDLM_CHECK(slot.length + Tq <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
                   slot.length + Tq, max_len_);
-    if (slot.k_cache.empty())  // first use of this slot: a cache per layer this rank runs
+    if (slot.k_cache.empty() && !recompute_)  // first use of this slot: a cache per layer this rank runs
       for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
         slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
         slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
       }
+  }
+  if (recompute_) {  // no cache: each sequence goes through whole, and only its last row counts
+    SHARDLM_CHECK(!all_logits, "the logits of every position need a generator with weights");
+    std::vector<std::vector<int32_t>> sequences;
+    for (int64_t b = 0; b < B; ++b) {
+      Slot& slot = slots_[size_t(slots[size_t(b)])];
+      slot.tokens.resize(size_t(slot.length));  // a new occupant or a reset starts empty
+      slot.tokens.insert(slot.tokens.end(), tokens.begin() + b * Tq, tokens.begin() + (b + 1) * Tq);
+      slot.length += Tq;
+      sequences.push_back(slot.tokens);
+    }
+    std::vector<float> logits = recompute_(sequences);
+    SHARDLM_CHECK(int64_t(logits.size()) == B * V, "the forward returned {} logits for {} sequences of vocabulary {}",
+                  logits.size(), B, V);
+    return logits;
   }
   // Logits of every row for all_logits, else of each sequence's last row: [R, V].
   const int64_t R = all_logits ? N : B;

@@ -17,6 +17,10 @@
 // previous rank of the pipeline (or embeds the tokens), runs its layers, and sends them to the
 // next one (or computes the logits); the head's rank then broadcasts the logits to every rank, so
 // every rank samples the same tokens and runs the same scheduling (Batch) on the same requests.
+//
+// A model sharded for training (shard/engine.h) has no LlamaWeights to hand over: training's
+// evaluation (train/evaluation.h) runs the Generator over a Recompute instead, the engine's
+// forward of whole sequences, with the same scheduling and sampling.
 #pragma once
 
 #include <cstdint>
@@ -63,12 +67,23 @@ struct Pipeline {
   std::vector<RankShare> shares;  // one per rank of comm
 };
 
+// A model that is not held as LlamaWeights and keeps no KV cache, such as the training engine
+// (shard/engine.h: its parameters are sharded over ranks and gathered one unit at a time for each
+// forward). Given every sequence of a step, whole (prompt and tokens so far), it returns the logits
+// of each one's last position, [sequences, vocab]. Over ranks it is collective: every rank's
+// Generator is driven with the same requests, and the function returns the same logits on every
+// rank, so all of them take the same scheduling decisions.
+using Recompute = std::function<std::vector<float>(const std::vector<std::vector<int32_t>>& sequences)>;
+
 class Generator {
  public:
   // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
   // With a pipeline, `weights` need only this rank's share bound.
   Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1,
             const Pipeline& pipeline = {});
+  // Every forward runs through `recompute` over the sequences' whole tokens (no KV cache here);
+  // the scheduling and sampling are the same. forward_all is not available.
+  Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch = 1);
 
   int64_t max_len() const { return max_len_; }
   int64_t max_batch() const { return int64_t(slots_.size()); }
@@ -116,6 +131,7 @@ class Generator {
     bool used = false;
     int64_t length = 0;                       // positions cached
     std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] f32; empty until first used
+    std::vector<int32_t> tokens;                // with a Recompute: the sequence so far
   };
   // The forward of `slots`, each with Tq = tokens.size() / slots.size() new tokens; logits of the
   // last new row of each ([B, V]) or, with all_logits, of every new row ([B * Tq, V]).
@@ -129,6 +145,7 @@ class Generator {
   RankShare share_;
   int prev_ = -1, next_ = -1;  // the ranks hidden states come from (no embedding) and go to (no head)
   int head_rank_ = 0;          // the rank whose logits every rank samples from
+  Recompute recompute_;        // set: forwards go through it, and w_ is unbound
   std::vector<float> inv_freq_;
   std::vector<Slot> slots_;
 };

@@ -7,6 +7,15 @@
 
 namespace shardlm::train {
 
+nlohmann::json LrSchedule::state() const {
+  return {{"kind", int(kind)},
+          {"warmup_steps", warmup_steps},
+          {"warmup_type", enum_name(warmup)},
+          {"warmup_min_ratio", warmup_min_ratio},
+          {"total_steps", total_steps},
+          {"min_lr_ratio", min_lr_ratio}};
+}
+
 double LrSchedule::at(int64_t step) const {
   // Hugging Face evaluates its lambda at the number of completed steps (0 for the first update),
   // so the first update runs at lr * 0 / warmup when warming up; DeepSpeed's schedulers count

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/enum_names.h"
 
 namespace shardlm::train {
@@ -26,6 +28,11 @@ struct LrSchedule {
 
   // Learning rate for optimizer step `step` (1-based: the first update uses step 1).
   double at(int64_t step) const;
+  // The schedule as a checkpoint's run description records it ("lr_scheduler": kind, warmup_steps,
+  // warmup_type, warmup_min_ratio, total_steps, min_lr_ratio; the peak rate is the optimizer's lr).
+  // Nothing reads it back: the schedule is a function of the step, and a resumed run follows its
+  // own config's schedule from the checkpoint's step (a longer max_steps stretches the decay).
+  nlohmann::json state() const;
 };
 
 LrSchedule::Kind parse_schedule_kind(const std::string& name);  // constant | linear | cosine | deepspeed_cosine

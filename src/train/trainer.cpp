@@ -1,37 +1,25 @@
 #include "train/trainer.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
-#include <cmath>
 #include <filesystem>
-#include <iterator>
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
-#include "core/device.h"
 #include "core/rng.h"
 #include "core/timeline.h"
-#include "data/run_data.h"
 #include "data/sampler.h"
-#include "io/atomic_file.h"
-#include "io/json_integer.h"
 #include "io/model_files.h"
-#include "memory/estimator.h"
-#include "memory/usage.h"
-#include "model/hf_dir.h"
-#include "model/llama.h"
-#include "model/nf4_loader.h"
 #include "model/peft_adapter.h"
-#include "report/html_report.h"
-#include "report/tensorboard.h"
 #include "shard/engine.h"
 #include "shard/load.h"
-#include "train/progress.h"
+#include "train/evaluation.h"
+#include "train/reporting.h"
+#include "train/resume.h"
+#include "train/stop_signal.h"
 
 namespace shardlm::train {
 
@@ -45,374 +33,12 @@ TrainResult run_training(const TrainConfig& c) {
 
 namespace {
 
-// The largest vocabulary the byte-level fallback tokenizer may stand in for (its 259 ids fit
-// shardlm init's small presets; real tokenizers have tens of thousands).
-constexpr int64_t kByteFallbackMaxVocab = 4096;
-
-// ---- stopping on a signal (save_on_signal) ---------------------------------------------------------
-// The first SIGTERM or SIGINT only raises a flag the loop reads between steps; a second one ends the
-// process at once. (SIGUSR1, how `shardlm launch` relays a stop through mpirun, arrives as SIGTERM:
-// the command line's main() turns one into the other for every command.) The handlers are the
-// trainer's while it runs (SignalGuard restores the old ones).
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-void on_stop_signal(int sig) {
-  if (g_stop_signal != 0) std::_Exit(128 + sig);
-  g_stop_signal = sig;
-}
-
-class SignalGuard {
- public:
-  explicit SignalGuard(bool on) : on_(on) {
-    if (!on_) return;
-    g_stop_signal = 0;
-    for (size_t i = 0; i < std::size(kSignals); ++i) old_[i] = std::signal(kSignals[i], on_stop_signal);
-  }
-  ~SignalGuard() {
-    if (!on_) return;
-    for (size_t i = 0; i < std::size(kSignals); ++i) std::signal(kSignals[i], old_[i]);
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-
- private:
-  static constexpr int kSignals[] = {SIGTERM, SIGINT};
-  bool on_;
-  void (*old_[std::size(kSignals)])(int) = {};
-};
-
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Ranks sharing this node, for hybrid meshes: what mpirun or srun says, else the whole world.
 int ranks_per_node(const comm::Communicator& world) {
   const int n = comm::ranks_per_node_from_environment();
   return n > 0 ? n : world.size();
-}
-
-// The checkpoint to resume from, opened and checked against this run, or null to start from the
-// model. Notes for the log (skipped incomplete checkpoints, "nothing to resume") go to `notes`.
-std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig& c, const ModelConfig& mcfg,
-                                                               std::vector<std::string>& notes) {
-  if (c.resume_from.empty()) return nullptr;
-  std::string dir = c.resume_from;
-  if (dir == "auto") {
-    const std::optional<std::string> found =
-        ckpt::latest_complete(c.checkpoint_root(), [&](const std::string& w) { notes.push_back("warning: " + w); });
-    if (!found) {
-      notes.push_back(fmt::format("resume_from: auto: no complete checkpoint in {}; starting from {}",
-                                  c.checkpoint_root(), c.model));
-      return nullptr;
-    }
-    dir = *found;
-  }
-  auto reader = std::make_unique<ckpt::CheckpointReader>(dir);
-  if (reader->model().lora.has_value() != mcfg.lora.has_value())
-    throw Error(reader->model().lora ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
-                                     : "a full fine-tune's checkpoint, but this config trains LoRA adapters",
-                {.file = dir, .key = "lora"});
-  if (const auto& saved_lora = reader->model().lora; saved_lora && mcfg.lora) {
-    // Adapters trained at one scale do not continue at another (rank and targets differ in shape,
-    // and load_checkpoint names the tensor).
-    const model::LoraSpec& now = *mcfg.lora;
-    if (saved_lora->alpha != now.alpha || saved_lora->use_rslora != now.use_rslora)
-      throw Error(fmt::format("the checkpoint's adapters were trained with lora_alpha {}{}, this config has {}{}",
-                              saved_lora->alpha, saved_lora->use_rslora ? " (rsLoRA)" : "", now.alpha,
-                              now.use_rslora ? " (rsLoRA)" : ""),
-                  {.file = dir, .key = saved_lora->alpha != now.alpha ? "lora.alpha" : "lora.use_rslora"});
-  }
-  nlohmann::json saved = to_hf_json(reader->model()), here = to_hf_json(mcfg);
-  saved.erase("torch_dtype");
-  here.erase("torch_dtype");
-  for (const auto& [key, value] : here.items())
-    if (!saved.contains(key) || saved[key] != value)
-      throw Error(fmt::format("checkpoint of another model: {} is {} in the checkpoint but {} in {}", key,
-                              saved.value(key, nlohmann::json()).dump(), value.dump(), c.model),
-                  {.file = dir, .key = key});
-  if (reader->step() >= c.max_steps)
-    throw Error(fmt::format("{} is at step {}, and max_steps is {}: nothing is left to train", dir, reader->step(),
-                            c.max_steps),
-                {.file = c.source, .key = "max_steps"});
-  return reader;
-}
-
-// Puts the sampler where the checkpointed run would have read next and returns the checkpoint's
-// step. The data order continues exactly when the global batch (rows per step) is unchanged, on
-// any world size; a different global batch continues at the same row when it divides the rows read.
-int64_t resume_training_state(const ckpt::CheckpointReader& r, const TrainConfig& c, data::DistributedSampler& sampler) {
-  const nlohmann::json& t = r.metadata().at("training");
-  // Counters as JSON integers (io::json_integer: a float is refused, never cast).
-  auto counter = [&](const nlohmann::json& obj, const char* key) {
-    const std::optional<int64_t> v = io::json_integer(obj.at(key), 0);
-    if (!v) throw Error(fmt::format("malformed training state: '{}' is {}", key, obj.at(key).dump()), {.file = r.dir()});
-    return *v;
-  };
-  if (!t.at("seed").is_number_integer())
-    throw Error(fmt::format("malformed training state: 'seed' is {}", t.at("seed").dump()), {.file = r.dir()});
-  const uint64_t seed = t.at("seed").get<uint64_t>();
-  if (seed != c.seed)
-    throw Error(fmt::format("the checkpoint was trained with seed {} but this run's seed is {}: the data order would "
-                            "not continue (set seed: {})",
-                            seed, c.seed, seed),
-                {.file = c.source, .key = "seed"});
-  data::SamplerState next{counter(t.at("sampler"), "epoch"), counter(t.at("sampler"), "step")};
-  const int64_t saved_rows = counter(t, "rows_per_step"), rows = sampler.rows_per_step();
-  if (saved_rows != rows) {
-    const int64_t read = next.step * saved_rows;  // rows of the epoch already trained on
-    if (read % rows != 0)
-      throw Error(fmt::format("the checkpoint's global batch is {} rows per step and this run's is {}, which does not "
-                              "divide the {} rows of epoch {} already read; choose micro_batch_size x "
-                              "gradient_accumulation_steps x ranks to match",
-                              saved_rows, rows, read, next.epoch),
-                  {.file = c.source, .key = "micro_batch_size"});
-    next.step = read / rows;
-    if (next.step >= sampler.steps_in_epoch(next.epoch)) next = {next.epoch + 1, 0};
-  }
-  sampler.set_state(next);
-  return r.step();
-}
-
-// What a checkpoint records about the run that wrote it (for people and for checks on resume).
-nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig& sharding, int world_size,
-                               const shard::Mesh& mesh) {
-  return {{"config_file", c.source},
-          {"model", c.model},
-          {"world_size", world_size},
-          {"strategy", shard::strategy_name(sharding.strategy)},
-          {"shard_group_size", mesh.shard->size()},
-          {"param_dtype", dtype_name(sharding.param_dtype)},
-          {"reduce_dtype", dtype_name(sharding.reduce_dtype)},
-          {"seq_len", c.seq_len},
-          {"micro_batch_size", c.micro_batch_size},
-          {"gradient_accumulation_steps", c.gradient_accumulation_steps},
-          {"max_steps", c.max_steps},
-          {"optimizer",
-           {{"lr", c.optimizer.lr},
-            {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
-            {"eps", c.optimizer.eps},
-            {"weight_decay", c.optimizer.weight_decay}}},
-          {"lr_scheduler",
-           {{"kind", int(c.schedule.kind)},
-            {"warmup_steps", c.schedule.warmup_steps},
-            {"warmup_type", enum_name(c.schedule.warmup)},
-            {"warmup_min_ratio", c.schedule.warmup_min_ratio},
-            {"total_steps", c.schedule.total_steps},
-            {"min_lr_ratio", c.schedule.min_lr_ratio}}},
-          {"max_grad_norm", c.max_grad_norm},
-          {"seed", c.seed}};
-}
-
-// ---- the parts of a run ------------------------------------------------------------------------
-
-// The model, its tokenizer and the data, checked against each other.
-struct Inputs {
-  ModelConfig model;
-  std::unique_ptr<data::Tokenizer> tok;
-  data::RunData data;
-  int64_t B = 0, T = 0;  // micro-batch rows and row length
-  std::string base_note;  // how a bitsandbytes 4-bit model directory's base is read ("" otherwise)
-};
-
-// The run's rows against what the model can attend over.
-void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
-  if (T > m.max_position_embeddings)
-    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T, m.max_position_embeddings),
-                {.file = c.source, .key = "seq_len"});
-  if (m.sliding_window > 0 && T > m.sliding_window)
-    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", T,
-                            m.sliding_window),
-                {.file = c.source, .key = "seq_len"});
-}
-
-// The model config with the run's LoRA / QLoRA settings, as the estimator and the engine see it.
-void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
-  m.lora = c.lora;
-  m.nf4_base = c.lora && c.lora_quantize_base;
-  m.nf4_double_quant = c.lora_double_quant;
-}
-
-Inputs load_inputs(const TrainConfig& c) {
-  Inputs in;
-  in.model = load_hf_config(c.model);
-  apply_run_to_model(c, in.model);
-  if (in.model.quantization && in.model.quantization->is_bnb_nf4()) {
-    // A directory saved by transformers from a bitsandbytes 4-bit model. QLoRA keeps its NF4
-    // weights as stored (not re-quantized), so their double quantization is the file's whatever
-    // lora.double_quant says; LoRA and full fine-tuning read them as bitsandbytes dequantizes them.
-    const std::optional<bool> stored = model::Nf4ModelReader(c.model).double_quant_as_stored();
-    if (in.model.nf4_base && stored) {
-      std::string why;  // why the run's double quantization is not lora.double_quant's, if it is not
-      if (*stored != c.lora_double_quant)
-        why = *stored ? "the file is double-quantized"
-              : in.model.quantization->double_quant
-                  ? "the file's nested_quant_map is not bitsandbytes' standard one, so its absmax values are kept in f32"
-                  : "the file is not double-quantized";
-      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized{}",
-                                 c.model,
-                                 why.empty() ? "" : fmt::format("; lora.double_quant: {} overridden: {}", c.lora_double_quant, why));
-      in.model.nf4_double_quant = *stored;
-    } else if (stored) {
-      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does{}",
-                                 c.model, c.lora ? " (lora.quantize_base: nf4 would keep them as stored)" : "");
-    }
-  }
-  in.tok = data::load_tokenizer(c.model);
-  // No tokenizer files: the byte-level fallback serves byte-sized models (shardlm init's presets
-  // for experiments). For a real vocabulary its ids would mean nothing to the embedding, and the
-  // run would learn garbage or find no example that fits, so say what is missing instead.
-  if (dynamic_cast<const data::ByteTokenizer*>(in.tok.get()) && in.model.vocab_size >= kByteFallbackMaxVocab &&
-      data::reads_text(c.data))
-    throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
-                            "ids; copy the model's tokenizer files beside its config.json",
-                            in.model.vocab_size),
-                {.file = c.model});
-  if (in.tok->vocab_size() > in.model.vocab_size)
-    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
-                            in.tok->vocab_size(), in.model.vocab_size),
-                {.file = c.model + "/config.json", .key = "vocab_size"});
-  data::DataConfig dc = c.data;
-  dc.chat_template = data::read_chat_template(c.model);
-  in.data = data::load_run_data(dc, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
-  in.T = in.data.seq_len;
-  in.B = c.micro_batch_size;
-  check_row_length(c, in.model, in.T);
-  return in;
-}
-
-// The strategy (`sharding_strategy: auto` picks it by memory) and what the estimator expects this
-// run to hold per rank (docs/memory.md).
-struct MemoryPlan {
-  shard::ShardingConfig sharding;
-  memory::Estimate estimate;
-  std::string auto_why;
-};
-
-MemoryPlan plan_memory(const TrainConfig& c, const Inputs& in, int world_size, int node_ranks) {
-  MemoryPlan p;
-  p.sharding = c.sharding;
-  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world_size,
-                            .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
-                            .grad_accum = c.gradient_accumulation_steps,
-                            .checkpoint_every = c.activation_checkpointing,
-                            .offload = p.sharding.offload_params};
-  if (p.sharding.auto_strategy) {
-    try {
-      p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
-    } catch (const Error& e) {
-      throw Error(e.message(), c.max_memory_per_rank_at);
-    }
-  }
-  if (p.sharding.offload_params && !p.sharding.shard_gradients())
-    throw Error(fmt::format("CPU offload needs a strategy that shards gradients, and sharding_strategy: auto chose {}",
-                            shard::strategy_name(p.sharding.strategy)),
-                {.file = c.source, .key = "offload_params"});
-  p.estimate = memory::estimate(est);
-  return p;
-}
-
-// Rank 0 prints and writes metrics.jsonl; the other ranks stay quiet. Every record goes one way,
-// through write(): to metrics.jsonl, to the TensorBoard event file with report_to: tensorboard, and
-// into the series report.html draws at the end (finish()).
-class Reporter {
- public:
-  Reporter(const TrainConfig& c, bool lead)
-      : progress_(lead ? c.progress : ProgressMode::None, c.log_every), lead_(lead),
-        metrics_path_((fs::path(c.output_dir) / c.metrics_file).string()),
-        report_path_((fs::path(c.output_dir) / "report.html").string()),
-        tensorboard_dir_(c.report_tensorboard ? c.tensorboard_dir() : "") {
-    if (!lead) return;
-    std::error_code ec;
-    fs::create_directories(c.output_dir, ec);
-    if (ec) throw Error(fmt::format("cannot create the output directory: {}", ec.message()), {.file = c.output_dir});
-  }
-  void print(const std::string& line) { progress_.print(line); }
-  // The metrics file and the event file are opened (and a previous run's metrics truncated) at the
-  // first record, so a run refused while loading leaves output_dir as it was.
-  void write(const nlohmann::json& rec) {
-    if (!lead_) return;
-    if (!metrics_) metrics_ = std::make_unique<MetricsFile>(metrics_path_);
-    metrics_->write(rec);
-    if (!tensorboard_dir_.empty()) {
-      if (!events_) events_ = std::make_unique<report::EventWriter>(tensorboard_dir_);
-      events_->record(rec);
-    }
-    report_.add(rec);
-  }
-  // The end of a run (finished or stopped by a signal): report.html from the records written.
-  void finish(const std::vector<std::string>& notes) {
-    if (!lead_ || report_.empty()) return;
-    report::write_html(report_path_, report_.page("shardlm training report", notes));
-    progress_.print(fmt::format("report: {}{}", report_path_,
-                                events_ ? fmt::format("; TensorBoard events: {} (tensorboard --logdir {})",
-                                                      events_->path(), tensorboard_dir_)
-                                        : ""));
-  }
-  Progress& progress() { return progress_; }
-
- private:
-  Progress progress_;
-  bool lead_;
-  std::string metrics_path_, report_path_, tensorboard_dir_;
-  std::unique_ptr<MetricsFile> metrics_;
-  std::unique_ptr<report::EventWriter> events_;
-  report::TrainingReport report_;
-};
-
-// Exact-match accuracy of greedy answers to held-out problems, decoded through the engine (one
-// unit gathered at a time, no KV cache: the problems are a few tokens long). Collective: rank r
-// decodes its slice of the problems in batches of B rows, and every rank runs the same number of
-// forward passes.
-double task_accuracy(shard::ShardedModel& engine, model::LlamaCompute& m, const data::AdditionTask& task,
-                     const data::Tokenizer& tok, int64_t n, int64_t B, int64_t T, comm::Communicator& world,
-                     int64_t* correct_out) {
-  constexpr int kMaxNew = 12;
-  n = std::min(n, task.size());
-  const int W = world.size(), r = world.rank();
-  const int64_t per_rank = (n + W - 1) / W, lo = std::min(n, r * per_rank), hi = std::min(n, lo + per_rank);
-  const int64_t V = m.config().vocab_size;
-  const int32_t eos = tok.eos_id();
-  int64_t correct = 0;
-  for (int64_t chunk = 0; chunk < per_rank; chunk += B) {
-    std::vector<std::vector<int32_t>> seq, out;
-    std::vector<bool> done;
-    for (int64_t i = lo + chunk; i < std::min(hi, lo + chunk + B); ++i) {
-      seq.push_back(tok.encode_with(task.prompt(i), true, false));
-      out.emplace_back();
-      done.push_back(false);
-    }
-    if (seq.empty()) seq.push_back({eos}), out.emplace_back(), done.push_back(true);  // keeps the collectives in step
-    for (int step = 0; step < kMaxNew; ++step) {
-      // Every rank stops when no rank has a row left to decode.
-      if (world.all_reduce_sum(double(std::count(done.begin(), done.end(), false))) == 0) break;
-      size_t cols = 0;
-      for (const auto& s : seq) cols = std::max(cols, s.size());
-      data::BatchBuffers buf;
-      buf.B = int64_t(seq.size());
-      buf.T = int64_t(cols);
-      buf.ids.assign(size_t(buf.B) * cols, eos);
-      buf.targets.assign(size_t(buf.B) * cols, ops::kIgnoreIndex);
-      for (size_t b = 0; b < seq.size(); ++b) std::copy(seq[b].begin(), seq[b].end(), buf.ids.begin() + int64_t(b * cols));
-      std::vector<float> logits(size_t(buf.B) * cols * size_t(V));
-      engine.forward_logits(m, buf.batch(), Tensor::view(logits.data(), DType::F32, {buf.B * int64_t(cols), V}));
-      for (size_t b = 0; b < seq.size(); ++b) {
-        if (done[b]) continue;
-        const float* row = logits.data() + (b * cols + seq[b].size() - 1) * size_t(V);
-        const int32_t next = int32_t(std::max_element(row, row + V) - row);
-        // Rows stay within the training row length T (prompt and answer fit it), so decoding never
-        // grows the activation arena beyond training's.
-        if (next == eos || int64_t(seq[b].size()) == T) {
-          done[b] = true;
-          continue;
-        }
-        seq[b].push_back(next);
-        out[b].push_back(next);
-      }
-    }
-    for (size_t b = 0; b < out.size(); ++b)
-      if (lo + chunk + int64_t(b) < hi) correct += tok.decode(out[b]) == task.answer(lo + chunk + int64_t(b));
-  }
-  correct = int64_t(world.all_reduce_sum(double(correct)));
-  if (correct_out) *correct_out = correct;
-  return n ? double(correct) / double(n) : 0.0;
 }
 
 // One training run, in parts: setup (inputs, memory plan, mesh and engine, data order), then the
@@ -424,25 +50,20 @@ class Trainer {
 
  private:
   void load_or_resume();
-  void print_setup();
   void skip_or_stop(int64_t step, const shard::StepStats& s);
   void log_step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb, const comm::CommTiming& before);
-  void write_timeline();
-  void report_communication();
   void evaluate(int64_t step);
   bool save_due(int64_t step);
   bool stop_requested();
   void stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now);
   void save_checkpoint(int64_t step, const data::SamplerState& next);
   void save_model();
-  void report_memory();
-  std::vector<std::string> report_notes() const;
 
   const TrainConfig& c_;
   comm::Communicator& world_;
   const bool lead_;
   const Clock::time_point t_start_ = Clock::now();
-  Inputs in_;
+  RunInputs in_;
   MemoryPlan mem_;
   shard::Mesh mesh_;
   shard::ShardedModel engine_;
@@ -451,14 +72,12 @@ class Trainer {
   data::DistributedSampler sampler_;
   std::vector<std::string> resume_notes_;
   std::unique_ptr<ckpt::CheckpointReader> resume_;
-  std::string load_note_;
   int64_t start_step_ = 1, tokens_seen_ = 0, skipped_in_a_row_ = 0;
-  double flops_per_token_ = 0;  // model FLOPs of one trained token (model/config.h), for model_flops_per_s
   Clock::time_point t_train_, last_save_;
   TrainResult result_;
 };
 
-data::SamplerOptions sampler_options(const TrainConfig& c, const Inputs& in, const comm::Communicator& world) {
+data::SamplerOptions sampler_options(const TrainConfig& c, const RunInputs& in, const comm::Communicator& world) {
   data::SamplerOptions so;
   so.world_size = world.size();
   so.rank = world.rank();
@@ -490,10 +109,9 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       }()),
       engine_(in_.model, mem_.sharding, mesh_),
       model_(in_.model, c.compute_dtype, engine_.device()),
-      out_(c, lead_),
+      out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
-  flops_per_token_ = training_flops_per_token(in_.model, in_.T);
   model_.set_checkpointing(c.activation_checkpointing);
   model_.reserve(in_.B, in_.T);
 }
@@ -512,68 +130,15 @@ void Trainer::load_or_resume() {
   const auto t0 = Clock::now();
   const uint64_t bytes = ckpt::load_checkpoint(*resume_, engine_);
   const double s = seconds_since(t0);
-  load_note_ = fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
-                           double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9));
-  start_step_ = resume_training_state(*resume_, c_, sampler_) + 1;
-}
-
-void Trainer::print_setup() {
-  const ModelConfig& m = in_.model;
-  const shard::ShardingConfig& sc = mem_.sharding;
-  const int W = world_.size(), units = engine_.num_units();
-  out_.print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c_.model,
-                         m.num_hidden_layers, m.hidden_size, double(parameter_count(m)) / 1e6,
-                         dtype_name(c_.compute_dtype)));
-  out_.print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
-                         shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", mesh_.shard->size(), units,
-                         units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
-  if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
-    out_.print("ranks: started by " + launcher);
-  if (m.lora) {
-    const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m);
-    out_.print(fmt::format("{}: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
-                           "params: {} || trainable%: {:.4f}",
-                           m.nf4_base ? "QLoRA" : "LoRA", m.lora->rank, m.lora->alpha, m.lora->scale(),
-                           m.lora->use_rslora ? ", rsLoRA" : "", m.lora->dropout,
-                           fmt::join(model::expand_lora_targets(m.lora->target_modules), " "), trainable, all,
-                           100.0 * double(trainable) / double(all)));
-    if (m.nf4_base)
-      out_.print(fmt::format("base: Linear weights in NF4 (bitsandbytes' layout{}), dequantized to {} for each use; "
-                             "norms, embedding and lm_head in {}",
-                             m.nf4_double_quant ? ", double quantization" : "", dtype_name(mem_.sharding.param_dtype),
-                             dtype_name(mem_.sharding.param_dtype)));
-  }
-  if (!in_.base_note.empty()) out_.print(in_.base_note);
-  if (c_.device == Device::CUDA)
-    out_.print(fmt::format("device: cuda (NCCL for parameters and gradients{})",
-                           sc.offload_params ? "; master weights, gradient shard and AdamW state offloaded to pinned "
-                                               "host memory, AdamW on the CPU"
-                                             : ""));
-  if (!mem_.auto_why.empty()) out_.print(mem_.auto_why);
-  out_.print(fmt::format("memory: estimated peak {} per rank over training steps (activations {}, tracked "
-                         "buffers only; `shardlm estimate-memory` has the breakdown)",
-                         format_bytes(mem_.estimate.peak_total),
-                         format_bytes(mem_.estimate.category_peak[size_t(MemCategory::Activations)])));
-  out_.print(fmt::format("data ({}; tokenizer: {}):", in_.data.type, in_.tok->name()));
-  for (const std::string& line : in_.data.report) out_.print("  " + line);
-  const int64_t rows = int64_t(sampler_.epoch_rows(0).size()), truncated = sampler_.truncated_in_epoch(0);
-  out_.print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows", rows,
-                         in_.data.packing ? "packed rows" : "padded rows", in_.T, in_.data.train->size(),
-                         truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, in_.T) : "",
-                         sampler_.steps_in_epoch(0), sampler_.rows_per_step()));
-  for (const std::string& note : resume_notes_) out_.print(note);
-  if (resume_) {
-    out_.print(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)", resume_->dir(),
-                           start_step_ - 1, sampler_.state().epoch, sampler_.state().step));
-    out_.print(load_note_);
-  }
-  out_.print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", in_.B,
-                         in_.T, c_.gradient_accumulation_steps, W, W > 1 ? "s" : "",
-                         in_.B * in_.T * c_.gradient_accumulation_steps * W, c_.max_steps));
+  start_step_ = load_training_state(*resume_, c_, sampler_) + 1;
+  resume_notes_.push_back(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)",
+                                      resume_->dir(), start_step_ - 1, sampler_.state().epoch, sampler_.state().step));
+  resume_notes_.push_back(fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
+                                      double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9)));
 }
 
 TrainResult Trainer::run() {
-  print_setup();
+  out_.setup(mesh_.shard->size(), engine_.num_units(), sampler_, resume_notes_);
   evaluate(start_step_ - 1);
   // The next step's micro-batches are assembled on a background thread while this one trains.
   // Every micro-batch of a step is built before the step, so the loss is normalized by the
@@ -600,12 +165,12 @@ TrainResult Trainer::run() {
     if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb, comm_before);
     step_span.reset();
-    if (timeline::recording() && (step == c_.profile_steps[1] || step == c_.max_steps)) write_timeline();
+    if (timeline::recording() && (step == c_.profile_steps[1] || step == c_.max_steps)) out_.timeline();
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
     const bool saved = save_due(step);
     if (saved) save_checkpoint(step, sb.next);
     if (c_.save_on_signal && stop_requested()) {
-      if (timeline::recording()) write_timeline();
+      if (timeline::recording()) out_.timeline();
       stop_on_signal(step, sb.next, saved);
       return result_;
     }
@@ -614,10 +179,10 @@ TrainResult Trainer::run() {
   result_.seconds = seconds_since(t_train_);
   result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   out_.progress().finish();
-  report_communication();
+  out_.communication();
   save_model();
-  report_memory();
-  out_.finish(report_notes());
+  result_.gpu_peak_reserved_bytes = out_.done(result_, seconds_since(t_start_));
+  out_.finish(result_);
   return result_;
 }
 
@@ -640,38 +205,7 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
                        const comm::CommTiming& before) {
   if (s.finite) skipped_in_a_row_ = 0;
   for (const data::BatchBuffers& mb : sb.micro) tokens_seen_ += mb.B * mb.T * world_.size();
-  const double elapsed = seconds_since(t_train_), lr = c_.schedule.at(step);
-  const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
-  const memory::ProcessMemory rss_now = memory::process_memory();
-  ProgressLine line{step, c_.max_steps, s.loss, lr, s.grad_norm, double(tokens_seen_) / elapsed, elapsed,
-                    memory::memory_brief(mem_now, rss_now)};
-  out_.progress().step(line);
-  nlohmann::json rec = {{"step", step}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm},
-                        {"tokens_per_s", line.tokens_per_s}, {"elapsed_s", elapsed}, {"epoch", sb.state.epoch}};
-  // Model FLOPs per second over the run so far, all ranks (model/config.h's accounting), and MFU
-  // against the peak the config states.
-  const double flops_per_s = flops_per_token_ * line.tokens_per_s;
-  rec["model_flops_per_s"] = flops_per_s;
-  if (c_.peak_flops > 0) rec["mfu"] = flops_per_s / (c_.peak_flops * world_.size());
-  if (!s.finite) {
-    // JSON has no NaN: a skipped step's loss and norm are recorded as null.
-    rec["loss"] = nullptr;
-    rec["grad_norm"] = nullptr;
-    rec["skipped"] = true;
-  }
-  memory::add_memory_fields(rec, mem_now, rss_now);  // this rank's (rank 0 writes the file)
-  if (world_.size() > 1 && c_.device == Device::CPU) {
-    // This rank's step: seconds with a collective in flight, and seconds it waited on one.
-    const comm::CommTiming now = comm::timing();
-    rec["comm_busy_s"] = now.busy_seconds - before.busy_seconds;
-    rec["comm_wait_s"] = now.waited_seconds - before.waited_seconds;
-  }
-  if (c_.device == Device::CUDA) {
-    const device::CudaMemoryStats g = device::cuda_memory_stats();
-    rec["gpu_allocated_peak_bytes"] = g.allocated_peak;
-    rec["gpu_reserved_peak_bytes"] = g.reserved_peak;
-  }
-  out_.write(rec);
+  out_.step(step, s, sb, c_.schedule.at(step), seconds_since(t_train_), tokens_seen_, before);
   result_.losses.push_back(s.loss);
   result_.grad_norms.push_back(s.grad_norm);
   if (step == start_step_) result_.first_loss = s.loss;
@@ -679,60 +213,20 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
   result_.steps = step;
 }
 
-// The profile window's timeline: every rank writes its own trace (atomically).
-void Trainer::write_timeline() {
-  timeline::stop();
-  const fs::path dir = fs::path(c_.output_dir) / "trace";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(fmt::format("cannot create the trace directory: {}", ec.message()), {.file = dir.string()});
-  io::write_text_atomic((dir / fmt::format("rank{}.json", world_.rank())).string(), timeline::chrome_trace_json(world_.rank()));
-  out_.print(fmt::format("timeline of steps {}-{} written to {}/rank*.json (one per rank; open in ui.perfetto.dev "
-                         "or chrome://tracing)",
-                         c_.profile_steps[0], c_.profile_steps[1], dir.string()));
-}
-
-// How much of the run's communication ran behind compute (rank 0's view; CPU ranks over MPI).
-void Trainer::report_communication() {
-  const comm::CommTiming t = comm::timing();
-  if (world_.size() == 1 || c_.device != Device::CPU || t.busy_seconds <= 0) return;
-  out_.print(fmt::format("communication: {:.1f}s with collectives in flight, {:.1f}s waited on them: {:.0f}% hidden "
-                         "behind compute",
-                         t.busy_seconds, t.waited_seconds, 100 * t.hidden_share()));
-}
-
-// Held-out loss over the same rows for any world size (each rank evaluates its slice of each
-// global batch), and for the built-in task the accuracy of greedy answers.
+// Held-out loss and, for a built-in task, accuracy (evaluation.h), recorded and printed.
 void Trainer::evaluate(int64_t step) {
-  const ops::CrossEntropyResult part = data::eval_loss_sums(
-      [&](const model::Batch& b) { return engine_.forward_loss(model_, b); }, *in_.data.eval, in_.data.packing, in_.B,
-      in_.T, c_.eval_batches, in_.tok->eos_id(), world_.rank(), world_.size());
-  const double sum = world_.all_reduce_sum(part.loss_sum), count = world_.all_reduce_sum(double(part.count));
-  const double loss = count > 0 ? sum / count : NAN;
-  nlohmann::json rec = {{"step", step}, {"eval_loss", loss}};
-  std::string line = fmt::format("eval step {}: held-out loss {:.4f}", step, loss);
-  double acc = -1;
-  if (in_.data.task && c_.accuracy_examples > 0) {
-    int64_t correct = 0;
-    acc = task_accuracy(engine_, model_, *in_.data.task, *in_.tok, c_.accuracy_examples, in_.B, in_.T, world_,
-                        &correct);
-    rec["eval_accuracy"] = acc;
-    line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * acc, correct,
-                        std::min(c_.accuracy_examples, in_.data.task->size()));
-  }
-  memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
-  out_.write(rec);
-  out_.print(line);
+  const EvalResult e = train::evaluate(engine_, model_, in_, c_, world_);
+  out_.eval(step, e);
   if (step == start_step_ - 1) {
-    result_.initial_eval_loss = loss;
-    result_.initial_accuracy = acc;
+    result_.initial_eval_loss = e.loss;
+    result_.initial_accuracy = e.accuracy;
   }
-  result_.eval_loss = loss;
-  result_.accuracy = acc;
+  result_.eval_loss = e.loss;
+  result_.accuracy = e.accuracy;
 }
 
 // Whether any rank got a stop signal: every rank learns it at the same step (one scalar sum).
-bool Trainer::stop_requested() { return world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0; }
+bool Trainer::stop_requested() { return world_.all_reduce_sum(stop_signal_received() ? 1.0 : 0.0) > 0; }
 
 // Preemption: the step is done; checkpoint it (unless that just happened) and end cleanly.
 void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now) {
@@ -750,23 +244,7 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
   out_.print(fmt::format("stopped by a signal after step {}: checkpoint {} is complete; continue with the same config "
                          "and resume_from=auto",
                          step, (fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(step)).string()));
-  out_.finish(report_notes());
-}
-
-// The lines under report.html's title: what ran, and how it ended.
-std::vector<std::string> Trainer::report_notes() const {
-  const int W = world_.size();
-  const TrainResult& r = result_;
-  std::vector<std::string> notes = {
-      fmt::format("model {} ({:.2f}M parameters{}), {} on {} rank{}, {} x {} tokens x {} accumulation per rank and step",
-                  c_.model, double(parameter_count(in_.model)) / 1e6, in_.model.lora ? ", LoRA" : "",
-                  shard::strategy_name(mem_.sharding.strategy), W, W > 1 ? "s" : "", in_.B, in_.T,
-                  c_.gradient_accumulation_steps),
-      fmt::format("{} steps{} in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}", r.steps,
-                  r.stopped_by_signal ? " (stopped by a signal)" : "", format_duration(r.seconds), r.tokens_per_s,
-                  r.first_loss, r.last_loss, r.initial_eval_loss, r.eval_loss),
-      fmt::format("output: {} (records: {})", c_.output_dir, c_.metrics_file)};
-  return notes;
+  out_.finish(result_);
 }
 
 // Checkpoints: by step count, by time (rank 0's clock decides, so every rank agrees), and at the end.
@@ -783,11 +261,7 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
   ckpt::SaveOptions so;
   so.dir = (fs::path(root) / ckpt::step_dir_name(step)).string();
   so.step = step;
-  so.training = {{"step", step},
-                 {"sampler", {{"epoch", next.epoch}, {"step", next.step}}},
-                 {"rows_per_step", sampler_.rows_per_step()},
-                 {"seed", c_.seed},
-                 {"lr", c_.schedule.at(step)}};
+  so.training = TrainingState{step, next, sampler_.rows_per_step(), c_.seed, c_.schedule.at(step)};
   so.run = run_description(c_, mem_.sharding, world_.size(), mesh_);
   so.tokenizer_source = c_.model;
   const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine_, in_.model, world_);
@@ -835,94 +309,13 @@ void Trainer::save_model() {
   }
 }
 
-// Every rank takes part in gathering the table's figures; rank 0 prints it.
-void Trainer::report_memory() {
-  MemStats est_stats;
-  est_stats.peak = mem_.estimate.category_peak;
-  est_stats.peak_total = mem_.estimate.peak_total;
-  const std::vector<std::string> table = memory::memory_summary(MemoryTracker::for_device(Device::CPU).stats(),
-                                                                memory::process_memory(), world_, &est_stats);
-  const TrainResult& r = result_;
-  out_.print(fmt::format("done: {} steps in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}",
-                         r.steps, format_duration(r.seconds), r.tokens_per_s, r.first_loss, r.last_loss,
-                         r.initial_eval_loss, r.eval_loss));
-  for (const std::string& line : table) out_.print(line);
-  if (c_.device == Device::CUDA) {
-    // The GPU's own figures: the tracker's requested bytes per category and the caching allocator's
-    // rounded and reserved bytes (what nvidia-smi would show, less the CUDA context).
-    const MemStats g = MemoryTracker::for_device(Device::CUDA).stats();
-    const device::CudaMemoryStats a = device::cuda_memory_stats();
-    out_.print(fmt::format("gpu memory (this rank): peak tracked {} (parameters {}, gradients {}, optimizer {}, "
-                           "activations {}, communication {}, workspace {}); allocator peak allocated {}, peak reserved {}",
-                           format_bytes(g.peak_total), format_bytes(g.peak[size_t(MemCategory::Parameters)]),
-                           format_bytes(g.peak[size_t(MemCategory::Gradients)]),
-                           format_bytes(g.peak[size_t(MemCategory::Optimizer)]),
-                           format_bytes(g.peak[size_t(MemCategory::Activations)]),
-                           format_bytes(g.peak[size_t(MemCategory::Communication)]),
-                           format_bytes(g.peak[size_t(MemCategory::Workspace)]), format_bytes(a.allocated_peak),
-                           format_bytes(a.reserved_peak)));
-    result_.gpu_peak_reserved_bytes = a.reserved_peak;
-  }
-  out_.print(fmt::format("  (the estimate covers training steps; the measured peaks also cover loading, evaluation and "
-                         "the final save, {} one unit at a time: up to {} for the largest)",
-                         c_.saves_checkpoints() ? "streamed from the last checkpoint by rank 0, read"
-                                                : "gathered from the shards",
-                         format_bytes(mem_.estimate.save_gather_bytes)));
-  out_.print(fmt::format("saved the trained {} to {} ({} total {:.1f}s)",
-                         in_.model.lora ? "LoRA adapter (PEFT format)" : "model",
-                         in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir,
-                         dtype_name(c_.save_dtype), seconds_since(t_start_)));
-}
-
 }  // namespace
-
-RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, const ModelConfig* shape) {
-  RunCheck check;
-  std::vector<std::string>& out = check.lines;
-  const TrainConfig c = with_batch_size(config, world_size);
-  Inputs in;
-  if (shape) {
-    in.model = *shape;
-    apply_run_to_model(c, in.model);
-    in.B = c.micro_batch_size;
-    in.T = c.seq_len;
-    check_row_length(c, in.model, in.T);
-  } else {
-    in = load_inputs(c);  // config.json, the tokenizer and every data file, exactly as training reads them
-    out.push_back(fmt::format("tokenizer: {} ({} ids)", in.tok->name(), in.tok->vocab_size()));
-    for (const std::string& line : in.data.report) out.push_back("data: " + line);
-  }
-  const double params = double(parameter_count(in.model));
-  out.insert(out.begin(), fmt::format("model: {} ({}, {} layers, hidden {}, vocab {}){}", c.model,
-                                      params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
-                                                    : fmt::format("{:.2f}M parameters", params / 1e6),
-                                      in.model.num_hidden_layers, in.model.hidden_size, in.model.vocab_size,
-                                      shape ? " -- the preset's shape; the directory, tokenizer and data are not read"
-                                            : ""));
-  const MemoryPlan p = plan_memory(c, in, world_size, node_ranks);
-  const int64_t need = check.memory_per_rank = p.estimate.device_bytes;
-  out.push_back(fmt::format("memory per rank (estimated peak of tracked buffers): {} with {} on {} rank{}{}{}",
-                            format_bytes(need), shard::strategy_name(p.sharding.strategy), world_size,
-                            world_size == 1 ? "" : "s", p.auto_why.empty() ? "" : " -- ",
-                            p.auto_why));
-  if (c.max_memory_per_rank > 0) {
-    if (need > c.max_memory_per_rank)
-      throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; use more ranks, "
-                              "activation_checkpointing, a smaller micro_batch_size or seq_len, or LoRA/QLoRA",
-                              format_bytes(c.max_memory_per_rank), format_bytes(need),
-                              shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s"),
-                  c.max_memory_per_rank_at);
-    out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
-                              100.0 * double(need) / double(c.max_memory_per_rank)));
-  }
-  return check;
-}
 
 TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
   // A DeepSpeed train_batch_size completes or checks the batch shape once the world is known.
   const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
-  const SignalGuard signals(c.save_on_signal);
+  const StopSignalGuard signals(c.save_on_signal);
   return Trainer(c, world).run();
 }
 

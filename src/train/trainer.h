@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "model/config.h"
+#include "train/run_setup.h"  // check_run: the setup of a run, without training
 #include "train/train_config.h"
 
 namespace shardlm::train {
@@ -32,16 +33,5 @@ struct TrainResult {
 // saves. The one-argument form runs in this process alone.
 TrainResult run_training(const TrainConfig& cfg, comm::Communicator& world);
 TrainResult run_training(const TrainConfig& cfg);
-
-// What `shardlm validate` checks without training, through the code training runs: the batch
-// against world_size, the model's config.json, tokenizer and every data file (as loading reads
-// them), and the memory estimate per rank against max_memory_per_rank (an Error naming the key
-// when it does not fit). `shape`, when given, stands in for the model directory's config.json and
-// then nothing on disk is read.
-struct RunCheck {
-  std::vector<std::string> lines;  // what was found, one line each
-  int64_t memory_per_rank = 0;     // the estimated peak per rank (device memory), bytes
-};
-RunCheck check_run(const TrainConfig& cfg, int world_size, int ranks_per_node, const ModelConfig* shape = nullptr);
 
 }  // namespace shardlm::train

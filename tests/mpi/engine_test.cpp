@@ -21,7 +21,7 @@
 #include "shard/load.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
-#include "train/param_store.h"
+#include "infer/param_store.h"
 #include "ops/nf4.h"
 #include "bnb_dir.h"
 #include "model/nf4_loader.h"
@@ -214,7 +214,7 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
     ModelConfig plain = qcfg;
     plain.lora.reset();
     plain.nf4_base = false;
-    train::ParamStore store(plain, DType::F32);
+    infer::ParamStore store(plain, DType::F32);
     store.init_random(11);
     store.save(dir, DType::F32, 1 << 30, "");
     for (const model::ModelPart& part : model::llama_parts(qcfg))
@@ -301,7 +301,7 @@ BnbDirs write_bnb_dirs(const std::string& name, const shardlm::testing::BnbDirOp
     ModelConfig plain = qlora_config(o.double_quant);
     plain.lora.reset();
     plain.nf4_base = false;
-    train::ParamStore store(plain, DType::F32);
+    infer::ParamStore store(plain, DType::F32);
     store.init_random(11);
     shardlm::testing::write_bnb_dir(d.bnb, plain, store, o);
     shardlm::testing::write_dequantized_dir(d.bnb, d.dense);
@@ -547,7 +547,7 @@ TEST(Engine, EachRankLoadsItsShardOfAHuggingFaceDirectory) {
   // Gathering the shards back must give the file's values exactly.
   const ModelConfig cfg = test_config();
   const std::string dir = ::testing::TempDir() + "engine_load_model";
-  train::ParamStore src(cfg, DType::F32);
+  infer::ParamStore src(cfg, DType::F32);
   src.init_random(17);
   if (g_world->rank() == 0) src.save(dir, DType::BF16, 200000, "");  // several shard files
   g_world->barrier();

@@ -1,4 +1,4 @@
-#include "train/param_store.h"
+#include "infer/param_store.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "model/hf_dir.h"
 #include "model/nf4_loader.h"
 
-namespace shardlm::train {
+namespace shardlm::infer {
 
 ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep)
     : cfg_(cfg), compute_dtype_(compute_dtype) {
@@ -150,4 +150,4 @@ void ParamStore::sync_compute() {
   for (Unit& u : units_) ops::cast(u.compute.t, u.master.t);
 }
 
-}  // namespace shardlm::train
+}  // namespace shardlm::infer

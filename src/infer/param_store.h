@@ -1,6 +1,8 @@
-// ParamStore: a whole model's weights in one process, for what does not train: `init`, `generate`,
-// scoring in tests. Training of any size, one process included, goes through the sharding engine
-// (shard/engine.h), which owns gradients and optimizer state.
+// ParamStore: a whole model's weights in one process, for what does not train: `init`, `generate`
+// and `serve` (an adapter merged in memory), scoring in tests. Training of any size, one process included,
+// goes through the sharding engine (shard/engine.h), which owns gradients and optimizer state.
+// It lives with inference rather than in model/ because it lays weights out with the engine's own
+// flat layouts and range functions (shard/flat_layout.h), and model/ sits below shard/.
 //
 // Per model part it owns an f32 flat buffer of weights and, when the compute dtype is bf16, a bf16
 // copy of them (refreshed by sync_compute). Tensors are views into these buffers by Hugging Face
@@ -22,7 +24,7 @@ namespace shardlm::io {
 class ModelWeights;
 }
 
-namespace shardlm::train {
+namespace shardlm::infer {
 
 class ParamStore {
  public:
@@ -78,4 +80,4 @@ class ParamStore {
   model::LlamaWeights compute_;
 };
 
-}  // namespace shardlm::train
+}  // namespace shardlm::infer

@@ -1,0 +1,151 @@
+#include "train/run_setup.h"
+
+#include <fmt/format.h>
+
+#include "core/alloc.h"
+#include "model/hf_dir.h"
+#include "model/llama.h"
+#include "model/nf4_loader.h"
+
+namespace shardlm::train {
+
+namespace {
+
+// The largest vocabulary the byte-level fallback tokenizer may stand in for (its 259 ids fit
+// shardlm init's small presets; real tokenizers have tens of thousands).
+constexpr int64_t kByteFallbackMaxVocab = 4096;
+
+// The run's rows against what the model can attend over.
+void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
+  if (T > m.max_position_embeddings)
+    throw Error(fmt::format("seq_len {} exceeds the model's max_position_embeddings {}", T, m.max_position_embeddings),
+                {.file = c.source, .key = "seq_len"});
+  if (m.sliding_window > 0 && T > m.sliding_window)
+    throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", T,
+                            m.sliding_window),
+                {.file = c.source, .key = "seq_len"});
+}
+
+// The model config with the run's LoRA / QLoRA settings, as the estimator and the engine see it.
+void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
+  m.lora = c.lora;
+  m.nf4_base = c.lora && c.lora_quantize_base;
+  m.nf4_double_quant = c.lora_double_quant;
+}
+
+}  // namespace
+
+RunInputs load_inputs(const TrainConfig& c) {
+  RunInputs in;
+  in.model = load_hf_config(c.model);
+  apply_run_to_model(c, in.model);
+  if (in.model.quantization && in.model.quantization->is_bnb_nf4()) {
+    // A directory saved by transformers from a bitsandbytes 4-bit model. QLoRA keeps its NF4
+    // weights as stored (not re-quantized), so their double quantization is the file's whatever
+    // lora.double_quant says; LoRA and full fine-tuning read them as bitsandbytes dequantizes them.
+    const std::optional<bool> stored = model::Nf4ModelReader(c.model).double_quant_as_stored();
+    if (in.model.nf4_base && stored) {
+      std::string why;  // why the run's double quantization is not lora.double_quant's, if it is not
+      if (*stored != c.lora_double_quant)
+        why = *stored ? "the file is double-quantized"
+              : in.model.quantization->double_quant
+                  ? "the file's nested_quant_map is not bitsandbytes' standard one, so its absmax values are kept in f32"
+                  : "the file is not double-quantized";
+      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized{}",
+                                 c.model,
+                                 why.empty() ? "" : fmt::format("; lora.double_quant: {} overridden: {}", c.lora_double_quant, why));
+      in.model.nf4_double_quant = *stored;
+    } else if (stored) {
+      in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does{}",
+                                 c.model, c.lora ? " (lora.quantize_base: nf4 would keep them as stored)" : "");
+    }
+  }
+  in.tok = data::load_tokenizer(c.model);
+  // No tokenizer files: the byte-level fallback serves byte-sized models (shardlm init's presets
+  // for experiments). For a real vocabulary its ids would mean nothing to the embedding, and the
+  // run would learn garbage or find no example that fits, so say what is missing instead.
+  if (dynamic_cast<const data::ByteTokenizer*>(in.tok.get()) && in.model.vocab_size >= kByteFallbackMaxVocab &&
+      data::reads_text(c.data))
+    throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
+                            "ids; copy the model's tokenizer files beside its config.json",
+                            in.model.vocab_size),
+                {.file = c.model});
+  if (in.tok->vocab_size() > in.model.vocab_size)
+    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
+                            in.tok->vocab_size(), in.model.vocab_size),
+                {.file = c.model + "/config.json", .key = "vocab_size"});
+  data::DataConfig dc = c.data;
+  dc.chat_template = data::read_chat_template(c.model);
+  in.data = data::load_run_data(dc, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
+  in.T = in.data.seq_len;
+  in.B = c.micro_batch_size;
+  check_row_length(c, in.model, in.T);
+  return in;
+}
+
+MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks) {
+  MemoryPlan p;
+  p.sharding = c.sharding;
+  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world_size,
+                            .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
+                            .grad_accum = c.gradient_accumulation_steps,
+                            .checkpoint_every = c.activation_checkpointing,
+                            .offload = p.sharding.offload_params};
+  if (p.sharding.auto_strategy) {
+    try {
+      p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
+    } catch (const Error& e) {
+      throw Error(e.message(), c.max_memory_per_rank_at);
+    }
+  }
+  if (p.sharding.offload_params && !p.sharding.shard_gradients())
+    throw Error(fmt::format("CPU offload needs a strategy that shards gradients, and sharding_strategy: auto chose {}",
+                            shard::strategy_name(p.sharding.strategy)),
+                {.file = c.source, .key = "offload_params"});
+  p.estimate = memory::estimate(est);
+  return p;
+}
+
+RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, const ModelConfig* shape) {
+  RunCheck check;
+  std::vector<std::string>& out = check.lines;
+  const TrainConfig c = with_batch_size(config, world_size);
+  RunInputs in;
+  if (shape) {
+    in.model = *shape;
+    apply_run_to_model(c, in.model);
+    in.B = c.micro_batch_size;
+    in.T = c.seq_len;
+    check_row_length(c, in.model, in.T);
+  } else {
+    in = load_inputs(c);  // config.json, the tokenizer and every data file, exactly as training reads them
+    out.push_back(fmt::format("tokenizer: {} ({} ids)", in.tok->name(), in.tok->vocab_size()));
+    for (const std::string& line : in.data.report) out.push_back("data: " + line);
+  }
+  const double params = double(parameter_count(in.model));
+  out.insert(out.begin(), fmt::format("model: {} ({}, {} layers, hidden {}, vocab {}){}", c.model,
+                                      params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
+                                                    : fmt::format("{:.2f}M parameters", params / 1e6),
+                                      in.model.num_hidden_layers, in.model.hidden_size, in.model.vocab_size,
+                                      shape ? " -- the preset's shape; the directory, tokenizer and data are not read"
+                                            : ""));
+  const MemoryPlan p = plan_memory(c, in, world_size, node_ranks);
+  const int64_t need = check.memory_per_rank = p.estimate.device_bytes;
+  out.push_back(fmt::format("memory per rank (estimated peak of tracked buffers): {} with {} on {} rank{}{}{}",
+                            format_bytes(need), shard::strategy_name(p.sharding.strategy), world_size,
+                            world_size == 1 ? "" : "s", p.auto_why.empty() ? "" : " -- ",
+                            p.auto_why));
+  if (c.max_memory_per_rank > 0) {
+    if (need > c.max_memory_per_rank)
+      throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; use more ranks, "
+                              "activation_checkpointing, a smaller micro_batch_size or seq_len, or LoRA/QLoRA",
+                              format_bytes(c.max_memory_per_rank), format_bytes(need),
+                              shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s"),
+                  c.max_memory_per_rank_at);
+    out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
+                              100.0 * double(need) / double(c.max_memory_per_rank)));
+  }
+  return check;
+}
+
+}  // namespace shardlm::train

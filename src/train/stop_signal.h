@@ -1,0 +1,31 @@
+// Stopping a run on a signal (save_on_signal): the first SIGTERM or SIGINT only raises a flag the
+// training loop reads between steps; a second one ends the process at once. (SIGUSR1, how
+// `shardlm launch` relays a stop through mpirun, arrives as SIGTERM: the command line's main()
+// turns one into the other for every command.) Owner: the trainer, which installs the handlers
+// for the length of a run (StopSignalGuard restores the previous ones).
+#pragma once
+
+#include <csignal>
+#include <iterator>
+
+namespace shardlm::train {
+
+class StopSignalGuard {
+ public:
+  // on = false installs nothing (save_on_signal: false keeps the default handlers).
+  explicit StopSignalGuard(bool on);
+  ~StopSignalGuard();
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT};
+  bool on_;
+  void (*old_[std::size(kSignals)])(int) = {};
+};
+
+// Whether this process got a stop signal since the guard was installed. (The loop sums it over the
+// ranks, so every rank stops after the same step.)
+bool stop_signal_received();
+
+}  // namespace shardlm::train
