@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/hosts.h"
 #include "comm/mpi_error.h"
 #include "comm/shm_collectives.h"
 #include "core/timeline.h"
@@ -613,6 +614,8 @@ class MpiCommunicator final : public Communicator {
     return [t, s] { ops::scale_inplace(t, s); };
   }
 
+  friend HostLayout comm::hosts(Communicator&);
+  friend bool comm::uses_shared_memory(const Communicator&);
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<ShmGroup> shm_;  // null: the ranks span nodes (or SHARDLM_SHM=0); MPI collectives
@@ -621,6 +624,42 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 CommTiming timing() { return g_progress.timing(); }
+
+HostLayout hosts(Communicator& c) {
+  auto* m = dynamic_cast<MpiCommunicator*>(&c);
+  if (!m) return single_host(c.size());
+  const int rank = m->rank_, size = m->size_;
+  // The lowest rank of each rank's shared-memory group stands for its host.
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(m->comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int lowest = rank;
+  check_mpi(MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce");
+  MPI_Comm_free(&node);
+  std::vector<int> lowest_of(size_t(size), 0);
+  check_mpi(MPI_Allgather(&lowest, 1, MPI_INT, lowest_of.data(), 1, MPI_INT, m->comm_), "MPI_Allgather");
+  char mine[sizeof(Peer::host)] = {};
+  ::gethostname(mine, sizeof(mine) - 1);
+  std::vector<char> names(size_t(size) * sizeof(mine));
+  check_mpi(MPI_Allgather(mine, int(sizeof(mine)), MPI_CHAR, names.data(), int(sizeof(mine)), MPI_CHAR, m->comm_),
+            "MPI_Allgather");
+  HostLayout out;
+  std::vector<int> host_of_lowest(size_t(size), -1);
+  for (int r = 0; r < size; ++r) {
+    int& h = host_of_lowest[size_t(lowest_of[size_t(r)])];
+    if (h < 0) {  // ranks go up, so a host's lowest rank comes first
+      h = int(out.hosts.size());
+      out.hosts.emplace_back(&names[size_t(r) * sizeof(mine)]);
+    }
+    out.host_of.push_back(h);
+  }
+  return out;
+}
+
+bool uses_shared_memory(const Communicator& c) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&c);
+  return m && m->shm_ != nullptr;
+}
+
 
 std::unique_ptr<Communicator> make_world_communicator() {
   if (!launched_by_mpi()) return make_local_communicator();
