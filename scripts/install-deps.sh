@@ -11,7 +11,7 @@ BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libopenblas-ope
   libcpp-httplib-dev libprotobuf-dev protobuf-compiler)
 TEST_PACKAGES=(clang libclang-rt-dev libomp-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
   python3-sentencepiece python3-regex python3-jinja2 curl
-  python3-protobuf chromium)  # curl and Python talk to shardlm serve; python3-protobuf reads the TensorBoard event files, chromium renders report.html
+  python3-protobuf chromium iproute2 util-linux)  # curl and Python talk to shardlm serve; python3-protobuf reads the TensorBoard event files, chromium renders report.html; iproute2 and util-linux (ip, tc, nsenter, unshare) emulate nodes (scripts/cluster/)
 
 packages=("${BUILD_PACKAGES[@]}")
 if [[ "${1:-}" == "--test" ]]; then

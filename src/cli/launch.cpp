@@ -14,6 +14,12 @@
 //    takes as a stop (save_on_signal: finish the step, checkpoint, exit 0). A second one is relayed
 //    as SIGTERM, mpirun's own teardown. SIGUSR1 and SIGUSR2 are relayed as they are.
 // launch exits with mpirun's status (128 + the signal if mpirun was killed by one).
+//
+// Settings reach every node: mpirun passes its own environment to the ranks of its own node only;
+// the other nodes' ranks start from what ssh gives them. So launch names every SHARDLM_* and OMP_*
+// variable of its environment with `-x NAME` (mpirun then sets it on every node), as it sets
+// OMP_NUM_THREADS itself. A setting on one node alone is worse than none: with SHARDLM_SHM=0 on
+// one node only, the nodes took different collective paths and the job hung.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/prctl.h>
@@ -24,6 +30,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <string_view>
 #include <thread>
 
@@ -39,6 +46,20 @@ std::string self_path() {
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) throw Error(fmt::format("cannot find the shardlm executable: {}", std::strerror(errno)));
   return std::string(buf, size_t(n));
+}
+
+// The variables of launch's environment that every node's ranks must see (see the top), sorted so
+// that the command line does not depend on the environment's order. OMP_NUM_THREADS is launch's own.
+std::vector<std::string> forwarded_variables() {
+  std::vector<std::string> names;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if ((name.starts_with("SHARDLM_") || name.starts_with("OMP_")) && name != "OMP_NUM_THREADS")
+      names.emplace_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // ---- relaying signals to mpirun (see the top) -------------------------------------------------------
@@ -179,6 +200,7 @@ void register_launch(CLI::App& app) {
     const int threads = o->threads > 0 ? o->threads : std::max(1, cores / o->nproc_per_node);
     std::vector<std::string> args = {"mpirun", "-np", std::to_string(ranks), "--bind-to", "none",
                                      "-x", fmt::format("OMP_NUM_THREADS={}", threads)};
+    for (const std::string& name : forwarded_variables()) args.insert(args.end(), {"-x", name});
     if (o->nnodes > 1) {
       args.insert(args.end(), {"--hostfile", o->hostfile, "--map-by", fmt::format("ppr:{}:node", o->nproc_per_node)});
     } else if (o->nproc_per_node > cores) {

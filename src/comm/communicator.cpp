@@ -1,6 +1,8 @@
 #include "comm/communicator.h"
+#include "comm/hosts.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -8,6 +10,12 @@
 #include <cstring>
 
 namespace shardlm::comm {
+
+HostLayout single_host(int size) {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return HostLayout{.hosts = {name}, .host_of = std::vector<int>(size_t(size), 0)};
+}
 
 void Communicator::check_tensor(const char* op, const Tensor& t) const {
   SHARDLM_CHECK(t.defined() && t.is_contiguous() && t.device == device(), "{}: expected a contiguous {} tensor, got {}", op,
@@ -198,7 +206,13 @@ int ranks_per_node_from_environment() {
     const char* v = std::getenv(name);
     return v ? std::max(0, std::atoi(v)) : -1;  // -1: not set
   };
-  if (const int n = positive("OMPI_COMM_WORLD_LOCAL_SIZE"); n >= 0) return n;
+  // mpirun gives each node its own count: one that does not divide the world's size shows that the
+  // nodes differ, and then no one count is right (0, as for srun's "5,3"). Hybrid meshes refuse such
+  // a layout naming every host's count (shard/sharding.cpp), which this rank could not do alone.
+  if (const int n = positive("OMPI_COMM_WORLD_LOCAL_SIZE"); n >= 0) {
+    const int world = positive("OMPI_COMM_WORLD_SIZE");
+    return n > 0 && world > 0 && world % n != 0 ? 0 : n;
+  }
   if (const char* spec = std::getenv("SLURM_STEP_TASKS_PER_NODE"); spec && *spec)
     return uniform_slurm_tasks_per_node(spec);
   for (const char* name : {"SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
@@ -236,6 +250,8 @@ std::string describe_launcher() {
 
 #ifndef SHARDLM_HAVE_MPI
 CommTiming timing() { return {}; }
+HostLayout hosts(Communicator& c) { return single_host(c.size()); }
+bool uses_shared_memory(const Communicator&) { return false; }
 
 std::unique_ptr<Communicator> make_world_communicator() {
   if (launched_by_mpi())

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/hosts.h"
 #include "comm/mpi_error.h"
 #include "comm/shm_collectives.h"
 #include "core/timeline.h"
@@ -41,6 +42,31 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
 }
 
+
+using Clock = std::chrono::steady_clock;
+
+// ---- ending the job -------------------------------------------------------------------------------
+
+// How long a rank that has reported a fatal error waits for MPI_Abort to take it down before it
+// ends itself. MPI_Abort asks mpirun to kill every rank; mpirun's teardown needs every node's
+// daemon, and with one node's link down it waited over 90 s while the ranks that had reported the
+// hang lived on. A rank whose error is out needs nothing more from anyone: it must end, whatever
+// the launcher does.
+constexpr auto kAbortGrace = std::chrono::seconds(3);
+
+// MPI_Abort, with this process's end guaranteed within kAbortGrace. Call after printing the error.
+[[noreturn]] void end_job() {
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // A thread, not alarm(): MPI_Abort may block in any thread, and the thread's _exit needs no
+  // signal disposition of ours. Armed before the call, since MPI_Abort may never return.
+  std::thread([] {
+    std::this_thread::sleep_for(kAbortGrace);
+    std::_Exit(1);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
 
 // ---- the collective watchdog ----------------------------------------------------------------------
 
@@ -89,6 +115,92 @@ std::string stuck_peers() {
   return out;
 }
 
+// ---- liveness across nodes -------------------------------------------------------------------------
+
+// A rank cannot see another node's processes in /proc, and MPI reports nothing about a peer whose
+// link is down: its messages just never arrive. So every rank answers pings on a communicator of
+// their own (the progress thread tests for them every round, and at least every 100 ms when idle;
+// without the thread, the waits do), and a rank whose collective timed out pings the ranks of the
+// other nodes: those that do not answer within a moment are named, with their host.
+MPI_Comm g_ping_comm = MPI_COMM_NULL;
+MPI_Request g_ping_req = MPI_REQUEST_NULL;  // the posted receive of the next ping; guarded by g_ping_mu
+int g_ping_in = 0;
+std::mutex g_ping_mu;  // answer_pings runs on the progress thread and on waiting threads
+constexpr int kPingTag = 1, kPongTag = 2;
+const int kPong = 0;
+
+void start_answering_pings() {
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &g_ping_comm), "MPI_Comm_dup");
+  check_mpi(MPI_Irecv(&g_ping_in, 1, MPI_INT, MPI_ANY_SOURCE, kPingTag, g_ping_comm, &g_ping_req), "MPI_Irecv");
+}
+
+// Answers every ping that has arrived. Best effort: an MPI error here must not end a healthy rank.
+void answer_pings() {
+  std::lock_guard lock(g_ping_mu);
+  while (g_ping_req != MPI_REQUEST_NULL) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&g_ping_req, &flag, &st) != MPI_SUCCESS || !flag) return;
+    MPI_Request pong;
+    if (MPI_Isend(&kPong, 1, MPI_INT, st.MPI_SOURCE, kPongTag, g_ping_comm, &pong) == MPI_SUCCESS)
+      MPI_Request_free(&pong);
+    if (MPI_Irecv(&g_ping_in, 1, MPI_INT, MPI_ANY_SOURCE, kPingTag, g_ping_comm, &g_ping_req) != MPI_SUCCESS)
+      g_ping_req = MPI_REQUEST_NULL;
+  }
+}
+
+void stop_answering_pings() {
+  std::lock_guard lock(g_ping_mu);
+  if (g_ping_req != MPI_REQUEST_NULL) {
+    MPI_Cancel(&g_ping_req);
+    MPI_Wait(&g_ping_req, MPI_STATUS_IGNORE);
+  }
+  if (g_ping_comm != MPI_COMM_NULL) MPI_Comm_free(&g_ping_comm);
+}
+
+// "rank 2 on node2 does not answer, rank 3 on node2 does not answer": the ranks on other nodes
+// that did not answer a ping within `patience`. Empty when all did. `remote` counts the ranks asked.
+std::string silent_remote_peers(std::chrono::milliseconds patience, int& remote) {
+  remote = 0;
+  if (g_ping_comm == MPI_COMM_NULL) return "";
+  const char* mine = g_peers[size_t(g_world_rank)].host;
+  std::vector<int> ranks;
+  std::vector<MPI_Request> pongs;
+  std::vector<int> in(g_peers.size());
+  static const int ping = 0;
+  for (size_t r = 0; r < g_peers.size(); ++r) {
+    if (std::strncmp(g_peers[r].host, mine, sizeof(Peer::host)) == 0) continue;
+    MPI_Request send, recv;
+    if (MPI_Isend(&ping, 1, MPI_INT, int(r), kPingTag, g_ping_comm, &send) != MPI_SUCCESS ||
+        MPI_Irecv(&in[r], 1, MPI_INT, int(r), kPongTag, g_ping_comm, &recv) != MPI_SUCCESS)
+      continue;
+    MPI_Request_free(&send);  // an unreachable peer's ping may never go; the job is ending anyway
+    ranks.push_back(int(r));
+    pongs.push_back(recv);
+  }
+  remote = int(ranks.size());
+  const auto until = Clock::now() + patience;
+  for (int answered = 0; answered < remote && Clock::now() < until;) {
+    answer_pings();  // another node's rank may be asking us the same
+    answered = 0;
+    for (MPI_Request& p : pongs) {
+      int flag = p == MPI_REQUEST_NULL;
+      if (!flag) MPI_Test(&p, &flag, MPI_STATUS_IGNORE);
+      answered += flag;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (pongs[i] == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&pongs[i]);
+    MPI_Request_free(&pongs[i]);
+    out += fmt::format("{}rank {} on {} does not answer", out.empty() ? "" : ", ", ranks[i],
+                       g_peers[size_t(ranks[i])].host);
+  }
+  return out;
+}
+
 // ---- progress --------------------------------------------------------------------------------------
 
 // MPI moves a non-blocking collective's data only while some thread of the process is inside an
@@ -100,8 +212,6 @@ std::string stuck_peers() {
 // a spinning thread would take half a core from the compute threads it is meant to hide behind.
 // Where MPI grants less than MPI_THREAD_MULTIPLE, there is no thread and the waiting thread drives
 // the same polls itself (no overlap, as before).
-using Clock = std::chrono::steady_clock;
-
 // A collective in flight: an MPI request the progress thread tests, or (external) one that a
 // shared-memory group (shm_collectives.h) runs and reports complete through Progress::complete.
 struct InFlight {
@@ -205,6 +315,7 @@ class Progress {
 
   // Tests every MPI collective in flight once, marking the completed ones done.
   void poll_round() {
+    answer_pings();
     std::vector<std::shared_ptr<InFlight>> snapshot;
     {
       std::lock_guard lock(mu_);
@@ -228,7 +339,12 @@ class Progress {
       {
         std::unique_lock lock(mu_);
         if (active_.empty()) {
-          work_.wait(lock, [&] { return stopping_ || !active_.empty(); });
+          // Idle: still answer pings (see "liveness") every 100 ms.
+          if (!work_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_ || !active_.empty(); })) {
+            lock.unlock();
+            answer_pings();
+            continue;
+          }
           spin_until = Clock::now() + std::chrono::microseconds(500);
         }
         if (stopping_ && active_.empty()) return;
@@ -237,9 +353,7 @@ class Progress {
         poll_round();
       } catch (const Error& e) {
         std::fprintf(stderr, "shardlm: error: rank %d: %s\n", g_world_rank, e.what());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        std::_Exit(1);
+        end_job();
       }
       if (Clock::now() > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -279,15 +393,19 @@ void wait_or_abort(const InFlight& f) {
     if (suspended > 0.5 * waited) {
       std::fprintf(stderr, "shardlm: error: rank %d: this rank was stopped for %.0f s in %s (%s); ending the job\n",
                    g_world_rank, suspended, f.op, describe_activity().c_str());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      std::_Exit(1);
+      end_job();
     }
     std::string stuck = stuck_peers();
     // A shared-memory collective knows which rank it waits for, stopped or not.
     if (const std::string holdup = f.holdup ? f.holdup() : std::string(); stuck.empty() && !holdup.empty())
       stuck = holdup + " (no rank on this node is stopped or gone: it may be in another collective, or slower than "
                        "the timeout)";
+    int remote = 0;
+    if (stuck.empty()) stuck = silent_remote_peers(std::chrono::milliseconds(1500), remote);
+    if (!stuck.empty() && remote > 0) stuck += " (its node or its link may be down)";
+    if (stuck.empty() && remote > 0)
+      stuck = "no rank on this node is stopped or gone, and every rank on the other nodes answers (one may be in "
+              "another collective, or slower than the timeout)";
     std::fprintf(stderr,
                  "shardlm: error: rank %d: %s (%s) did not complete within collective_timeout %.0f s: %s; ending the "
                  "job\n",
@@ -299,8 +417,7 @@ void wait_or_abort(const InFlight& f) {
     // The other live ranks wait in the same collective and time out within moments: give them a
     // second to say what they see before the job is taken down.
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    end_job();
   }
   g_progress.add_waited(f, begin);
   if (timeline::recording()) timeline::record(fmt::format("wait: {}", f.op), "wait", timeline::kMainTrack, begin, Clock::now());
@@ -352,6 +469,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Finalized(&finalized);
       if (!finalized) {
         g_progress.stop();
+        stop_answering_pings();
         if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
         MPI_Finalize();
       }
@@ -448,9 +566,7 @@ class MpiCommunicator final : public Communicator {
     // two seconds to abort the job first. An error on one rank alone still ends the job in seconds.
     if (world_rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     std::fprintf(stderr, "shardlm: error: rank %d: %s\n", world_rank, message.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+    end_job();
   }
 
   // Point to point, non-blocking underneath so that the watchdog names a peer that never sends
@@ -498,6 +614,8 @@ class MpiCommunicator final : public Communicator {
     return [t, s] { ops::scale_inplace(t, s); };
   }
 
+  friend HostLayout comm::hosts(Communicator&);
+  friend bool comm::uses_shared_memory(const Communicator&);
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<ShmGroup> shm_;  // null: the ranks span nodes (or SHARDLM_SHM=0); MPI collectives
@@ -506,6 +624,42 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 CommTiming timing() { return g_progress.timing(); }
+
+HostLayout hosts(Communicator& c) {
+  auto* m = dynamic_cast<MpiCommunicator*>(&c);
+  if (!m) return single_host(c.size());
+  const int rank = m->rank_, size = m->size_;
+  // The lowest rank of each rank's shared-memory group stands for its host.
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(m->comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int lowest = rank;
+  check_mpi(MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce");
+  MPI_Comm_free(&node);
+  std::vector<int> lowest_of(size_t(size), 0);
+  check_mpi(MPI_Allgather(&lowest, 1, MPI_INT, lowest_of.data(), 1, MPI_INT, m->comm_), "MPI_Allgather");
+  char mine[sizeof(Peer::host)] = {};
+  ::gethostname(mine, sizeof(mine) - 1);
+  std::vector<char> names(size_t(size) * sizeof(mine));
+  check_mpi(MPI_Allgather(mine, int(sizeof(mine)), MPI_CHAR, names.data(), int(sizeof(mine)), MPI_CHAR, m->comm_),
+            "MPI_Allgather");
+  HostLayout out;
+  std::vector<int> host_of_lowest(size_t(size), -1);
+  for (int r = 0; r < size; ++r) {
+    int& h = host_of_lowest[size_t(lowest_of[size_t(r)])];
+    if (h < 0) {  // ranks go up, so a host's lowest rank comes first
+      h = int(out.hosts.size());
+      out.hosts.emplace_back(&names[size_t(r) * sizeof(mine)]);
+    }
+    out.host_of.push_back(h);
+  }
+  return out;
+}
+
+bool uses_shared_memory(const Communicator& c) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&c);
+  return m && m->shm_ != nullptr;
+}
+
 
 std::unique_ptr<Communicator> make_world_communicator() {
   if (!launched_by_mpi()) return make_local_communicator();
@@ -537,6 +691,7 @@ std::unique_ptr<Communicator> make_world_communicator() {
   // Errors come back as return codes (turned into shardlm Errors) instead of aborting inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   exchange_peers();
+  start_answering_pings();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
 }
 

@@ -22,6 +22,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/mpi_error.h"
 #include "core/float_bits.h"
@@ -214,6 +215,17 @@ std::unique_ptr<ShmGroup> ShmGroup::create(MPI_Comm comm, bool threaded) {
   MPI_Comm_size(node, &node_size);
   MPI_Comm_free(&node);
   if (node_size != size) return nullptr;
+  // Asserted, not assumed: a window joins the ranks of one host. (MPI's SHARED split says so; with
+  // hosts emulated on one machine, each a namespace with its own hostname, it is what keeps them apart.)
+  char host[64] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::vector<char> hosts(sizeof(host) * size_t(size));
+  check_mpi(MPI_Allgather(host, int(sizeof(host)), MPI_CHAR, hosts.data(), int(sizeof(host)), MPI_CHAR, comm),
+            "MPI_Allgather");
+  for (int p = 1; p < size; ++p)
+    if (std::strncmp(hosts.data(), &hosts[size_t(p) * sizeof(host)], sizeof(host)) != 0)
+      throw Error(fmt::format("internal error: a shared-memory group would join hosts {} and {}", hosts.data(),
+                              &hosts[size_t(p) * sizeof(host)]));
 
   auto impl = std::make_unique<Impl>();
   impl->size = size;

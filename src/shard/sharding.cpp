@@ -1,8 +1,16 @@
 #include "shard/sharding.h"
 
+#include "comm/hosts.h"
 #include "comm/nccl_communicator.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -61,19 +69,106 @@ int shard_group_size(const ShardingConfig& cfg, int world_size, int ranks_per_no
   return group;
 }
 
+namespace {
+
+// Each rank's place in a hybrid mesh: shard groups are `group` consecutive ranks in host order (the
+// ranks of the first host, then the second's, ...), so that a shard group is a node, or a part of
+// one, or whole nodes, wherever the launcher put the ranks (mpirun --map-by node puts ranks 0,2 on
+// one node and 1,3 on the other). Replica groups take the same position in every shard group.
+struct Placement {
+  std::vector<int> shard_color, replicate_color;  // [world rank]
+};
+
+std::string describe_hosts(const comm::HostLayout& hl) {
+  std::string out;
+  for (int h = 0; h < int(hl.hosts.size()); ++h)
+    out += fmt::format("{}{} {} rank{}", h ? ", " : "", hl.hosts[size_t(h)], hl.ranks_on(h), hl.ranks_on(h) == 1 ? "" : "s");
+  return out;
+}
+
+Placement place_hybrid(const comm::HostLayout& hl, const ShardingConfig& cfg, int group) {
+  const int world = int(hl.host_of.size()), nhosts = int(hl.hosts.size());
+  // The default shard group is a node: it needs every node to have as many ranks (a smaller node
+  // would make a smaller shard group, whose shards no replica group could match).
+  bool equal = true;
+  for (int h = 1; h < nhosts; ++h) equal = equal && hl.ranks_on(h) == hl.ranks_on(0);
+  if (cfg.shard_group_size <= 0 && !equal)
+    throw Error(fmt::format("{}: the shard group is a node, but the nodes have different numbers of ranks ({}); "
+                            "start as many ranks on every node, or set shard_group_size to a size that divides "
+                            "every node's count",
+                            strategy_name(cfg.strategy), describe_hosts(hl)),
+                {.key = "shard_group_size"});
+  std::vector<int> order;  // world ranks in host order
+  for (int h = 0; h < nhosts; ++h)
+    for (int r = 0; r < world; ++r)
+      if (hl.host_of[size_t(r)] == h) order.push_back(r);
+  Placement p{std::vector<int>(size_t(world)), std::vector<int>(size_t(world))};
+  for (int i = 0; i < world; ++i) {
+    p.shard_color[size_t(order[size_t(i)])] = i / group;
+    p.replicate_color[size_t(order[size_t(i)])] = i % group;
+  }
+  // Each shard group lies within one host or is made of whole hosts: never part of a host with
+  // part of another, which would put the group's traffic on the slow link and split a node.
+  for (int g = 0; g < world / group; ++g) {
+    std::vector<int> touched;
+    for (int i = g * group; i < (g + 1) * group; ++i)
+      if (const int h = hl.host_of[size_t(order[size_t(i)])]; std::find(touched.begin(), touched.end(), h) == touched.end())
+        touched.push_back(h);
+    if (touched.size() == 1) continue;
+    int whole = 0;
+    for (int h : touched) whole += hl.ranks_on(h);
+    if (whole != group)
+      throw Error(fmt::format("{}: shard groups of {} ranks would split nodes ({}); choose a shard_group_size that "
+                              "divides every node's rank count, or a multiple of it made of whole nodes",
+                              strategy_name(cfg.strategy), group, describe_hosts(hl)),
+                  {.key = "shard_group_size"});
+  }
+  return p;
+}
+
+std::string members(const std::vector<int>& color, int c, const comm::HostLayout& hl) {
+  std::string out;
+  for (int r = 0; r < int(color.size()); ++r)
+    if (color[size_t(r)] == c) out += fmt::format("{}{}@{}", out.empty() ? "" : " ", r, hl.hosts[size_t(hl.host_of[size_t(r)])]);
+  return out;
+}
+
+}  // namespace
+
 Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node, Device device) {
   Mesh m;
   m.world_rank = world.rank();
   m.world_size = world.size();
   const int group = shard_group_size(cfg, world.size(), ranks_per_node);
-  // Shard groups are consecutive ranks (one node each under mpirun's default mapping); replica
-  // groups take the same position in every shard group.
-  m.shard = world.split(world.rank() / group, world.rank());
-  m.replicate = world.split(world.rank() % group, world.rank());
+  const int r = world.rank();
+  int shard_color = 0, replicate_color = r;  // plain strategies: one shard group of all ranks
+  comm::HostLayout hl;
+  Placement p;
+  if (cfg.hybrid()) {
+    hl = comm::hosts(world);
+    p = place_hybrid(hl, cfg, group);
+    shard_color = p.shard_color[size_t(r)];
+    replicate_color = p.replicate_color[size_t(r)];
+  }
+  m.shard = world.split(shard_color, r);
+  m.replicate = world.split(replicate_color, r);
   if (device == Device::CUDA) {
     m.device_world = comm::make_nccl_communicator(world, comm::local_rank_from_environment());
-    m.device_shard = m.device_world->split(world.rank() / group, world.rank());
-    m.device_replicate = m.device_world->split(world.rank() % group, world.rank());
+    m.device_shard = m.device_world->split(shard_color, r);
+    m.device_replicate = m.device_world->split(replicate_color, r);
+  }
+  // SHARDLM_PRINT_MESH=1: each rank prints its groups, their hosts and whether they use shared
+  // memory (tests/scripts/multinode.sh checks that a hybrid shard group is a node).
+  // No collective here: the setting may reach some ranks only (plain mpirun without -x).
+  if (const char* e = std::getenv("SHARDLM_PRINT_MESH"); e && std::string(e) == "1") {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    std::fprintf(stderr, "mesh: rank %d on %s: shard group [%s]%s, replicate group [%s]%s\n", r, host,
+                 cfg.hybrid() ? members(p.shard_color, shard_color, hl).c_str() : "all",
+                 comm::uses_shared_memory(*m.shard) ? " shared memory" : "",
+                 cfg.hybrid() ? members(p.replicate_color, replicate_color, hl).c_str() : "self",
+                 comm::uses_shared_memory(*m.replicate) ? " shared memory" : "");
+    std::fflush(stderr);
   }
   return m;
 }

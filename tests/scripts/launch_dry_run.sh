@@ -8,6 +8,8 @@ set -euo pipefail
 shardlm=$1
 hostfile=$2/examples/slurm/hostfile
 fail() { echo "FAIL: $*"; exit 1; }
+# The line below is exact: no SHARDLM_* or OMP_* setting of the caller's may add to it.
+while IFS='=' read -r name _; do [[ $name == SHARDLM_* || $name == OMP_* ]] && unset "$name"; done < <(env)
 
 line=$("$shardlm" launch --nproc-per-node 8 --nnodes 2 --hostfile "$hostfile" --threads-per-rank 4 --dry-run \
   -- train --config run.yaml sharding_strategy=HYBRID_SHARD)
@@ -17,6 +19,15 @@ root=""
 want="mpirun -np 16 --bind-to none -x OMP_NUM_THREADS=4 --hostfile $hostfile --map-by ppr:8:node$root"
 want+=" $(realpath "$shardlm") train --config run.yaml sharding_strategy=HYBRID_SHARD"
 [[ $line == "$want" ]] || fail "expected: $want"
+
+# Settings given to launch reach every node's ranks: each SHARDLM_* and OMP_* variable of launch's
+# environment is named with -x (mpirun sets those on every node; its own environment reaches only
+# its own node), sorted; OMP_NUM_THREADS is launch's own.
+line=$(SHARDLM_SHM=0 SHARDLM_COMM_THREADS=2 OMP_PROC_BIND=close OMP_NUM_THREADS=7 "$shardlm" launch --nproc-per-node 8 \
+  --nnodes 2 --hostfile "$hostfile" --threads-per-rank 4 --dry-run -- train --config run.yaml)
+want="mpirun -np 16 --bind-to none -x OMP_NUM_THREADS=4 -x OMP_PROC_BIND -x SHARDLM_COMM_THREADS -x SHARDLM_SHM"
+[[ $line == "$want "* ]] || fail "settings not forwarded: $line (expected it to start: $want)"
+echo "settings forwarded: ${want#*OMP_NUM_THREADS=4 }"
 
 # Without --hostfile, several nodes are refused in one line.
 out=$("$shardlm" launch --nproc-per-node 8 --nnodes 2 --dry-run -- train --config run.yaml 2>&1) &&
