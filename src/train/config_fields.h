@@ -76,6 +76,15 @@ struct NoCheck {
 inline constexpr auto positive = [](const auto& v) -> std::string {
   return v > 0 ? std::string() : fmt::format("must be positive, got {}", v);
 };
+// 1 <= v <= most: a count that sizes buffers or loops (rows, tokens, micro-batches). Past any real
+// run's value it is refused by name here, not later as "cannot create std::vector larger than
+// max_size()" or an allocation of petabytes (issue 30).
+inline auto positive_at_most(int64_t most) {
+  return [most](const auto& v) -> std::string {
+    if (std::string message = positive(v); !message.empty()) return message;
+    return v <= most ? std::string() : fmt::format("must be at most {}, got {}", most, v);
+  };
+}
 // v >= 0, else `message` (which says what 0 means for the key).
 inline auto non_negative(std::string message) {
   return [message = std::move(message)](const auto& v) -> std::string { return v >= 0 ? std::string() : message; };
