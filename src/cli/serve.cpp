@@ -2,7 +2,9 @@
 // of decode steps (infer/server.h). docs/serving.md describes the endpoints and the flags.
 #include <fmt/format.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -45,6 +47,19 @@ void run_serve(const Opts& o) {
   }
   if (max_body < 1024 || max_body > kMaxBody)
     throw Error(fmt::format("--max-body {}: must be between 1KiB and 1GiB", o.max_body), {.key = "--max-body"});
+  // Each connection takes two descriptors (cpp-httplib's and the server's own, infer/server.cpp);
+  // past the process's limit accept() would fail in a loop. The soft limit is raised as far as the
+  // hard one allows.
+  const rlim_t needed = rlim_t(2 * o.max_connections + 256);
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < needed) {
+    files.rlim_cur = std::min(needed, files.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur < needed)
+      throw Error(fmt::format("--max-connections {} needs {} file descriptors, but the limit is {} (ulimit -n)",
+                              o.max_connections, needed, files.rlim_cur),
+                  {.key = "--max-connections"});
+  }
 
   // SIGINT and SIGTERM are taken by one thread (below) that shuts the server down; every thread
   // started from here on, OpenMP's included, inherits the blocked mask.
