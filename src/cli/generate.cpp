@@ -15,6 +15,7 @@
 #include "infer/generator.h"
 #include "infer/placement.h"
 #include "infer/requests.h"
+#include "io/json_parse.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
@@ -62,7 +63,7 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
     try {
       json rec;
       try {
-        rec = json::parse(line);
+        rec = io::parse_json(line);
       } catch (const json::parse_error& e) {
         std::string what = e.what();
         if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);

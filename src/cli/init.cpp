@@ -6,6 +6,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "io/json_parse.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
@@ -46,7 +47,7 @@ void register_init(CLI::App& app) {
         const std::string key = s.substr(0, eq), value = s.substr(eq + 1);
         keys.insert(key);
         try {
-          j[key] = nlohmann::json::parse(value);
+          j[key] = io::parse_json(value);
         } catch (const nlohmann::json::exception&) {
           j[key] = value;  // a bare string
         }

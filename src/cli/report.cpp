@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "io/json_parse.h"
 #include "report/html_report.h"
 
 namespace shardlm::cli {
@@ -35,7 +36,7 @@ void register_report(CLI::App& app) {
       page = report::training_page_from_metrics(metrics, title.empty() ? "shardlm training report" : title);
     } else {
       std::ifstream in(charts);
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      nlohmann::json j = io::parse_json_or_discarded(in);
       if (j.is_discarded()) throw Error("not valid JSON", {.file = charts});
       try {
         page = report::page_from_json(j);

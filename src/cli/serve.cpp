@@ -2,7 +2,9 @@
 // of decode steps (infer/server.h). docs/serving.md describes the endpoints and the flags.
 #include <fmt/format.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "infer/generator.h"
 #include "infer/requests.h"
 #include "infer/server.h"
+#include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
 
@@ -21,14 +24,43 @@ namespace shardlm::cli {
 
 namespace {
 
+// Bounds of the flags that size threads and buffers: --max-batch 1000000 tried to start ~2M
+// threads and hung (issue 30).
+constexpr int64_t kMaxBatch = 1024;
+constexpr int kMaxConnections = 4096;
+constexpr uint64_t kMaxBody = uint64_t(1) << 30;
+
 struct Opts {
-  std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto";
-  int port = 8000;
+  std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto", max_body = "4MiB";
+  int port = 8000, max_connections = 128;
   int64_t max_batch = 8, max_len = 0;
+  double request_timeout = 10;
   bool load_in_4bit = false;
 };
 
 void run_serve(const Opts& o) {
+  uint64_t max_body = 0;
+  try {
+    max_body = io::parse_size(o.max_body);
+  } catch (const Error& e) {
+    throw Error(e.message(), {.key = "--max-body"});
+  }
+  if (max_body < 1024 || max_body > kMaxBody)
+    throw Error(fmt::format("--max-body {}: must be between 1KiB and 1GiB", o.max_body), {.key = "--max-body"});
+  // Each connection takes two descriptors (cpp-httplib's and the server's own, infer/server.cpp);
+  // past the process's limit accept() would fail in a loop. The soft limit is raised as far as the
+  // hard one allows.
+  const rlim_t needed = rlim_t(2 * o.max_connections + 256);
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < needed) {
+    files.rlim_cur = std::min(needed, files.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur < needed)
+      throw Error(fmt::format("--max-connections {} needs {} file descriptors, but the limit is {} (ulimit -n)",
+                              o.max_connections, needed, files.rlim_cur),
+                  {.key = "--max-connections"});
+  }
+
   // SIGINT and SIGTERM are taken by one thread (below) that shuts the server down; every thread
   // started from here on, OpenMP's included, inherits the blocked mask.
   sigset_t signals;
@@ -62,7 +94,9 @@ void run_serve(const Opts& o) {
     so.model_id = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
   }
   so.max_len = max_len;
-  so.threads = int(2 * o.max_batch + 8);  // every running or waiting request holds a handler thread
+  so.max_connections = o.max_connections;
+  so.request_timeout = std::chrono::milliseconds(int64_t(o.request_timeout * 1000));
+  so.max_body = max_body;
   infer::Server server(scheduler, *tok, chat, so);
   const int port = server.bind();
   const double kv_mib = 2.0 * double(cfg.num_hidden_layers) * double(max_len) *
@@ -108,7 +142,19 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-batch", o->max_batch,
                   "Requests decoded together; more wait for a free slot (each holds a KV cache of --max-len)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t(1), kMaxBatch))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->max_connections,
+                  "Connections open at once (each holds a handler thread, and a waiting or running request "
+                  "holds its connection); more are answered 503")
+      ->check(CLI::Range(1, kMaxConnections))
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", o->request_timeout,
+                  "Seconds a client has to send a whole request (line, headers and body); slower ones are cut off")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--max-body", o->max_body,
+                  "Largest request body (e.g. 4MiB, 1MB, 65536); a larger one is refused (413) unread")
       ->capture_default_str();
   cmd->add_option("--max-len", o->max_len,
                   "Positions per request, prompt + max_tokens (default: max_position_embeddings, at most 4096)")

@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 
 namespace shardlm::data {
 namespace {
@@ -136,7 +137,7 @@ std::string read_file(const std::string& path) {
 json parse_json_file(const std::string& path) {
   const std::string text = read_file(path);
   try {
-    return json::parse(text);
+    return io::parse_json(text);
   } catch (const json::exception& e) {
     throw Error(fmt::format("invalid JSON: {}", e.what()), {.file = path});
   }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 #include "ops/ops.h"
 
 namespace shardlm::data {
@@ -154,7 +155,7 @@ std::string read_chat_template(const std::string& model_dir) {
   if (!f) return "";
   json cfg;
   try {
-    cfg = json::parse(f);
+    cfg = io::parse_json(f);
   } catch (const json::parse_error& e) {
     throw Error(fmt::format("malformed JSON: {}", e.what()), {.file = path});
   }
@@ -492,7 +493,7 @@ json parse_record(const std::string& path, const RawRecord& r) {
     throw Error(fmt::format("invalid UTF-8 (byte 0x{:02X}); the data must be UTF-8 text", uint8_t(r.text[bad])),
                 {.file = path, .line = r.line + std::count(r.text.begin(), r.text.begin() + int64_t(bad), '\n')});
   try {
-    return json::parse(r.text);
+    return io::parse_json(r.text);
   } catch (const json::parse_error& e) {
     const size_t at = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, r.text.size());
     std::string what = e.what();

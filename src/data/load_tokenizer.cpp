@@ -11,6 +11,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/tokenizer.h"
+#include "io/json_parse.h"
 
 namespace shardlm::data {
 
@@ -42,7 +43,7 @@ bool looks_like_tiktoken(const std::string& path) {
 // loader, whose error names the file).
 bool is_sentencepiece_style_json(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = io::parse_json_or_discarded(in);
   if (!j.is_object()) return false;
   const std::function<bool(const nlohmann::json&)> has_sp_component = [&](const nlohmann::json& c) {
     if (c.is_array()) return std::any_of(c.begin(), c.end(), has_sp_component);

@@ -4,7 +4,9 @@
 // (stop strings, and the part that is safe to stream).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -15,6 +17,7 @@
 #include "data/instruct.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
+#include "io/json_integer.h"
 #include "model/config.h"
 
 namespace shardlm::infer {
@@ -31,12 +34,26 @@ T json_number(const nlohmann::json& rec, const char* name, T dflt) {
   if (it == rec.end() || it->is_null()) return dflt;
   if (!it->is_number())
     throw Error(fmt::format("field '{}' must be a number, got {}", name, it->type_name()), {.key = name});
+  // nlohmann's get<T>() converts by a plain cast: a value past T's range would wrap (an integer)
+  // or become an infinity (1e300 as a float) and fail later, far from the field.
   if constexpr (std::is_integral_v<T>) {
     if (!it->is_number_integer()) throw Error(fmt::format("field '{}' must be an integer", name), {.key = name});
-    if (std::is_unsigned_v<T> && it->get<int64_t>() < 0)
+    if (std::is_unsigned_v<T> && !it->is_number_unsigned() && it->get<int64_t>() < 0)
       throw Error(fmt::format("field '{}' must be >= 0", name), {.key = name});
+    constexpr int64_t lo = int64_t(std::numeric_limits<T>::min());
+    constexpr int64_t hi = int64_t(std::min<uint64_t>(uint64_t(std::numeric_limits<T>::max()),
+                                                      uint64_t(std::numeric_limits<int64_t>::max())));
+    if (const std::optional<int64_t> v = io::json_integer(*it, lo, hi)) return T(*v);
+    throw Error(fmt::format("field '{}' must be an integer in [{}, {}], got {}", name, lo, hi, it->dump()),
+                {.key = name});
+  } else {
+    const double d = it->get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > double(std::numeric_limits<T>::max()))
+      throw Error(fmt::format("field '{}' must be a finite number of at most {:g}, got {}", name,
+                              double(std::numeric_limits<T>::max()), it->dump()),
+                  {.key = name});
+    return T(d);
   }
-  return it->get<T>();
 }
 
 // "stop": a non-empty string or an array of them; `dflt` when absent or null.

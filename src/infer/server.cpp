@@ -1,12 +1,42 @@
 #include "infer/server.h"
 
+#include <dlfcn.h>
 #include <httplib.h>
+#include <poll.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <ctime>
 #include <map>
 #include <random>
 #include <unordered_map>
+
+#include "infer/tcp_bytes.h"
+#include "io/json_parse.h"
+
+// ---- the sockets cpp-httplib accepts --------------------------------------------------------------
+//
+// cpp-httplib 0.11 (Debian 12's) serves each connection on a thread of its pool until the client
+// leaves, with a timeout per read only, and hands the pool a closure that hides the socket. Cutting
+// off a client that dribbles its headers, or refusing a connection past the limit, needs the
+// socket: this definition of accept() takes the place of libc's for the library (the executable's
+// symbols come first in the dynamic linker's lookup) and notes the socket it returns on the thread
+// that runs Server::listen(), where the pool's enqueue() is called right after.
+namespace {
+thread_local bool t_note_accepts = false;
+thread_local int t_accepted = -1;
+}  // namespace
+
+extern "C" int accept(int fd, sockaddr* __restrict addr, socklen_t* __restrict len) {
+  using Accept = int (*)(int, sockaddr*, socklen_t*);
+  static const Accept real = reinterpret_cast<Accept>(dlsym(RTLD_NEXT, "accept"));
+  const int s = real(fd, addr, len);
+  if (t_note_accepts) t_accepted = s;
+  return s;
+}
 
 namespace shardlm::infer {
 
@@ -180,6 +210,226 @@ void Scheduler::loop() {
   waiting_count_ = 0;
 }
 
+// ---- connections ----------------------------------------------------------------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Reads and drops what the client is still sending, for up to `for_how_long` or `most` bytes, so
+// that closing the socket does not reset the connection before the client has read our answer.
+void drain(int fd, std::chrono::milliseconds for_how_long, size_t most) {
+  const Clock::time_point end = Clock::now() + for_how_long;
+  char buf[16384];
+  size_t got = 0;
+  while (got < most) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, int(std::max<int64_t>(left, 0))) <= 0) break;
+    const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+}
+
+// The handler thread's connection (its id in Connections), set by the Pool around each connection.
+thread_local uint64_t t_connection = 0;
+
+// Every open connection, with the deadline of the request it is reading. A watchdog thread shuts
+// the socket of one past its deadline, or past its byte budget (cpp-httplib reads a request line
+// or a header of any length into memory), which ends cpp-httplib's blocked read at once.
+class Connections {
+ public:
+  explicit Connections(const ServerOptions& opt) : opt_(opt), watchdog_([this] { watch(); }) {}
+  ~Connections() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    for (auto& [id, c] : open_)
+      if (c.fd >= 0) ::close(c.fd);
+  }
+
+  // On the accept thread, for the socket just accepted: its id, with the deadline of its first
+  // request armed; 0 when max_connections are open, after answering `busy` (503) and shutting the
+  // socket.
+  uint64_t admit(int fd, const std::string& busy) {
+    std::lock_guard lk(mu_);
+    if (open_.size() >= size_t(opt_.max_connections)) {
+      ++refused_;
+      if (fd >= 0) {
+        drain(fd, std::chrono::milliseconds(0), 65536);  // the request, if it is here already
+        (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        shutdown(fd, SHUT_RDWR);
+      }
+      return 0;
+    }
+    const uint64_t id = ++next_id_;
+    // A descriptor of our own for the connection: shutting it down reaches this connection even
+    // after cpp-httplib has closed its descriptor and the number went to another socket.
+    Conn& c = open_[id];
+    c.fd = fd >= 0 ? ::dup(fd) : -1;
+    arm(c);
+    return id;
+  }
+  void release(uint64_t id) {
+    std::lock_guard lk(mu_);
+    if (auto it = open_.find(id); it != open_.end()) {
+      if (it->second.fd >= 0) ::close(it->second.fd);
+      open_.erase(it);
+    }
+  }
+  // The request is read; it runs (a completion may take minutes) without a deadline.
+  void handling(uint64_t id) {
+    std::lock_guard lk(mu_);
+    if (auto it = open_.find(id); it != open_.end()) it->second.reading = false;
+  }
+  // Once the response is written, the connection is closed: its request was refused unread.
+  void close_after_response(uint64_t id) {
+    std::lock_guard lk(mu_);
+    if (auto it = open_.find(id); it != open_.end()) it->second.close_after = true;
+  }
+  // The response is written: the connection closes if asked to, else waits for its next request,
+  // whose deadline runs from now.
+  void responded(uint64_t id) {
+    int fd = -1;
+    {
+      std::lock_guard lk(mu_);
+      auto it = open_.find(id);
+      if (it == open_.end()) return;
+      if (!it->second.close_after) {
+        arm(it->second);
+        return;
+      }
+      fd = it->second.fd;
+    }
+    if (fd < 0) return;
+    // The answer goes out with a FIN; what the client still sends is read and dropped for a
+    // moment (a lingering close, as nginx does), then cpp-httplib's next read sees the end.
+    shutdown(fd, SHUT_WR);
+    drain(fd, std::chrono::milliseconds(1000), size_t(8) << 20);
+    shutdown(fd, SHUT_RDWR);
+  }
+  // Shuts every open connection (stop(): clients still sending or reading are not waited for).
+  void shutdown_all() {
+    std::lock_guard lk(mu_);
+    for (auto& [id, c] : open_)
+      if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);
+  }
+  struct Counts {
+    int64_t open, refused, cut;
+  };
+  Counts counts() {
+    std::lock_guard lk(mu_);
+    return {int64_t(open_.size()), refused_, cut_};
+  }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    bool reading = true, close_after = false, cut = false;
+    Clock::time_point deadline;
+    uint64_t bytes_at_start = 0;
+  };
+  void arm(Conn& c) {  // under mu_
+    c.reading = true;
+    c.deadline = Clock::now() + opt_.request_timeout;
+    c.bytes_at_start = c.fd >= 0 ? tcp_bytes_received(c.fd).value_or(0) : 0;
+  }
+  void watch() {
+    const uint64_t budget = opt_.max_body + (uint64_t(1) << 20);  // the body, and 1 MiB of headers
+    std::unique_lock lk(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(50));
+      const Clock::time_point now = Clock::now();
+      for (auto& [id, c] : open_) {
+        if (!c.reading || c.cut || c.fd < 0) continue;
+        if (now > c.deadline || tcp_bytes_received(c.fd).value_or(0) - c.bytes_at_start > budget) {
+          shutdown(c.fd, SHUT_RDWR);
+          c.cut = true;
+          ++cut_;
+        }
+      }
+    }
+  }
+
+  const ServerOptions& opt_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Conn> open_;  // under mu_
+  uint64_t next_id_ = 0;           // under mu_
+  int64_t refused_ = 0, cut_ = 0;  // under mu_
+  bool stopping_ = false;          // under mu_
+  std::thread watchdog_;
+};
+
+// cpp-httplib's task queue: a thread for each admitted connection (max_connections threads), so
+// a connection never waits in a queue behind slow ones; past the limit, Connections::admit
+// answers.
+class Pool : public httplib::TaskQueue {
+ public:
+  Pool(Connections& conns, size_t threads, std::string busy) : conns_(conns), busy_(std::move(busy)) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  void enqueue(std::function<void()> fn) override {
+    const uint64_t id = conns_.admit(std::exchange(t_accepted, -1), busy_);
+    if (id == 0) {  // refused: the socket is shut, so cpp-httplib only closes it
+      fn();
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      jobs_.emplace_back(id, std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::pair<uint64_t, std::function<void()>> job;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      t_connection = job.first;
+      job.second();
+      t_connection = 0;
+      conns_.release(job.first);
+    }
+  }
+  Connections& conns_;
+  std::string busy_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;  // under mu_
+  bool stopping_ = false;                                        // under mu_
+  std::vector<std::thread> threads_;
+};
+
+// cpp-httplib listens with a backlog of 5 connections: while its accept thread waits for a CPU, a
+// burst of clients overflows it and each one past it waits a second for its SYN to be sent again,
+// instead of being served or told 503 at once.
+class HttpServer : public httplib::Server {
+ public:
+  void set_backlog(int n) { ::listen(svr_sock_, n); }  // on a listening socket: a new backlog
+};
+
+}  // namespace
+
 // ---- requests -------------------------------------------------------------------------------------
 
 namespace {
@@ -199,6 +449,31 @@ std::string error_body(const std::string& message, const char* type, const std::
   return dump(ojson{{"error", e}});
 }
 
+std::string body_limit_message(uint64_t max_body) {
+  return fmt::format("the request body passes the server's limit of {} bytes (--max-body)", max_body);
+}
+
+// What a POST's headers alone show to be wrong with its body: an HTTP status and the reason, or
+// {0, ""}. A chunked body's length is known only as it is read (Server::Impl::post counts it).
+std::pair<int, std::string> body_refusal(const httplib::Request& req, uint64_t max_body) {
+  if (req.method != "POST") return {0, ""};
+  if (const std::string te = req.get_header_value("Transfer-Encoding"); !te.empty()) {
+    if (strcasecmp(te.c_str(), "chunked") != 0)
+      return {400, fmt::format("unsupported Transfer-Encoding '{}' (chunked is)", te.substr(0, 64))};
+    return {0, ""};
+  }
+  if (!req.has_header("Content-Length"))
+    return {411, "a POST needs a Content-Length (or Transfer-Encoding: chunked)"};
+  const std::string text = req.get_header_value("Content-Length");
+  uint64_t length = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), length);
+  if (ec == std::errc::result_out_of_range) return {413, body_limit_message(max_body)};
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    return {400, fmt::format("malformed Content-Length '{}'", text.substr(0, 64))};
+  if (length > max_body) return {413, body_limit_message(max_body)};
+  return {0, ""};
+}
+
 // A request as the handler keeps it: the job and how to answer.
 struct Parsed {
   Job job;
@@ -214,12 +489,14 @@ struct Context {
 
 Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
   json rec;
+  std::string key;
   try {
-    rec = json::parse(body);
+    rec = io::parse_json_noting_key(key, body);
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     if (const size_t colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
-    throw BadRequest{"malformed JSON: " + what, ""};
+    // 406: a number past a double's range (1e400), the value of `key`.
+    throw BadRequest{"malformed JSON: " + what, e.id == 406 ? key : ""};
   }
   if (!rec.is_object()) throw BadRequest{fmt::format("the body must be a JSON object, got {}", rec.type_name()), ""};
   // Fields with OpenAI's neutral values are accepted; what shardlm cannot do otherwise is refused by name.
@@ -344,7 +621,8 @@ struct Server::Impl {
   Scheduler& sched;
   Context cx;
   ServerOptions opt;
-  httplib::Server http;
+  Connections conns{opt};  // before http, which serves through them
+  HttpServer http;
   std::time_t started = std::time(nullptr);
   std::atomic<uint64_t> counter{0};
   std::mutex mu;
@@ -355,7 +633,12 @@ struct Server::Impl {
       : sched(s), cx{tok, chat, opt}, opt(std::move(o)) {}
 
   void routes();
-  void complete(const httplib::Request& req, httplib::Response& res, bool chat);
+  // The body, read up to max_body, then complete(); a longer body is refused unread (413).
+  void post(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read, bool chat);
+  void complete(const std::string& body, httplib::Response& res, bool chat);
+  // Answers `status` with OpenAI's error object and closes the connection once it is written:
+  // for a request whose body is left unread.
+  void refuse(httplib::Response& res, int status, const std::string& message);
 };
 
 namespace {
@@ -385,10 +668,36 @@ ojson chunk(const std::string& id, std::time_t created, const std::string& model
 
 }  // namespace
 
-void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::Impl::refuse(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_header("Connection", "close");
+  res.set_content(error_body(message, "invalid_request_error", ""), "application/json");
+  conns.close_after_response(t_connection);
+}
+
+void Server::Impl::post(const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read,
+                        bool chat) {
+  std::string body;
+  bool too_large = false;
+  const bool ok = read([&](const char* data, size_t n) {
+    if (body.size() + n > opt.max_body) {
+      too_large = true;
+      return false;  // cpp-httplib stops reading
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large) return refuse(res, 413, body_limit_message(opt.max_body));
+  if (!ok) return refuse(res, 400, "the request body could not be read (malformed chunked encoding, or the client "
+                                   "stopped sending)");
+  conns.handling(t_connection);
+  complete(body, res, chat);
+}
+
+void Server::Impl::complete(const std::string& body, httplib::Response& res, bool chat) {
   Parsed p;
   try {
-    p = parse_request(cx, req.body, chat);
+    p = parse_request(cx, body, chat);
   } catch (const BadRequest& e) {
     res.status = 400;
     res.set_content(error_body(e.message, "invalid_request_error", e.param), "application/json");
@@ -481,21 +790,45 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
 
 void Server::Impl::routes() {
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    conns.handling(t_connection);
+    const Connections::Counts c = conns.counts();
     const ojson body = {{"status", "ok"},
                         {"model", opt.model_id},
                         {"running", sched.running()},
-                        {"waiting", sched.waiting()}};
+                        {"waiting", sched.waiting()},
+                        {"connections", c.open},
+                        {"connections_refused", c.refused},
+                        {"connections_cut", c.cut}};
     res.set_content(dump(body), "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    conns.handling(t_connection);
     const ojson model = {{"id", opt.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "shardlm"},
                          {"max_model_len", opt.max_len}};
     res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model})}}), "application/json");
   });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, false); });
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& read) { post(req, res, read, false); });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& read) { post(req, res, read, true); });
+  // Before any body is read: cpp-httplib would read a POST without Content-Length until the client
+  // closes (an HTTP/1.0 client waits for the answer instead: neither moves), and skips a body past
+  // the limit by reading it whole.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const auto [status, why] = body_refusal(req, opt.max_body);
+    if (status == 0) return httplib::Server::HandlerResponse::Unhandled;
+    refuse(res, status, why);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // curl asks before it sends a body of over 1 MB (Expect: 100-continue): a refusal then comes
+  // before the body.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const auto [status, why] = body_refusal(req, opt.max_body);
+    if (status == 0) return 100;
+    refuse(res, status, why);
+    return status;
+  });
+  http.set_logger([this](const httplib::Request&, const httplib::Response&) { conns.responded(t_connection); });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string what = res.status == 404 ? fmt::format("no endpoint {} {}", req.method, req.path)
@@ -517,9 +850,18 @@ void Server::Impl::routes() {
 
 Server::Server(Scheduler& scheduler, const data::Tokenizer& tok, const ChatPrompt& chat, ServerOptions opt)
     : impl_(std::make_unique<Impl>(scheduler, tok, chat, std::move(opt))) {
-  const int threads = std::max(2, impl_->opt.threads);
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  impl_->http.set_payload_max_length(size_t(64) << 20);
+  Impl& im = *impl_;
+  const std::string busy = error_body(
+      fmt::format("the server has {} connections open, its limit (--max-connections); try again", im.opt.max_connections),
+      "server_error", "");
+  const std::string busy_response = fmt::format(
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nRetry-After: "
+      "1\r\nConnection: close\r\n\r\n{}",
+      busy.size(), busy);
+  im.http.new_task_queue = [&im, busy_response] {
+    return new Pool(im.conns, size_t(im.opt.max_connections), busy_response);
+  };
+  im.http.set_payload_max_length(im.opt.max_body);
   // cpp-httplib's default sets SO_REUSEPORT, with which a second server on the same port starts
   // and silently takes half the connections; SO_REUSEADDR alone still allows a quick restart.
   impl_->http.set_socket_options([](socket_t sock) {
@@ -541,6 +883,7 @@ int Server::bind() {
     throw Error(fmt::format("cannot bind to {}:{} (in use, or not an address of this machine)", o.host, o.port),
                 {.key = "--port"});
   }
+  impl_->http.set_backlog(std::max(impl_->opt.max_connections, 128));
   return port;
 }
 
@@ -550,7 +893,9 @@ void Server::listen() {
     if (impl_->ended) return;  // stop() came first
     impl_->listening = true;
   }
+  t_note_accepts = true;  // cpp-httplib accepts on this thread
   impl_->http.listen_after_bind();
+  t_note_accepts = false;
   std::lock_guard lk(impl_->mu);
   impl_->listening = false;
   impl_->ended = true;
@@ -563,9 +908,12 @@ void Server::stop() {
     impl_->ended = true;
     return;
   }
-  // listen() may not have set the socket running yet: ask until it has ended.
+  // listen() may not have set the socket running yet: ask until it has ended. It ends once every
+  // connection's thread has: after the grace, the connections still open are shut.
+  const auto cut_at = Clock::now() + impl_->opt.shutdown_grace;
   while (!impl_->ended) {
     impl_->http.stop();
+    if (Clock::now() >= cut_at) impl_->conns.shutdown_all();
     impl_->cv.wait_for(lk, std::chrono::milliseconds(50));
   }
 }

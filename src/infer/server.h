@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -103,13 +104,23 @@ class Scheduler {
   std::thread thread_;
 };
 
+// Limits that keep one client (or a few thousand) from stalling the server (issue 30): each open
+// connection holds a handler thread, so connections are counted and, past max_connections,
+// answered 503 at once; a request must arrive whole within request_timeout (a client dribbling
+// its headers is cut off, not waited on); a body past max_body is refused with 413 as soon as it
+// is seen to be (Content-Length, or the chunks so far), without reading the rest.
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;         // 0: any free port (bind() says which)
   std::string model_id;    // what /v1/models lists and requests may name
   std::string model_path;  // --model as given: requests may name it too
   int64_t max_len = 0;     // the Generator's: prompt + max_tokens must fit
-  int threads = 16;        // HTTP handler threads (each waiting or streaming request holds one)
+  int max_connections = 128;                      // open at once; handler threads
+  std::chrono::milliseconds request_timeout{10000};  // to send a request line, headers and body
+  uint64_t max_body = uint64_t(4) << 20;          // bytes of a request body
+  // On stop(): how long requests in flight have to be answered (503) before every connection
+  // still open is shut.
+  std::chrono::milliseconds shutdown_grace{2000};
 };
 
 // The HTTP side. Holds the scheduler, tokenizer and chat prompt by reference (they must outlive it).
@@ -121,7 +132,8 @@ class Server {
   int bind();
   // Serves until stop().
   void listen();
-  // Stops listening and returns once listen() has ended or was never entered (thread-safe).
+  // Stops listening and returns once listen() has ended or was never entered (thread-safe):
+  // after shutdown_grace, connections still open (a client that reads or sends slowly) are shut.
   void stop();
 
  private:

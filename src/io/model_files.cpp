@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_parse.h"
 
 namespace shardlm::io {
 
@@ -61,7 +62,7 @@ ModelWeights::ModelWeights(std::string dir) : dir_(std::move(dir)) {
 
   json j;
   try {
-    j = json::parse(read_text_file(index));
+    j = parse_json(read_text_file(index));
   } catch (const json::exception& e) {
     throw Error(fmt::format("not valid JSON: {}", e.what())).set_file(index);
   }

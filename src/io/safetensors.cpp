@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "io/json_integer.h"
+#include "io/json_parse.h"
 
 namespace shardlm::io {
 
@@ -177,7 +178,7 @@ void SafetensorsFile::parse() {
 
   json header;
   try {
-    header = json::parse(base_ + 8, base_ + 8 + header_len);
+    header = parse_json(base_ + 8, base_ + 8 + header_len);
   } catch (const json::exception& e) {
     throw file_error(path_, "", fmt::format("header is not valid JSON: {}", e.what()));
   }

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -122,11 +124,21 @@ std::string describe(const ConfigNode& n) {
   return "?";
 }
 
+// yaml-cpp keeps an alias as a reference to the node its anchor names, but the tree built here
+// copies that node at every use, so aliases of aliases ("billion laughs": nine lines of
+// `b: [*a, *a, *a, ...]`) expand exponentially; issue 30's ran 51 s into std::bad_alloc. No
+// configuration holds anywhere near this many values, so the copy stops there.
+constexpr size_t kMaxConfigValues = 100000;
+
 std::unique_ptr<ConfigNode> from_yaml(const YAML::Node& y, int64_t line, bool command_line, const ConfigState& st,
-                                      const std::string& key) {
+                                      const std::string& key, size_t& values) {
   auto n = std::make_unique<ConfigNode>();
   n->line = line;
   n->command_line = command_line;
+  if (++values > kMaxConfigValues)
+    throw st.error(*n, key,
+                   fmt::format("the YAML holds more than {} values (aliases that repeat aliases?); refused",
+                               kMaxConfigValues));
   auto line_of = [&](const YAML::Mark& m) { return m.is_null() ? line : int64_t(m.line) + 1; };
   switch (y.Type()) {
     case YAML::NodeType::Undefined:
@@ -138,7 +150,8 @@ std::unique_ptr<ConfigNode> from_yaml(const YAML::Node& y, int64_t line, bool co
     case YAML::NodeType::Sequence:
       n->kind = Kind::Sequence;
       for (size_t i = 0; i < y.size(); ++i)
-        n->items.push_back(from_yaml(y[i], line_of(y[i].Mark()), command_line, st, join_key(key, std::to_string(i))));
+        n->items.push_back(
+            from_yaml(y[i], line_of(y[i].Mark()), command_line, st, join_key(key, std::to_string(i)), values));
       break;
     case YAML::NodeType::Map:
       n->kind = Kind::Map;
@@ -153,11 +166,53 @@ std::unique_ptr<ConfigNode> from_yaml(const YAML::Node& y, int64_t line, bool co
         // yaml-cpp keeps both copies of a repeated key; which one wins would be an accident.
         if (const ConfigNode* first = n->entry(name))
           throw st.error(where, child_key, fmt::format("duplicate key (first set at {})", st.source(*first)));
-        n->entries.emplace_back(name, from_yaml(it->second, key_line, command_line, st, child_key));
+        n->entries.emplace_back(name, from_yaml(it->second, key_line, command_line, st, child_key, values));
       }
       break;
   }
   return n;
+}
+
+// yaml-cpp scans a whole flow collection before its parser's depth guard (2000 levels) stops it: a
+// JSON file (DeepSpeed's) nested a million deep took 9 s and 300 MB to be refused. No configuration
+// nests a tenth of this, so the text is measured first: brackets and braces outside quotes and
+// comments, counted as they open and close.
+constexpr int kMaxYamlDepth = 128;
+
+YAML::Node load_yaml(const std::string& text) {
+  int depth = 0, line = 0;
+  char quote = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      comment = false;
+      if (quote == '\'') quote = 0;  // a flow scalar may span lines, but a stray ' must not end the count
+      continue;
+    }
+    if (comment) continue;
+    if (quote) {
+      if (c == '\\' && quote == '"') ++i;
+      else if (c == quote) quote = 0;
+      continue;
+    }
+    const char before = i == 0 ? ' ' : text[i - 1];
+    const bool token_start =
+        std::isspace(static_cast<unsigned char>(before)) || (before != '\0' && std::strchr("[{,:", before));
+    if (c == '#' && token_start) comment = true;
+    else if ((c == '"' || c == '\'') && token_start) quote = c;
+    else if (c == '[' || c == '{') {
+      if (++depth > kMaxYamlDepth) {
+        YAML::Mark mark;
+        mark.line = line;
+        throw YAML::ParserException(mark, fmt::format("nested deeper than {} levels (refused)", kMaxYamlDepth));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return YAML::Load(text);
 }
 
 // ---- typed conversion of scalars ---------------------------------------------------------------
@@ -218,8 +273,15 @@ T to_value(const ConfigState& st, const ConfigNode& n, const std::string& key) {
                                    std::numeric_limits<T>::max()));
       return T(d);
     } else {
+      // A value past T's range (1e400, or 1e39 for a float) is refused here rather than read as an
+      // infinity; .inf itself is a value (the readers of config fields refuse it, naming the rule
+      // of the key: train/config_fields.h).
       double d = 0;
-      if (!parse_double(s, d)) throw bad();
+      if (!parse_double(s, d))
+        throw std::isinf(std::strtod(s.c_str(), nullptr)) ? st.error(n, key, fmt::format("number {} is out of range", s))
+                                                          : bad();
+      if (std::isfinite(d) && std::fabs(d) > double(std::numeric_limits<T>::max()))
+        throw st.error(n, key, fmt::format("number {} is out of range (at most {})", s, std::numeric_limits<T>::max()));
       return T(d);
     }
   }
@@ -368,7 +430,7 @@ ConfigTree ConfigTree::parse(const std::string& yaml_text, const std::string& na
   st.file = name;
   YAML::Node doc;
   try {
-    doc = YAML::Load(yaml_text);
+    doc = load_yaml(yaml_text);
   } catch (const YAML::Exception& e) {
     ErrorContext ctx;
     ctx.file = name;
@@ -376,7 +438,8 @@ ConfigTree ConfigTree::parse(const std::string& yaml_text, const std::string& na
     throw Error(fmt::format("invalid YAML: {}", e.msg), std::move(ctx));
   }
   if (doc.IsNull()) return tree;  // an empty file (or only comments) is an empty config
-  st.root = from_yaml(doc, doc.Mark().is_null() ? 1 : int64_t(doc.Mark().line) + 1, false, st, "");
+  size_t values = 0;
+  st.root = from_yaml(doc, doc.Mark().is_null() ? 1 : int64_t(doc.Mark().line) + 1, false, st, "", values);
   if (st.root->kind != Kind::Map) {
     ErrorContext ctx;
     ctx.file = name;
@@ -422,11 +485,12 @@ void ConfigTree::apply_override(const std::string& assignment) {
   split_key(full);  // reject "a..b" before touching the tree
   YAML::Node value;
   try {
-    value = YAML::Load(text);
+    value = load_yaml(text);
   } catch (const YAML::Exception& e) {
     throw state_->error(where, full, fmt::format("invalid value '{}': {}", text, e.msg));
   }
-  slot_for(*state_, full, where) = from_yaml(value, -1, true, *state_, full);
+  size_t values = 0;
+  slot_for(*state_, full, where) = from_yaml(value, -1, true, *state_, full, values);
 }
 
 void ConfigTree::apply_overrides(const std::vector<std::string>& assignments) {
@@ -570,11 +634,12 @@ void ConfigTree::set_from(const std::string& key, const std::string& value, cons
   const std::string full = full_key(key);
   YAML::Node y;
   try {
-    y = YAML::Load(value);
+    y = load_yaml(value);
   } catch (const YAML::Exception& e) {
     throw from.state_->error(*src, shown, fmt::format("invalid value '{}': {}", value, e.msg));
   }
-  std::unique_ptr<ConfigNode> n = from_yaml(y, src->line, src->command_line, *state_, full);
+  size_t values = 0;
+  std::unique_ptr<ConfigNode> n = from_yaml(y, src->line, src->command_line, *state_, full, values);
   // Every node of the value (a list's items too) is placed where `from_key` was written.
   const std::string file = from.state_->file_of(*src);
   const auto place = [&](auto&& self, ConfigNode& m) -> void {

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 
 namespace shardlm {
 
@@ -197,6 +198,35 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return tuple(a) == tuple(b);
 }
 
+namespace {
+
+constexpr int64_t kMaxWidth = int64_t(1) << 20;      // hidden, intermediate, head_dim (405B: 53248)
+constexpr int64_t kMaxCount = int64_t(1) << 16;      // layers, heads
+constexpr int64_t kMaxPositions = int64_t(1) << 24;  // context length (Llama 3.1: 131072)
+constexpr double kMaxParameters = 0x1p40;            // 1.1e12 (Llama 3.1 405B: 4.1e11)
+
+// The parameters the config describes, counted in double (each dimension within its bound, the
+// product still may not fit 64 bits), refused past kMaxParameters naming the key that dominates.
+void check_parameter_count(const ModelConfig& c) {
+  const double h = double(c.hidden_size), q = double(c.num_attention_heads * c.head_dim),
+               kv = double(c.num_key_value_heads * c.head_dim), inter = double(c.intermediate_size);
+  const double embeddings = double(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2);
+  const double attention = h * q * 2 + h * kv * 2, mlp = 3 * h * inter;
+  const double layers = double(c.num_hidden_layers) * (attention + mlp + 2 * h);
+  const double total = embeddings + layers + h;
+  if (total <= kMaxParameters) return;
+  const char* key = embeddings >= layers                  ? "vocab_size"
+                    : c.num_hidden_layers > 1024          ? "num_hidden_layers"
+                    : mlp >= attention                    ? "intermediate_size"
+                    : c.num_attention_heads > c.hidden_size ? "num_attention_heads"
+                                                            : "hidden_size";
+  throw key_error(key, fmt::format("the model would have {:.3g} parameters ({:.3g} in embeddings, {} layers of "
+                                   "{:.3g}), more than shardlm's limit of {:.3g}",
+                                   total, embeddings, c.num_hidden_layers, attention + mlp + 2 * h, kMaxParameters));
+}
+
+}  // namespace
+
 void validate_model_config(const ModelConfig& c) {
   auto positive = [](int64_t v, const char* key) {
     if (v <= 0) throw key_error(key, fmt::format("must be positive, got {}", v));
@@ -209,6 +239,21 @@ void validate_model_config(const ModelConfig& c) {
   positive(c.num_key_value_heads, "num_key_value_heads");
   positive(c.head_dim, "head_dim");
   positive(c.max_position_embeddings, "max_position_embeddings");
+  // Upper bounds far past any Llama-family model's, so that sizes computed from the config fit in
+  // 64 bits and a typo (or a hostile file) is refused by key, not met later as a SIGFPE or an
+  // allocation of petabytes (issue 30). Token ids are int32.
+  auto at_most = [](int64_t v, int64_t most, const char* key) {
+    if (v > most) throw key_error(key, fmt::format("must be at most {}, got {}", most, v));
+  };
+  at_most(c.vocab_size, std::numeric_limits<int32_t>::max(), "vocab_size");
+  at_most(c.hidden_size, kMaxWidth, "hidden_size");
+  at_most(c.intermediate_size, kMaxWidth, "intermediate_size");
+  at_most(c.head_dim, kMaxWidth, "head_dim");
+  at_most(c.num_hidden_layers, kMaxCount, "num_hidden_layers");
+  at_most(c.num_attention_heads, kMaxCount, "num_attention_heads");
+  at_most(c.num_key_value_heads, kMaxCount, "num_key_value_heads");
+  at_most(c.max_position_embeddings, kMaxPositions, "max_position_embeddings");
+  check_parameter_count(c);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     throw key_error("num_key_value_heads",
                     fmt::format("num_attention_heads ({}) must be divisible by num_key_value_heads ({})",
@@ -401,7 +446,7 @@ ModelConfig load_model_config(const std::string& path) {
   text << in.rdbuf();
   json j;
   try {
-    j = json::parse(text.str());
+    j = io::parse_json(text.str());
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw Error(fmt::format("invalid JSON: {}", e.what()), file_context(name));
   }

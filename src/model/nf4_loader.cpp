@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 #include "ops/ops.h"
 
 namespace shardlm::model {
@@ -96,7 +97,7 @@ Nf4State Nf4ModelReader::state(const std::string& name) const {
   const std::span<const uint8_t> blob = weights_->file_holding(key).bytes(key);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(blob.data()), blob.size()));
+    j = io::parse_json(std::string(reinterpret_cast<const char*>(blob.data()), blob.size()));
   } catch (const nlohmann::json::exception& e) {
     throw fail(fmt::format("'{}' is not JSON: {}", key, e.what()));
   }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_parse.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "model/nf4_loader.h"
@@ -180,7 +181,7 @@ model::LoraSpec read_peft_config(const std::string& dir) {
   if (!f) throw Error("missing: not a PEFT adapter directory", {.file = path});
   json j;
   try {
-    j = json::parse(f);
+    j = io::parse_json(f);
   } catch (const json::exception& e) {
     throw Error(fmt::format("invalid JSON: {}", e.what()), {.file = path});
   }

@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "io/json_parse.h"
 
 namespace shardlm::report {
 
@@ -299,7 +300,7 @@ Page training_page_from_metrics(const std::string& metrics_path, const std::stri
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
-    nlohmann::json rec = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json rec = io::parse_json_or_discarded(line);
     if (rec.is_discarded()) throw Error("not a JSON object", {.file = metrics_path, .line = line_no});
     r.add(rec);
   }

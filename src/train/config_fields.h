@@ -28,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <concepts>
 #include <functional>
 #include <optional>
@@ -76,6 +77,15 @@ struct NoCheck {
 inline constexpr auto positive = [](const auto& v) -> std::string {
   return v > 0 ? std::string() : fmt::format("must be positive, got {}", v);
 };
+// 1 <= v <= most: a count that sizes buffers or loops (rows, tokens, micro-batches). Past any real
+// run's value it is refused by name here, not later as "cannot create std::vector larger than
+// max_size()" or an allocation of petabytes (issue 30).
+inline auto positive_at_most(int64_t most) {
+  return [most](const auto& v) -> std::string {
+    if (std::string message = positive(v); !message.empty()) return message;
+    return v <= most ? std::string() : fmt::format("must be at most {}, got {}", most, v);
+  };
+}
 // v >= 0, else `message` (which says what 0 means for the key).
 inline auto non_negative(std::string message) {
   return [message = std::move(message)](const auto& v) -> std::string { return v >= 0 ? std::string() : message; };
@@ -110,9 +120,33 @@ std::optional<T> read_value(const ConfigTree& t, const std::string& key) {
   }
 }
 
+// "" when v (or each of its numbers) is finite. An infinity is no value any key means: an lr of
+// .inf trained a model of NaN and exited 0 (issue 30).
+template <class T>
+std::string finite(const T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::isfinite(v) ? std::string() : fmt::format("expected a finite number, got {}", v);
+  } else if constexpr (requires(const T& c) {
+                         requires std::is_floating_point_v<typename T::value_type>;
+                         c.begin();
+                       }) {
+    for (const auto& x : v)
+      if (std::string message = finite(x); !message.empty()) return message;
+    return {};
+  } else {
+    return {};
+  }
+}
+
+// The key's own rule first (its message says what the key needs), then, unless `any_number`,
+// finiteness for every number. A setter's value goes to a struct whose own validation names the
+// rule for it (lora.alpha: "must be a positive number, got inf"), so setters pass any_number.
 template <class T, class Check>
-void check_value(const ConfigTree& t, const std::string& key, const T& v, const Check& check) {
+void check_value(const ConfigTree& t, const std::string& key, const T& v, const Check& check,
+                 bool any_number = false) {
   if (std::string message = check(v); !message.empty()) throw t.error_at(key, std::move(message));
+  if (any_number) return;
+  if (std::string message = finite(v); !message.empty()) throw t.error_at(key, std::move(message));
 }
 }  // namespace detail
 
@@ -172,7 +206,7 @@ struct ConfigFields {
     return {std::move(key), {}, std::move(doc), [set, check](const ConfigTree& t, const std::string& k, Config& c) {
               detail::check_parent_section(t, k);
               if (std::optional<T> v = detail::read_value<T>(t, k)) {
-                detail::check_value(t, k, *v, check);
+                detail::check_value(t, k, *v, check, /*any_number=*/true);
                 set(c, std::move(*v));
               }
             }};

@@ -14,6 +14,14 @@ namespace shardlm::train {
 
 namespace {
 
+// Upper bounds of the counts that size a step, far past any real run's: 16M tokens per row, 1M
+// rows per micro-batch or micro-batches per step, 2^40 steps; and at most 2^31 - 1 tokens in one
+// micro-batch (its activations alone would pass any device's memory).
+constexpr int64_t kMaxSeqLen = int64_t(1) << 24;
+constexpr int64_t kMaxBatchCount = int64_t(1) << 20;
+constexpr int64_t kMaxSteps = int64_t(1) << 40;
+constexpr int64_t kMaxMicroBatchTokens = (int64_t(1) << 31) - 1;
+
 // Dtypes a config may name for weights and compute.
 DType float_dtype(const std::string& s) {
   const auto bad = [&] { return Error(fmt::format("expected f32, bf16 or f16, got '{}'", s)); };
@@ -379,11 +387,12 @@ std::vector<ConfigField<TrainConfig>> make_table() {
   });
   add(nested("data", &TrainConfig::data, data_fields()));
   add({
-      F::field("seq_len", &TrainConfig::seq_len, "tokens per row", positive),
-      F::field("micro_batch_size", &TrainConfig::micro_batch_size, "rows per forward/backward", positive),
+      F::field("seq_len", &TrainConfig::seq_len, "tokens per row", positive_at_most(kMaxSeqLen)),
+      F::field("micro_batch_size", &TrainConfig::micro_batch_size, "rows per forward/backward",
+               positive_at_most(kMaxBatchCount)),
       F::field("gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps,
-               "micro-batches per optimizer step", positive),
-      F::field("max_steps", &TrainConfig::max_steps, "optimizer steps", positive),
+               "micro-batches per optimizer step", positive_at_most(kMaxBatchCount)),
+      F::field("max_steps", &TrainConfig::max_steps, "optimizer steps", positive_at_most(kMaxSteps)),
   });
   add(nested("optimizer", &TrainConfig::optimizer, optimizer_fields()));
   add(nested("lr_scheduler", &TrainConfig::schedule, schedule_fields()));
@@ -401,7 +410,7 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       F::field("max_skipped_steps", &TrainConfig::max_skipped_steps, "on_nonfinite: skip: non-finite steps in a row allowed",
                positive),
       F::field("eval_every", &TrainConfig::eval_every, "steps between evaluations", non_negative("must be >= 0")),
-      F::field("eval_batches", &TrainConfig::eval_batches, "batches per evaluation", positive),
+      F::field("eval_batches", &TrainConfig::eval_batches, "batches per evaluation", positive_at_most(kMaxBatchCount)),
       F::field("accuracy_examples", &TrainConfig::accuracy_examples, "built-in tasks: problems decoded at eval"),
       F::field("log_every", &TrainConfig::log_every, "steps between progress lines", positive),
       F::field("progress", &TrainConfig::progress, "auto, bar, lines or none"),
@@ -498,6 +507,10 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
   } else {
     c.sharding.param_dtype = c.compute_dtype;
   }
+  if (c.micro_batch_size * c.seq_len > kMaxMicroBatchTokens)
+    throw t.error_at("micro_batch_size", fmt::format("micro_batch_size {} x seq_len {} is more than {} tokens per "
+                                                     "micro-batch",
+                                                     c.micro_batch_size, c.seq_len, kMaxMicroBatchTokens));
   check_lora(t, c);
   // The schedule's peak and length are the optimizer's and the run's.
   c.schedule.lr = c.optimizer.lr;
@@ -535,6 +548,11 @@ TrainConfig with_batch_size(const TrainConfig& config, int world_size) {
     if (!ds.accumulation_set) c.gradient_accumulation_steps = 1;
     const int64_t other = ds.micro_batch_set ? c.micro_batch_size : c.gradient_accumulation_steps;
     const int64_t derived = tbs / std::max<int64_t>(1, other * world_size);
+    if (derived > kMaxBatchCount)
+      throw Error(fmt::format("{} makes {} {}, more than {}", tbs,
+                              ds.micro_batch_set ? "gradient_accumulation_steps" : "micro_batch_size", derived,
+                              kMaxBatchCount),
+                  ds.train_batch_size_at);
     if (derived >= 1 && derived * other * world_size == tbs) {
       (ds.micro_batch_set ? c.gradient_accumulation_steps : c.micro_batch_size) = derived;
       return c;

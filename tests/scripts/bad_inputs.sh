@@ -11,6 +11,7 @@
 #     and a complete checkpoint) and every fixture are hashed before and after.
 # docs/troubleshooting.md is the user's side of this table.
 # Usage: bad_inputs.sh SHARDLM DATA_DIR WORKDIR [mpi|nompi]   (nompi: the `launch` rows are skipped)
+#        BAD_INPUTS_ONLY=REGEX bad_inputs.sh ...                 (only the rows whose names match)
 set -euo pipefail
 shardlm=$(realpath "$1")
 data=$(cd "$2" && pwd)
@@ -149,6 +150,49 @@ PY
 # Launch.
 printf 'node-a slots=2\nthis is not a hostfile ===\n' > "$fx/hosts.bad"
 
+# Parsers with limits and absurd numbers (issue 30). deepjson FILE: a JSON array nested 200000
+# levels deep (400 KB), which crashed the JSON readers (SIGSEGV) on their first copy or dump of it.
+deepjson() { "$py" -c "import sys; n = 200000; open(sys.argv[1], 'w').write('[' * n + ']' * n + '\n')" "$1"; }
+d_deepcfg=$(bad deepcfg "$m"); deepjson "$d_deepcfg/config.json"
+d_deephdr=$(bad deephdr "$m"); "$py" - "$d_deephdr/model.safetensors" <<'PY'
+import struct, sys
+h = ('[' * 200000 + ']' * 200000).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h)
+PY
+d_deepidx=$(bad deepidx "$m"); mv "$d_deepidx/model.safetensors" "$d_deepidx/model-00001-of-00001.safetensors"
+deepjson "$d_deepidx/model.safetensors.index.json"
+d_deeptok=$(bad deeptok "$m"); deepjson "$d_deeptok/tokenizer.json"
+d_deeptc=$(bad deeptc "$m"); deepjson "$d_deeptc/tokenizer_config.json"
+ad_deep=$(bad ad_deep "$adapter"); deepjson "$ad_deep/adapter_config.json"
+for f in prompts_deep.jsonl deep_record.jsonl charts_deep.json ds_deep.json; do deepjson "$fx/$f"; done
+printf '{"prompt": "a", "temperature": 1e400}\n' > "$fx/prompts_overflow.jsonl"
+printf '{"instruction": "a", "input": "", "output": "b", "weight": 1e400}\n' > "$fx/overflow_record.jsonl"
+d_epsover=$(bad epsover "$m"); "$py" - "$d_epsover/config.json" <<'PY'
+import re, sys
+p = sys.argv[1]; t = open(p).read()
+open(p, "w").write(re.sub(r'"rms_norm_eps": [^,\n]*', '"rms_norm_eps": 1e400', t))
+PY
+d_vocab=$(bad vocab "$m"); cfgjson "$d_vocab" 'c["vocab_size"] = 2 ** 62'
+d_hidden=$(bad hidden "$m"); cfgjson "$d_hidden" 'c["hidden_size"] = 2 ** 40'
+d_manylayers=$(bad manylayers "$m"); cfgjson "$d_manylayers" 'c["num_hidden_layers"] = 100000'
+d_maxpos=$(bad maxpos "$m"); cfgjson "$d_maxpos" 'c["max_position_embeddings"] = 2 ** 40'
+d_params=$(bad params "$m"); cfgjson "$d_params" \
+  'c.update(vocab_size=2000000000, hidden_size=2 ** 20, num_attention_heads=8192, num_key_value_heads=8192, head_dim=128)'
+# A YAML alias bomb: ten anchors, each a list of ten aliases of the one before (10^10 values).
+"$py" - "$fx/bomb.yaml" "$cfg" <<'PY'
+import sys
+lines = [open(sys.argv[2]).read(), "lol:\n", "  a: &a [x, x, x, x, x, x, x, x, x, x]\n"]
+for prev, c in zip("abcdefghi", "bcdefghij"):
+    lines.append(f"  {c}: &{c} [" + ", ".join([f"*{prev}"] * 10) + "]\n")
+open(sys.argv[1], "w").write("".join(lines))
+PY
+bomb_flow=$("$py" -c "
+print('{a: &a [x, x, x, x, x, x, x, x, x, x]' + ''.join(f', {c}: &{c} [' + ', '.join([f'*{p}'] * 10) + ']' for p, c in zip('abcdefghi', 'bcdefghij')) + '}')")
+"$py" -c "import sys; n = 100000; open(sys.argv[1], 'w').write(open(sys.argv[2]).read() + 'x: ' + '[' * n + ']' * n + '\n')" \
+  "$fx/deep.yaml" "$cfg"
+sed 's/^max_steps: 1/max_steps: 1\noptimizer: {lr: .inf}/' "$cfg" > "$fx/lr_inf.yaml"
+printf '{"train_micro_batch_size_per_gpu": 4, "train_batch_size": 400000000000000}\n' > "$fx/ds_tbs.json"
+
 # ---- the table ----
 snapshot() {
   (cd "$work" && find fx out -type f -print0 | sort -z | xargs -0 md5sum)
@@ -160,6 +204,8 @@ findings=()
 row() {
   local name=$1 regex=$2
   shift 2
+  # BAD_INPUTS_ONLY=REGEX runs only the rows whose names match (to try a few rows by hand).
+  [[ -z "${BAD_INPUTS_ONLY:-}" || $name =~ $BAD_INPUTS_ONLY ]] || return 0
   local log=$logs/$name.log before after rc lines
   before=$(snapshot)
   set +e
@@ -290,6 +336,56 @@ row merge_wrong_peft_type   "ad_type/adapter_config\.json.*peft_type"           
 row merge_other_model       "lora_other/adapter/adapter_model\.safetensors: tensor 'base_model\.model\.model\.layers\.[0-9]+\.self_attn\.(q|v)_proj\.lora_[AB]\.weight'" S merge --base "$m" --adapter "$fx/lora_other/adapter" --out "$work/merged"
 row generate_other_adapter  "lora_other/adapter.*lora_[AB]"                            S generate --model "$m" --adapter "$fx/lora_other/adapter" --prompt hi
 row merge_missing_adapter   "no_such_adapter"                                          S merge --base "$m" --adapter "$work/no_such_adapter" --out "$work/merged"
+# parsers with limits (issue 30): nesting, alias expansion, numbers past a double, sizes past 64 bits
+row model_config_deep       "deepcfg/config\.json: invalid JSON: .*nested deeper than 128" T model="$d_deepcfg"
+row weights_header_deep     "deephdr/model\.safetensors: header is not valid JSON: .*nested deeper" T model="$d_deephdr"
+row weights_index_deep      "deepidx/model\.safetensors\.index\.json: .*nested deeper"  T model="$d_deepidx"
+row tokenizer_json_deep     "deeptok/tokenizer\.json: .*nested deeper"                 S tokenize --model "$d_deeptok" --text hi
+row chat_template_deep      "deeptc/tokenizer_config\.json: .*nested deeper"           S generate --model "$d_deeptc" --prompt hi --chat --max-new-tokens 2
+row adapter_config_deep     "ad_deep/adapter_config\.json: .*nested deeper"            S merge --base "$m" --adapter "$ad_deep" --out "$work/merged"
+row generate_prompts_deep   "prompts_deep\.jsonl:1: .*nested deeper"                   S generate --model "$m" --prompts "$fx/prompts_deep.jsonl"
+row data_record_deep        "deep_record\.jsonl:1: .*nested deeper"                    TA data.train="$fx/deep_record.jsonl"
+row report_charts_deep      "charts_deep\.json"                                        S report --charts "$fx/charts_deep.json" --out "$work/r.html"
+row ds_config_deep          "ds_deep\.json.*nested deeper"                            T deepspeed_config="$fx/ds_deep.json"
+row yaml_deep               "deep\.yaml:[0-9]+: invalid YAML: nested deeper"         S train --config "$fx/deep.yaml"
+row yaml_alias_bomb         "bomb\.yaml:[0-9]+: key 'lol.*more than 100000 values"     S train --config "$fx/bomb.yaml"
+row override_alias_bomb     "command line: key 'lol.*more than 100000 values"          T "lol=$bomb_flow"
+row model_number_overflow   "epsover/config\.json: invalid JSON: .*1e400.*rms_norm_eps" T model="$d_epsover"
+row generate_prompts_overflow "prompts_overflow\.jsonl:1: .*1e400.*temperature"        S generate --model "$m" --prompts "$fx/prompts_overflow.jsonl"
+row data_record_overflow    "overflow_record\.jsonl:1: .*1e400"                        TA data.train="$fx/overflow_record.jsonl"
+row model_vocab_huge        "vocab/config\.json: key 'vocab_size': must be at most"    T model="$d_vocab"
+row generate_vocab_huge     "vocab/config\.json: key 'vocab_size'"                     S generate --model "$d_vocab" --prompt hi
+row mem_vocab_huge          "vocab.*key 'vocab_size'"                                  S estimate-memory --model "$d_vocab"
+row cli_init_vocab_huge     "vocab_size.*must be at most"                              S init --preset tiny --out "$work/newinit" --set vocab_size=4611686018427387904
+row model_hidden_huge       "hidden/config\.json: key 'hidden_size': must be at most"  T model="$d_hidden"
+row model_layers_huge       "manylayers/config\.json: key 'num_hidden_layers'"         T model="$d_manylayers"
+row model_positions_huge    "maxpos/config\.json: key 'max_position_embeddings'"       T model="$d_maxpos"
+row model_parameters_huge   "params/config\.json: key 'vocab_size': the model would have" T model="$d_params"
+# absurd numbers, refused where they are written
+row yaml_lr_inf             "lr_inf\.yaml:[0-9]+: key 'optimizer\.lr': expected a finite number" S train --config "$fx/lr_inf.yaml"
+row value_lr_inf            "command line: key 'optimizer\.lr': expected a finite number" T optimizer.lr=.inf
+row value_lr_nan            "command line: key 'optimizer\.lr'"                        T optimizer.lr=.nan
+row value_lr_overflow       "key 'optimizer\.lr': number 1e400 is out of range"        T optimizer.lr=1e400
+row value_grad_norm_inf     "key 'max_grad_norm': expected a finite number"            T max_grad_norm=.inf
+row value_eps_inf           "key 'optimizer\.eps': expected a finite"                  T optimizer.eps=.inf
+row value_weight_decay_inf  "key 'optimizer\.weight_decay': expected a finite"         T optimizer.weight_decay=.inf
+row value_timeout_inf       "key 'collective_timeout': expected a finite"              T collective_timeout=.inf
+row value_save_minutes_inf  "key 'save_every_minutes': expected a finite"               T save_every_minutes=.inf
+row value_peak_flops_inf    "key 'peak_flops': expected a finite"                      T peak_flops=.inf
+row value_peak_flops_huge   "key 'peak_flops': number 1e999 is out of range"           T peak_flops=1e999
+row value_accum_huge        "key 'gradient_accumulation_steps': must be at most"       T gradient_accumulation_steps=4611686018427387904
+row value_batch_huge        "key 'micro_batch_size': must be at most"                  T micro_batch_size=1e12
+row value_seq_len_huge      "key 'seq_len': must be at most"                           T seq_len=1e9
+row value_batch_tokens      "key 'micro_batch_size': micro_batch_size 1048576 x seq_len 16777216" T micro_batch_size=1048576 seq_len=16777216
+row value_max_steps_huge    "key 'max_steps': must be at most"                         T max_steps=1e15
+row value_eval_batches_huge "key 'eval_batches': must be at most"                      T eval_batches=1e10
+row ds_batch_huge           "ds_tbs\.json:1: key 'train_batch_size'.*more than"       T deepspeed_config="$fx/ds_tbs.json"
+# serve: flags that size threads and buffers are bounded
+row serve_max_batch_huge    "--max-batch"                                              S serve --model "$m" --port 0 --max-batch 1000000
+row serve_connections_zero  "--max-connections"                                        S serve --model "$m" --port 0 --max-connections 0
+row serve_max_body_huge     "--max-body.*1GiB"                                         S serve --model "$m" --port 0 --max-body 10TB
+row serve_max_body_text     "--max-body.*lots"                                         S serve --model "$m" --port 0 --max-body lots
+row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
 # launch
 row launch_nnodes_no_hosts  "--hostfile"                                               S launch --nproc-per-node 1 --nnodes 2 -- train --config "$cfg"
 row launch_hostfile_missing "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
