@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_integer.h"
+#include "io/json_parse.h"
 #include "io/model_files.h"
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
@@ -284,7 +285,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
                 {.file = dir_});
   try {
     std::ifstream in(meta_path);
-    meta_ = json::parse(in);
+    meta_ = io::parse_json(in);  // nesting bounded (io/json_parse.h)
   } catch (const json::exception& e) {
     throw Error(fmt::format("malformed metadata: {}", e.what()), {.file = meta_path});
   }
