@@ -52,19 +52,27 @@ model = os.path.join(work, "m")
 subprocess.run([shardlm, "init", "--preset", "tiny", "--set", "max_position_embeddings=96", "--seed", "1",
                 "--out", model], check=True, stdout=subprocess.DEVNULL, env=env)
 err = open(os.path.join(work, "serve.err"), "w+")
-server = subprocess.Popen([shardlm, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                           "--max-batch", "4", "--max-len", "96", "--max-connections", "96",
-                           "--request-timeout", "2", "--max-body", "1MiB"], stderr=err, env=env)
-port = None
-for _ in range(600):
+
+
+def start_server(*flags):
+    """serve on an ephemeral loopback port with these flags; returns (process, port or None)."""
     err.seek(0)
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", err.read())
-    if m:
-        port = int(m.group(1))
-        break
-    if server.poll() is not None:
-        break
-    time.sleep(0.1)
+    err.truncate()
+    proc = subprocess.Popen([shardlm, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                             "--max-len", "96", *flags], stderr=err, env=env)
+    for _ in range(600):
+        err.seek(0)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", err.read())
+        if m:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    return proc, None
+
+
+server, port = start_server("--max-batch", "4", "--max-connections", "96", "--request-timeout", "2",
+                            "--max-body", "1MiB")
 if port is None:
     err.seek(0)
     print("FAIL: serve did not start:\n" + err.read())
@@ -322,18 +330,7 @@ def sigterm_with_slow_client(server, what):
 
 sigterm_with_slow_client(server, "--request-timeout 2")
 # Again with a request timeout far past the grace: the shutdown itself must cut the client off.
-err.seek(0)
-err.truncate()
-server = subprocess.Popen([shardlm, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                           "--max-len", "96", "--request-timeout", "600"], stderr=err, env=env)
-port = None
-for _ in range(600):
-    err.seek(0)
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", err.read())
-    if m:
-        port = int(m.group(1))
-        break
-    time.sleep(0.1)
+server, port = start_server("--request-timeout", "600")
 if port is None:
     fail("the second serve did not start")
 else:
