@@ -94,7 +94,7 @@ std::vector<std::string> ShardedModel::names() const {
 
 ShardedModel::LoadTargets ShardedModel::load_targets(int k) {
   const Unit& u = *units_.at(size_t(k));
-  return {u.master.live() ? u.master.view() : Tensor{}, u.params.frozen_rest(), u.params.nf4_rest()};
+  return {u.master.view(), u.params.frozen_rest(), u.params.nf4_rest()};  // a released buffer's view is undefined
 }
 
 // ---- parameters: gather, bind, release -----------------------------------------------------------
