@@ -30,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # A small Llama: 4 layers, hidden 128 (the tiny preset made wider and deeper).
 "$shardlm" init --preset tiny --set num_hidden_layers=4 --set hidden_size=128 --set intermediate_size=352 \
-  --seed 1 --out "$work/model" > /dev/null
+  --seed 1 --out "$work/model" --force > /dev/null
 cat > "$work/run.yaml" <<YAML
 model: $work/model
 output_dir: $work/out

@@ -57,7 +57,7 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   save.step = 3;
   ckpt::save_checkpoint(save, engine, cfg, *world);
   ckpt::CheckpointReader reader(ckpt_dir);
-  ckpt::convert_checkpoint(reader, {.out = out, .dtype = DType::F32});
+  ckpt::convert_checkpoint(reader, {.out = out, .dtype = DType::F32, .publish = io::Publish::ReplaceAnything});
 
   // shardlm's logits from the engine's weights.
   infer::ParamStore full(cfg, DType::F32);

@@ -138,7 +138,9 @@ TEST(Golden, FiveAdamWStepsThenSaveForReload) {
     // Save the trained model as a Hugging Face directory (the trainer's final save), with its
     // logits on batch 0, for the PyTorch reload check that ctest runs next.
     const fs::path out = fs::path(c.model_dir).parent_path() / "trained";
-    ckpt::export_model(l.run->engine, l.cfg, {.out = out.string()}, "", *l.run->local);
+    // The directory is this test's own, logits.npy included: replaced whole on a rerun.
+    ckpt::export_model(l.run->engine, l.cfg, {.out = out.string(), .publish = io::Publish::ReplaceAnything}, "",
+                       *l.run->local);
     const data::BatchBuffers b = load_batch(c, 0);
     std::vector<float> logits(static_cast<size_t>(b.B * b.T * l.cfg.vocab_size));
     l.run->engine.forward_logits(*l.model, b.batch(),

@@ -506,7 +506,8 @@ void write_adapter(const ModelConfig& cfg, const ConvertOptions& opt,
     views[t.name] = x.t;
     owned[t.name] = std::move(x);
   }
-  write_peft_adapter(opt.out, *cfg.lora, cfg, views, opt.dtype);
+  io::publish_dir(opt.out, opt.publish, opt.role,
+                  [&](const std::string& out) { write_peft_adapter(out, *cfg.lora, cfg, views, opt.dtype); });
 }
 }  // namespace
 
@@ -525,7 +526,8 @@ void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
   const OwnedTensor f32(DType::F32, {kChunk}, MemCategory::Workspace, false);
   OwnedTensor low;
   if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {kChunk}, MemCategory::Workspace, false);
-  io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
+  io::publish_dir(opt.out, opt.publish, opt.role, [&](const std::string& out) {
+  io::write_model_weights_streaming(out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const int64_t n = reader.tensor(name).numel();
     for (int64_t pos = 0; pos < n; pos += kChunk) {
       const int64_t m = std::min(kChunk, n - pos);
@@ -539,7 +541,8 @@ void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
       }
     }
   });
-  write_hf_side_files(opt.out, reader.model(), opt.dtype, reader.dir());
+  write_hf_side_files(out, reader.model(), opt.dtype, reader.dir());
+  });
 }
 
 void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const ConvertOptions& opt,
@@ -592,7 +595,8 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
   }
   OwnedTensor low;
   if (opt.dtype != DType::F32) low = OwnedTensor(opt.dtype, {chunk}, MemCategory::Workspace, false);
-  io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
+  io::publish_dir(opt.out, opt.publish, opt.role, [&](const std::string& out) {
+  io::write_model_weights_streaming(out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const auto [k, e] = where.at(name);
     if (k != current) gather(k);
     const Tensor t = unit.t.slice(e->offset, e->offset + e->info.numel());
@@ -609,7 +613,8 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
   // A unit the writer never asked for would leave the other ranks waiting in its gather.
   SHARDLM_CHECK(current == engine.num_units() - 1, "export_model: wrote {} of {} units", current + 1, engine.num_units());
   unit = OwnedTensor();
-  write_hf_side_files(opt.out, cfg, opt.dtype, tokenizer_source);
+  write_hf_side_files(out, cfg, opt.dtype, tokenizer_source);
+  });
   world.barrier();
 }
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "io/staged_dir.h"
 #include "model/config.h"
 
 namespace shardlm::shard {
@@ -145,6 +146,8 @@ struct ConvertOptions {
   std::string out;
   DType dtype = DType::F32;
   uint64_t max_shard_bytes = 5'000'000'000;
+  io::Publish publish = io::Publish::Replace;    // how `out` appears (io/staged_dir.h)
+  std::string role = "the output directory";  // names `out` in errors
 };
 void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt);
 

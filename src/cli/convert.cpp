@@ -22,7 +22,8 @@ void register_convert(CLI::App& app) {
   cmd->add_option("checkpoint", o->checkpoint,
                   "A checkpoint directory (step_NNNNNNNN), or a directory of them (the newest complete one is used)")
       ->required();
-  cmd->add_option("--out", o->out, "Directory to write (created)")->required();
+  cmd->add_option("--out", o->out, "Directory to write: created, or replaced whole when it holds only model files")
+      ->required();
   cmd->add_option("--dtype", o->dtype, "Stored dtype: bf16, f32 or f16")->capture_default_str();
   cmd->add_option("--max-shard-size", o->max_shard_size, "Largest safetensors file, e.g. 5GB, 500MB, 2GiB")
       ->capture_default_str();
@@ -33,11 +34,13 @@ void register_convert(CLI::App& app) {
       "\n"
       "Reads the master weights (f32) tensor by tensor in small chunks, so memory stays near a few\n"
       "tens of MiB whatever the model size; writes config.json, generation_config.json, the\n"
-      "tokenizer files and model.safetensors (or shards and an index), every file atomically.");
+      "tokenizer files and model.safetensors (or shards and an index) into a staging directory\n"
+      "beside --out, then publishes it whole: a crash leaves the old --out or the new one, never a mix.");
   cmd->callback([o] {
     const auto t0 = std::chrono::steady_clock::now();
     ckpt::ConvertOptions opt;
     opt.out = o->out;
+    opt.role = "--out";
     opt.dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     opt.max_shard_bytes = io::parse_size(o->max_shard_size);
     std::string dir = o->checkpoint;
@@ -47,6 +50,7 @@ void register_convert(CLI::App& app) {
       if (!found) throw Error("neither a checkpoint nor a directory holding a complete one", {.file = dir});
       dir = *found;
     }
+    io::refuse_output_over_input(opt.out, "--out", dir, "checkpoint");
     ckpt::CheckpointReader reader(dir);
     ckpt::convert_checkpoint(reader, opt);
     int64_t params = 0;

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "io/json_parse.h"
+#include "io/staged_dir.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
@@ -19,12 +20,15 @@ void register_init(CLI::App& app) {
   struct Opts {
     std::string preset, config, out, dtype = "f32";
     uint64_t seed = 0;
+    bool force = false;
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
   auto* src = cmd->add_option("--preset", o->preset, "Named architecture: " + fmt::format("{}", fmt::join(preset_names(), ", ")));
   cmd->add_option("--config", o->config, "A Hugging Face config.json (or a directory holding one)")->excludes(src);
-  cmd->add_option("--out", o->out, "Directory to write (created)")->required();
+  cmd->add_option("--out", o->out, "Directory to write (created; it must not exist or be empty)")->required();
+  cmd->add_flag("--force", o->force, "Replace --out even when it holds something (a trained model, say): the old "
+                "directory is swapped out whole and deleted");
   cmd->add_option("--seed", o->seed, "Initialization seed (same seed, same weights, on any number of ranks)");
   cmd->add_option("--dtype", o->dtype, "Stored dtype: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--set", o->sets, "Override a config.json field, e.g. --set num_hidden_layers=4 (repeatable); overriding "
@@ -37,6 +41,13 @@ void register_init(CLI::App& app) {
       "  shardlm init --config my/config.json --out runs/mine --seed 7 --set num_hidden_layers=2");
   cmd->callback([o] {
     if (o->preset.empty() && o->config.empty()) throw Error("give --preset NAME or --config config.json");
+    // Before any work: a random model must not silently replace a trained one.
+    const io::Publish publish = o->force ? io::Publish::ReplaceAnything : io::Publish::New;
+    try {
+      io::check_publishable(o->out, publish, "--out");
+    } catch (Error& e) {
+      throw Error(e.message() + " (--force replaces it)", e.context());
+    }
     ModelConfig cfg = o->preset.empty() ? load_model_config(o->config) : preset(o->preset);
     if (!o->sets.empty()) {
       nlohmann::json j = to_hf_json(cfg);
@@ -75,7 +86,7 @@ void register_init(CLI::App& app) {
     const DType dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     infer::ParamStore params(cfg, DType::F32);
     params.init_random(o->seed);
-    params.save(o->out, dtype, ~uint64_t(0), "");
+    params.save(o->out, dtype, ~uint64_t(0), "", publish, "--out");
     fmt::print("wrote {} ({} layers, hidden {}, vocab {}, {:.2f}M parameters, {}, seed {})\n", o->out,
                cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, double(parameter_count(cfg)) / 1e6,
                dtype_name(dtype), o->seed);

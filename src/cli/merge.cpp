@@ -22,7 +22,8 @@ void register_merge(CLI::App& app) {
   cmd->add_option("--base", o->base, "The base model's Hugging Face directory")->required();
   cmd->add_option("--adapter", o->adapter, "A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors)")
       ->required();
-  cmd->add_option("--out", o->out, "Directory to write (created)")->required();
+  cmd->add_option("--out", o->out, "Directory to write: created, or replaced whole when it holds only model files")
+      ->required();
   cmd->add_option("--dtype", o->dtype, "Stored dtype of the merged model: f32, bf16 or f16 (default: the base's)");
   cmd->add_option("--max-shard-size", o->max_shard_size, "Largest safetensors file, e.g. 5GB, 500MB, 2GiB")
       ->capture_default_str();
@@ -35,13 +36,15 @@ void register_merge(CLI::App& app) {
       "with use_rslora), computed in f32 from the base's stored dtype, then stored in --dtype; the\n"
       "other tensors are copied. Streams tensor by tensor (memory: one weight in f32 and the adapter).\n"
       "Writes config.json, generation_config.json, the base's tokenizer files and model.safetensors\n"
-      "(or shards and an index), every file atomically. See docs/lora.md.");
+      "(or shards and an index) into a staging directory beside --out, then publishes it whole.\n"
+      "See docs/lora.md.");
   cmd->callback([o] {
     const auto t0 = std::chrono::steady_clock::now();
     MergeOptions opt;
     opt.base = o->base;
     opt.adapter = o->adapter;
     opt.out = o->out;
+    opt.role = "--out";
     if (!o->dtype.empty()) opt.dtype = dtype_flag("--dtype", o->dtype, {DType::F32, DType::BF16, DType::F16});
     opt.max_shard_bytes = io::parse_size(o->max_shard_size);
     const MergeReport r = merge_peft_adapter(opt);

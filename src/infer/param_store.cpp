@@ -118,12 +118,10 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
   sync_compute();
 }
 
-void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_bytes,
-                      const std::string& tokenizer_source) const {
+void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
+                      const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
   SHARDLM_CHECK(!partial_, "cannot save a model from a store that holds only some of its parts");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(fmt::format("cannot create the directory: {}", ec.message()), {.file = dir});
+  io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
   std::vector<OwnedTensor> staged;
@@ -141,8 +139,10 @@ void ParamStore::save(const std::string& dir, DType dtype, uint64_t max_shard_by
       tensors.emplace_back(e.info.name, dst);
     }
   }
-  io::write_model_weights(dir, tensors, max_shard_bytes);
-  write_hf_side_files(dir, cfg_, dtype, tokenizer_source);
+  io::publish_dir(target, publish, role, [&](const std::string& dir) {
+    io::write_model_weights(dir, tensors, max_shard_bytes);
+    write_hf_side_files(dir, cfg_, dtype, tokenizer_source);
+  });
 }
 
 void ParamStore::sync_compute() {

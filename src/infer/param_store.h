@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/staged_dir.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "ops/ops.h"
@@ -45,8 +46,10 @@ class ParamStore {
   void load(const io::ModelWeights& weights, const std::string& source);
   // Writes a Hugging Face model directory: the weights as a safetensors set in `dtype` (sharded above
   // max_shard_bytes), config.json and generation_config.json, and the tokenizer files copied from
-  // `tokenizer_source` ("" for none). Every file atomically. A whole store only.
-  void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes, const std::string& tokenizer_source) const;
+  // `tokenizer_source` ("" for none), published as `publish` says (io/staged_dir.h; `role` names
+  // `dir` in errors). A whole store only.
+  void save(const std::string& dir, DType dtype, uint64_t max_shard_bytes, const std::string& tokenizer_source,
+            io::Publish publish = io::Publish::Replace, const std::string& role = "the model directory") const;
 
   const model::LlamaWeights& compute_weights() const { return compute_; }
   Tensor master(const std::string& name) const;

@@ -95,8 +95,8 @@ void AtomicFile::pwrite(const void* data, size_t n, uint64_t offset) {
   }
 }
 
-void AtomicFile::commit() {
-  SHARDLM_CHECK(fd_ >= 0, "commit of {} after commit or abandon", path_);
+void AtomicFile::seal() {
+  SHARDLM_CHECK(fd_ >= 0, "seal of {} after seal, commit or abandon", path_);
   // On any failure below the destructor (or abandon) still removes the temporary file.
   if (::fsync(fd_) != 0) throw errno_error("cannot sync file", temp_path_, errno);
   const int fd = std::exchange(fd_, -1);
@@ -105,6 +105,11 @@ void AtomicFile::commit() {
     ::unlink(temp_path_.c_str());
     throw errno_error("cannot close file", temp_path_, err);
   }
+}
+
+void AtomicFile::commit() {
+  SHARDLM_CHECK(!temp_path_.empty(), "commit of {} after commit or abandon", path_);
+  if (fd_ >= 0) seal();
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp_path_.c_str());

@@ -30,14 +30,19 @@ class AtomicFile {
 
   const std::string& path() const { return path_; }            // the final path
   const std::string& temp_path() const { return temp_path_; }  // where the bytes go until commit()
-  int fd() const { return fd_; }                                // -1 after commit() or abandon()
+  int fd() const { return fd_; }                                // -1 after seal(), commit() or abandon()
 
   // Append all n bytes at the current position (retries short writes and EINTR).
   void write(const void* data, size_t n);
   // Write all n bytes at absolute offset `offset`, leaving the current position alone.
   void pwrite(const void* data, size_t n, uint64_t offset);
 
-  // fsync, close, rename over path(), fsync the directory. After this the object is inert.
+  // fsync and close the temporary file without publishing it; a later commit() only renames it.
+  // This lets a caller write many files and then publish them together (io/model_files.cpp):
+  // a sealed file holds no descriptor, so any number of them can wait.
+  void seal();
+  // fsync, close, rename over path(), fsync the directory (whatever seal() has not done yet).
+  // After this the object is inert.
   void commit();
   // Close and remove the temporary file now (what the destructor does). Never throws.
   void abandon() noexcept;

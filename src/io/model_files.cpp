@@ -1,6 +1,11 @@
 #include "io/model_files.h"
 
 #include <cctype>
+#include <csignal>
+#include <cstdlib>
+#include <string_view>
+#include <chrono>
+#include <random>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +20,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_parse.h"
+#include "io/read_file.h"
 
 namespace shardlm::io {
 
@@ -25,20 +31,29 @@ namespace {
 
 std::string shard_name(size_t i, size_t n) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", i, n); }
 
+// The metadata key, in every shard and in the index, that ties a sharded save together.
+constexpr const char* kSaveIdKey = "shardlm_save";
+
+// The test hook behind the interrupted-publish test: SHARDLM_TEST_KILL_PUBLISHING=1 kills the
+// process (SIGKILL, as kill -9) just after the first shard of a save is renamed into place.
+bool killed_while_publishing() {
+  const char* v = std::getenv("SHARDLM_TEST_KILL_PUBLISHING");
+  return v && std::string_view(v) == "1";
+}
+
+// 64 random bits in hex: unique enough to tell two saves of one directory apart.
+std::string new_save_id() {
+  std::random_device rd;
+  const uint64_t id = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", id);
+}
+
 // A file name that a save of ours (or of transformers) could have produced.
 bool is_model_file_name(const std::string& name) {
   static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
   return name == kSafetensorsSingleName || name == kSafetensorsIndexName || std::regex_match(name, shard);
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open: {}", std::strerror(errno))).set_file(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("read failed").set_file(path);
-  return ss.str();
-}
 
 }  // namespace
 
@@ -62,7 +77,7 @@ ModelWeights::ModelWeights(std::string dir) : dir_(std::move(dir)) {
 
   json j;
   try {
-    j = parse_json(read_text_file(index));
+    j = parse_json(read_file(index, "index file"));
   } catch (const json::exception& e) {
     throw Error(fmt::format("not valid JSON: {}", e.what())).set_file(index);
   }
@@ -99,6 +114,20 @@ ModelWeights::ModelWeights(std::string dir) : dir_(std::move(dir)) {
         throw Error(fmt::format("the index places it in shard file '{}', which does not hold it", shard))
             .set_file(index).set_tensor(name);
       where_.emplace(name, fi);
+    }
+  }
+  // A save of ours ties its shards to its index (see the writer): shards of another save mean an
+  // interrupted save that left two models mixed.
+  const json* meta = j.contains("metadata") && j["metadata"].is_object() ? &j["metadata"] : nullptr;
+  if (meta && meta->contains(kSaveIdKey) && (*meta)[kSaveIdKey].is_string()) {
+    const std::string save = (*meta)[kSaveIdKey].get<std::string>();
+    for (const SafetensorsFile& f : files_) {
+      auto it = f.metadata().find(kSaveIdKey);
+      if (it == f.metadata().end() || it->second != save)
+        throw Error(fmt::format("belongs to another save than {} (a save interrupted while publishing its shards "
+                                "left two models mixed in this directory); save the model again",
+                                kSafetensorsIndexName))
+            .set_file(f.path());
     }
   }
 }
@@ -176,11 +205,21 @@ void write_model_weights_streaming(const std::string& dir, const std::vector<Pla
     total += nbytes[i];
   }
 
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  // A sharded save is published in two steps, because no filesystem renames several files at
+  // once: every shard is written and synced under its temporary name first, then all are renamed
+  // into place and the index last. Shard names repeat across saves (model-00001-of-00004 ...), so a
+  // death among those renames could leave some new shards beside old ones under an old index; every
+  // shard and the index therefore carry one save id, and ModelWeights refuses a directory whose
+  // shards disagree with its index instead of loading a mix of two models.
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const bool sharded = shards.size() > 1;
+  const std::string save = new_save_id();
+  if (sharded) metadata[kSaveIdKey] = save;
   std::set<std::string> keep;
   json weight_map = json::object();
+  std::vector<SafetensorsWriter> written;
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = shards.size() == 1 ? kSafetensorsSingleName : shard_name(s + 1, shards.size());
+    const std::string name = sharded ? shard_name(s + 1, shards.size()) : kSafetensorsSingleName;
     std::vector<PlannedTensor> part;
     for (size_t i : shards[s]) {
       part.push_back(plan[i]);
@@ -190,12 +229,18 @@ void write_model_weights_streaming(const std::string& dir, const std::vector<Pla
     SafetensorsWriter w((fs::path(dir) / name).string(), part, metadata);
     for (const PlannedTensor& p : part)
       fill(p.name, [&](const void* bytes, size_t n) { w.write(p.name, bytes, n); });
-    w.finish();
+    w.seal();
+    written.push_back(std::move(w));
     keep.insert(name);
   }
-  if (shards.size() > 1) {
+  for (size_t s = 0; s < written.size(); ++s) {
+    written[s].finish();
+    if (s == 0 && killed_while_publishing()) std::raise(SIGKILL);
+  }
+  if (sharded) {
     // transformers: json.dumps(index, indent=2, sort_keys=True) + "\n"; nlohmann sorts keys too.
-    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    // It reads only total_size of the metadata; the save id is ours.
+    const json index = {{"metadata", {{"total_size", total}, {kSaveIdKey, save}}}, {"weight_map", weight_map}};
     write_text_atomic((fs::path(dir) / kSafetensorsIndexName).string(), index.dump(2) + "\n");
     keep.insert(kSafetensorsIndexName);
   }

@@ -31,7 +31,8 @@ inline constexpr const char* kSafetensorsIndexName = "model.safetensors.index.js
 class ModelWeights {
  public:
   // Throws Error naming the directory when it holds neither file, the index file (and tensor and
-  // shard) when the index does not match the shards, or the shard file when a shard is corrupt.
+  // shard) when the index does not match the shards, or the shard file when a shard is corrupt or
+  // belongs to another save than the index (see write_model_weights).
   explicit ModelWeights(std::string dir);
   ModelWeights(ModelWeights&&) noexcept = default;
   ModelWeights& operator=(ModelWeights&&) noexcept = default;
@@ -62,10 +63,15 @@ class ModelWeights {
 // if missing) as transformers does: model.safetensors if they fit one shard of max_shard_bytes,
 // else model-0000i-of-0000N.safetensors plus model.safetensors.index.json holding
 // {"metadata": {"total_size": <bytes>}, "weight_map": {name: shard file}}. A tensor larger than
-// max_shard_bytes gets a shard of its own. Every file is written atomically; the single file or
-// index is written after the shards it describes, and only then are the model files of an earlier
-// save that the new one does not use (an old index, old shards, an old model.safetensors) removed,
-// so at every moment the directory loads as either the old or the new model.
+// max_shard_bytes gets a shard of its own.
+//
+// Publishing: every file is written to a temporary name and synced first; then the shards are
+// renamed into place, then the single file or index; only then are the model files of an earlier
+// save that the new one does not use (an old index, old shards, an old model.safetensors) removed.
+// A sharded save's files all carry one save id ("shardlm_save" in each shard's metadata and the
+// index's), which ModelWeights checks, so a death among the final renames is reported on load
+// rather than read as a mix of two models. A directory that must appear whole (convert, merge,
+// init) is written through io/staged_dir.h around this.
 void write_model_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          uint64_t max_shard_bytes);
 

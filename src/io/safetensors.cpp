@@ -385,13 +385,18 @@ void SafetensorsWriter::write(const std::string& name, const void* bytes, size_t
   s.written += n;
 }
 
-void SafetensorsWriter::finish() {
+void SafetensorsWriter::seal() {
   for (const std::string& name : order_) {
     const Slot& s = slots_.at(name);
     if (s.written != s.nbytes)
       throw file_error(path_, name, fmt::format("only {} of its {} bytes were written before finish()", s.written,
                                                 s.nbytes));
   }
+  file_.seal();
+}
+
+void SafetensorsWriter::finish() {
+  if (file_.fd() >= 0) seal();
   file_.commit();
 }
 

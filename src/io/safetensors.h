@@ -137,6 +137,10 @@ class SafetensorsWriter {
 
   // Append n bytes to tensor `name`. Throws if `name` is not planned or n exceeds what is left.
   void write(const std::string& name, const void* bytes, size_t n);
+  // Checks that every tensor is complete and syncs the file without publishing it (AtomicFile::seal),
+  // for a caller that publishes several files together; finish() then only renames it.
+  void seal();
+  // seal() if not done, then publish the file at its path.
   void finish();
   uint64_t file_size() const { return file_size_; }
 

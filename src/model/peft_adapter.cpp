@@ -13,6 +13,7 @@
 #include "io/atomic_file.h"
 #include "io/json_parse.h"
 #include "io/model_files.h"
+#include "io/staged_dir.h"
 #include "model/hf_dir.h"
 #include "model/nf4_loader.h"
 #include "io/safetensors.h"
@@ -310,9 +311,8 @@ void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& l
 }
 
 MergeReport merge_peft_adapter(const MergeOptions& opt) {
-  std::error_code ec;
-  if (fs::exists(opt.out) && fs::exists(opt.base) && fs::equivalent(opt.out, opt.base, ec))
-    throw Error("--out is the base model's directory: write the merged model elsewhere", {.file = opt.out});
+  io::refuse_output_over_input(opt.out, opt.role, opt.base, "base model directory");
+  io::refuse_output_over_input(opt.out, opt.role, opt.adapter, "adapter directory");
   const ModelConfig cfg = load_model_config(opt.base);
   const io::ModelWeights weights(opt.base);
   // A directory saved by transformers from a bitsandbytes 4-bit model: its NF4 weights are read as
@@ -367,7 +367,8 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
 
   const double scale = adapter.spec.scale();
   constexpr int64_t kChunk = int64_t(4) << 20;  // elements converted at a time when copying
-  io::write_model_weights_streaming(opt.out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
+  io::publish_dir(opt.out, opt.publish, opt.role, [&](const std::string& out) {
+  io::write_model_weights_streaming(out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const auto it = adapted.find(name);
     if (it != adapted.end() || nf4.is_quantized(name)) {
       // The whole weight in f32 (an NF4 one dequantized as bitsandbytes does), W += scale * B A
@@ -420,14 +421,15 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
     }
     weights.file_holding(name).drop_resident_pages();
   });
-  write_hf_side_files(opt.out, cfg, report.dtype, opt.base);
+  write_hf_side_files(out, cfg, report.dtype, opt.base);
   // The base's own generation settings, when it has them, rather than the defaults from config.json.
   const fs::path gen = fs::path(opt.base) / "generation_config.json";
   if (fs::exists(gen)) {
     std::ifstream f(gen, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    io::write_text_atomic((fs::path(opt.out) / "generation_config.json").string(), bytes);
+    io::write_text_atomic((fs::path(out) / "generation_config.json").string(), bytes);
   }
+  });
   SHARDLM_CHECK(report.merged == int64_t(adapter.targets.size()), "merged {} of the adapter's {} weights",
                 report.merged, adapter.targets.size());
   return report;

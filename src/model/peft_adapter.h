@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "io/staged_dir.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -67,6 +68,8 @@ struct MergeOptions {
   std::string base, adapter, out;  // directories
   std::optional<DType> dtype;      // of the merged weights; unset: the base's stored dtype
   uint64_t max_shard_bytes = 5'000'000'000;
+  io::Publish publish = io::Publish::Replace;  // how `out` appears (io/staged_dir.h)
+  std::string role = "the merged model's directory";  // names `out` in errors
 };
 struct MergeReport {
   model::LoraSpec spec;
