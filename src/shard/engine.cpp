@@ -287,23 +287,37 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   st.grad_norm = std::sqrt(sumsq);
   if (!make_.dry() && !(std::isfinite(st.loss) && std::isfinite(st.grad_norm))) {
     st.finite = false;
-    st.nonfinite = first_nonfinite_gradient();
+    st.nonfinite = first_nonfinite(Checked::Gradients);
     return st;  // no optimizer step: weights and moments stay as they were
   }
   const timeline::Span span("optimizer step", "compute");
   optimizer_step(opt, step, ops::clip_coefficient(st.grad_norm, float(max_grad_norm)));
+  // The update itself can overflow (a learning rate far too large) with a finite loss and gradient,
+  // so the updated weights are checked too: one more pass over what this rank owns.
+  double weights_sumsq = 0.0;
+  for (auto& u : units_)
+    if (u->plan->trains()) weights_sumsq += a.sum_squares(u->master.view());
+  weights_sumsq = host_sum(weights_sumsq, false);
+  if (!make_.dry() && !std::isfinite(weights_sumsq)) {
+    st.finite = false;
+    st.weights_nonfinite = true;
+    st.nonfinite = first_nonfinite(Checked::Weights);
+  }
   return st;
 }
 
-// The first tensor, in unit order, whose reduced gradient holds a NaN or Inf on any rank of the
-// shard group (collective over the host groups; only called after a non-finite step).
-std::string ShardedModel::first_nonfinite_gradient() {
-  const bool sharded = plan_.sharding.shard_optimizer();
+// The first tensor, in unit order, whose reduced gradient (or updated master weight) holds a NaN or
+// Inf on any rank of the shard group (collective over the host groups; only called after a
+// non-finite step).
+std::string ShardedModel::first_nonfinite(Checked what) {
+  const bool sharded = plan_.sharding.shard_optimizer() || what == Checked::Weights;
   std::vector<std::pair<int, const FlatEntry*>> tensors;
   std::vector<float> bad;
   for (size_t k = 0; k < units_.size(); ++k) {
     const PlannedUnit& p = *units_[k]->plan;
-    const Tensor& g = sharded ? units_[k]->grad_shard.view() : units_[k]->full_grad.view();
+    const Tensor& g = what == Checked::Weights ? units_[k]->master.view()
+                      : sharded                ? units_[k]->grad_shard.view()
+                                               : units_[k]->full_grad.view();
     for (const FlatEntry& e : p.layout.entries) {
       tensors.emplace_back(int(k), &e);
       bad.push_back(0.0f);

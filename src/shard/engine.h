@@ -49,6 +49,9 @@ struct StepStats {
   // (in unit order) whose gradient holds one, on any rank ("" when the gradients are finite).
   bool finite = true;
   std::string nonfinite;
+  // The loss and gradients were finite, but the optimizer step made a weight NaN or Inf (then
+  // finite is false and `nonfinite` names the first such weight). The step cannot be undone.
+  bool weights_nonfinite = false;
 };
 
 class ShardedModel {
@@ -130,7 +133,8 @@ class ShardedModel {
   void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, Pass pass, int64_t step, bool last_micro,
                   Compute compute);
   void optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip);
-  std::string first_nonfinite_gradient();
+  enum class Checked { Gradients, Weights };
+  std::string first_nonfinite(Checked what);
   double host_sum(double v, bool over_replicas);
 
   ModelConfig cfg_;

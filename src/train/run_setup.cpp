@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "core/alloc.h"
+#include "io/staged_dir.h"
 #include "model/hf_dir.h"
 #include "model/llama.h"
 #include "model/nf4_loader.h"
@@ -10,10 +13,6 @@
 namespace shardlm::train {
 
 namespace {
-
-// The largest vocabulary the byte-level fallback tokenizer may stand in for (its 259 ids fit
-// shardlm init's small presets; real tokenizers have tens of thousands).
-constexpr int64_t kByteFallbackMaxVocab = 4096;
 
 // The run's rows against what the model can attend over.
 void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
@@ -35,7 +34,28 @@ void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
 
 }  // namespace
 
+// The directories a run writes its model into must not be the one it reads it from: a full
+// fine-tune writes output_dir itself, a LoRA run output_dir/adapter (and output_dir/merged).
+static void check_outputs(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> written = {{c.output_dir, "output_dir"}};
+  if (c.lora) {
+    written.emplace_back((fs::path(c.output_dir) / "adapter").string(), "output_dir/adapter");
+    if (c.merge_on_save) written.emplace_back((fs::path(c.output_dir) / "merged").string(), "output_dir/merged");
+  }
+  for (const auto& [dir, role] : written) {
+    try {
+      io::refuse_output_over_input(dir, role, c.model, "model directory");
+      // The adapter and merged directories are replaced whole at the end; refuse now, not then.
+      if (role != "output_dir") io::check_publishable(dir, io::Publish::Replace, role);
+    } catch (Error& e) {
+      throw Error(e.message(), {.file = c.source, .key = "output_dir"});
+    }
+  }
+}
+
 RunInputs load_inputs(const TrainConfig& c) {
+  check_outputs(c);
   RunInputs in;
   in.model = load_hf_config(c.model);
   apply_run_to_model(c, in.model);
@@ -60,20 +80,7 @@ RunInputs load_inputs(const TrainConfig& c) {
                                  c.model, c.lora ? " (lora.quantize_base: nf4 would keep them as stored)" : "");
     }
   }
-  in.tok = data::load_tokenizer(c.model);
-  // No tokenizer files: the byte-level fallback serves byte-sized models (shardlm init's presets
-  // for experiments). For a real vocabulary its ids would mean nothing to the embedding, and the
-  // run would learn garbage or find no example that fits, so say what is missing instead.
-  if (dynamic_cast<const data::ByteTokenizer*>(in.tok.get()) && in.model.vocab_size >= kByteFallbackMaxVocab &&
-      data::reads_text(c.data))
-    throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
-                            "ids; copy the model's tokenizer files beside its config.json",
-                            in.model.vocab_size),
-                {.file = c.model});
-  if (in.tok->vocab_size() > in.model.vocab_size)
-    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}", in.tok->name(),
-                            in.tok->vocab_size(), in.model.vocab_size),
-                {.file = c.model + "/config.json", .key = "vocab_size"});
+  in.tok = data::load_model_tokenizer(c.model, in.model.vocab_size, data::reads_text(c.data));
   data::DataConfig dc = c.data;
   dc.chat_template = data::read_chat_template(c.model);
   in.data = data::load_run_data(dc, c.seq_len, c.seed, *in.tok, in.model.vocab_size);

@@ -1,5 +1,7 @@
 // Stopping a run on a signal (save_on_signal): the first SIGTERM or SIGINT only raises a flag the
-// training loop reads between steps; a second one ends the process at once. (SIGUSR1, how
+// training loop reads between steps; a second one ends the process at once. Before the first step
+// (loading the model, tokenizing the data) there is nothing to save, so a signal then ends the
+// process at once with one line on stderr, rather than waiting for the loading to finish. (SIGUSR1, how
 // `shardlm launch` relays a stop through mpirun, arrives as SIGTERM: the command line's main()
 // turns one into the other for every command.) Owner: the trainer, which installs the handlers
 // for the length of a run (StopSignalGuard restores the previous ones).
@@ -23,6 +25,9 @@ class StopSignalGuard {
   bool on_;
   void (*old_[std::size(kSignals)])(int) = {};
 };
+
+// Called when the setup is done and the steps begin: from then on a first signal is only a flag.
+void stop_signals_now_save();
 
 // Whether this process got a stop signal since the guard was installed. (The loop sums it over the
 // ranks, so every rank stops after the same step.)

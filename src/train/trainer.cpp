@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "core/timeline.h"
 #include "data/sampler.h"
+#include "io/dir_lock.h"
 #include "io/model_files.h"
 #include "model/peft_adapter.h"
 #include "shard/engine.h"
@@ -68,6 +69,7 @@ class Trainer {
   shard::Mesh mesh_;
   shard::ShardedModel engine_;
   model::LlamaCompute model_;
+  io::DirLock output_lock_;  // rank 0 holds output_dir from the end of setup to the run's end (io/dir_lock.h)
   Reporter out_;
   data::DistributedSampler sampler_;
   std::vector<std::string> resume_notes_;
@@ -92,7 +94,9 @@ data::SamplerOptions sampler_options(const TrainConfig& c, const RunInputs& in, 
 
 // The members are built in order: the inputs, the memory plan, the mesh (on GPU runs its NCCL
 // groups pick the GPU, before any CUDA allocation), the engine, the model's compute on the
-// engine's device, the reporter and the sampler.
+// engine's device, the reporter and the sampler. Then the weights or the checkpoint are loaded,
+// and only then does rank 0 lock output_dir: a run refused during setup leaves it untouched, and
+// nothing is written there before the lock.
 Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
     : c_(c),
       world_(world),
@@ -112,6 +116,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
+  if (lead_) output_lock_ = io::DirLock(c.output_dir, "output_dir");
   model_.set_checkpointing(c.activation_checkpointing);
   model_.reserve(in_.B, in_.T);
 }
@@ -144,6 +149,7 @@ TrainResult Trainer::run() {
   // Every micro-batch of a step is built before the step, so the loss is normalized by the
   // non-ignored tokens of the whole global batch. From here on only that thread touches the sampler.
   data::Prefetcher prefetch([this] { return sampler_.next(); });
+  stop_signals_now_save();  // from here a stop signal finishes the step and saves
   t_train_ = last_save_ = Clock::now();
   for (int64_t step = start_step_; step <= c_.max_steps; ++step) {
     if (!c_.profile_steps.empty() && step == c_.profile_steps[0]) timeline::start();
@@ -187,8 +193,15 @@ TrainResult Trainer::run() {
 }
 
 // A step whose loss or gradient norm is NaN or Inf took no optimizer step (the engine saw to it);
-// on_nonfinite says whether the run goes on.
+// on_nonfinite says whether the run goes on. One whose update made the weights non-finite cannot be
+// skipped (the weights are already changed): it always ends the run, before anything is saved.
 void Trainer::skip_or_stop(int64_t step, const shard::StepStats& s) {
+  if (s.weights_nonfinite)
+    throw Error(fmt::format("step {}: the loss ({:.6g}) and the gradient norm ({:.6g}) were finite, but the optimizer step made "
+                            "the weights non-finite, first {}; the learning rate is likely far too large (the last "
+                            "checkpoint, if any, is intact)",
+                            step, s.loss, s.grad_norm, s.nonfinite),
+                {.file = c_.source, .key = "optimizer.lr"});
   const std::string what = fmt::format("step {}: the loss is {} and the gradient norm {}{}", step, s.loss, s.grad_norm,
                                        s.nonfinite.empty() ? std::string(" (every gradient is finite)")
                                                            : "; the first non-finite gradient is " + s.nonfinite);
@@ -281,8 +294,14 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
 void Trainer::save_model() {
   // A LoRA run writes its adapters as a PEFT directory, output_dir/adapter, and with merge_on_save
   // also the merged model, output_dir/merged.
+  // The adapter and merged directories are the run's alone and appear whole; output_dir itself
+  // also holds checkpoints and metrics, so a full model is written into it file by file.
   const std::string out = in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir;
-  const ckpt::ConvertOptions opt{.out = out, .dtype = c_.save_dtype, .max_shard_bytes = io::parse_size(c_.max_shard_size)};
+  const ckpt::ConvertOptions opt{.out = out,
+                                 .dtype = c_.save_dtype,
+                                 .max_shard_bytes = io::parse_size(c_.max_shard_size),
+                                 .publish = in_.model.lora ? io::Publish::Replace : io::Publish::InPlace,
+                                 .role = in_.model.lora ? "output_dir/adapter" : "output_dir"};
   if (c_.saves_checkpoints()) {
     if (lead_) {
       ckpt::CheckpointReader final_ckpt((fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(c_.max_steps)).string());
@@ -296,7 +315,8 @@ void Trainer::save_model() {
     if (lead_) {
       const MergeReport r = merge_peft_adapter({.base = c_.model, .adapter = out,
                                                 .out = (fs::path(c_.output_dir) / "merged").string(),
-                                                .dtype = c_.save_dtype, .max_shard_bytes = opt.max_shard_bytes});
+                                                .dtype = c_.save_dtype, .max_shard_bytes = opt.max_shard_bytes,
+                                                .publish = io::Publish::Replace, .role = "output_dir/merged"});
       out_.print(fmt::format("merge_on_save: merged {} weights (W + {:.4g} B A) into {}/merged{}", r.merged,
                              r.spec.scale(), c_.output_dir,
                              r.dequantized > 0 ? " (merged into the dequantized NF4 weights of the bitsandbytes 4-bit "
