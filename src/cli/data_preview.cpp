@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "data/instruct.h"
 #include "data/packing.h"
+#include "data/run_data.h"
 #include "data/sampler.h"
 #include "io/model_files.h"
 #include "ops/ops.h"
@@ -39,11 +40,12 @@ void register_data_preview(CLI::App& app) {
       "targets. The summary says how the examples form rows (packing) and how many steps an epoch has.");
   cmd->callback([o] {
     const train::TrainConfig cfg = train::load_train_config(o->config, o->overrides);
-    const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(cfg.model);
+    const int64_t vocab_size = load_hf_config(cfg.model).vocab_size;
+    const std::unique_ptr<data::Tokenizer> tok =
+        data::load_model_tokenizer(cfg.model, vocab_size, data::reads_text(cfg.data));
     data::DataConfig dc = cfg.data;
     dc.chat_template = data::read_chat_template(cfg.model);
-    const data::RunData d = data::load_run_data(dc, cfg.seq_len, cfg.seed, *tok,
-                                                 load_hf_config(cfg.model).vocab_size);
+    const data::RunData d = data::load_run_data(dc, cfg.seq_len, cfg.seed, *tok, vocab_size);
     fmt::print("data: {} (tokenizer: {})\n", d.type, tok->name());
     for (const std::string& line : d.report) fmt::print("  {}\n", line);
     const int64_t n = std::min(o->n, d.train->size());

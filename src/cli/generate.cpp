@@ -136,7 +136,7 @@ void run_generate(const Opts& o) {
   // rank 0 writes results and notes.
   const bool writer = o.device_map.empty() || world().rank() == 0;
   const ModelConfig cfg = load_hf_config(o.model);
-  const auto tok = data::load_tokenizer(o.model);
+  const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   std::vector<PromptRow> rows;
   if (!o.prompts.empty()) rows = read_prompts(o);
   else rows.push_back({.line = 0, .prompt = o.prompt, .messages = {}, .s = o.s, .stop = o.stop, .id = nullptr});

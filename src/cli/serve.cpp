@@ -76,7 +76,7 @@ void run_serve(const Opts& o) {
   if (max_len > context)
     throw Error(fmt::format("--max-len {} passes the model's max_position_embeddings {}", max_len, context),
                 {.key = "--max-len"});
-  const auto tok = data::load_tokenizer(o.model);
+  const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
   infer::ParamStore params(cfg, DType::F32);
   load_inference_weights("serve", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,

@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "io/json_parse.h"
+#include "io/read_file.h"
 
 namespace shardlm::data {
 namespace {
@@ -125,17 +126,8 @@ void for_each_line(std::string_view text, Fn fn) {
   }
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open file", {.file = path});
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error("read error", {.file = path});
-  return std::move(ss).str();
-}
-
 json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path, "tokenizer file");
   try {
     return io::parse_json(text);
   } catch (const json::exception& e) {
@@ -593,7 +585,7 @@ bool base64_decode(std::string_view in, std::string& out) {
 
 // ---- loaders --------------------------------------------------------------------------------------
 std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path, "tokenizer file");
   BpeSpec spec;
   spec.name = "tiktoken (Llama 3)";
   spec.source = path;
@@ -656,7 +648,7 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
     spec.bos = spec.eos = *eot;
   }
   const auto ids = regular_ids(spec);
-  const std::string text = read_file(merges_txt);
+  const std::string text = io::read_file(merges_txt, "tokenizer file");
   int32_t rank = 0;
   for_each_line(text, [&](int64_t line_no, std::string_view line) {
     if (line_no == 1 && line.starts_with("#version")) return;  // the header merges.txt files start with
@@ -773,8 +765,12 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer_json(const std::string& path) {
       if (id < 0 || id >= limit)
         throw Error(fmt::format("added token id {} out of range (a file of its size lists fewer ids)", id),
                     {.file = path});
-      added_list.emplace_back(id, t["content"].get<std::string>(), t.value("special", false));
-      added.emplace(t["content"].get<std::string>(), int32_t(id));
+      const std::string content = t["content"].get<std::string>();
+      added_list.emplace_back(id, content, t.value("special", false));
+      // One text, one id: a second id for the same content would make encoding ambiguous.
+      if (const auto [it, fresh] = added.emplace(content, int32_t(id)); !fresh && it->second != id)
+        throw Error(fmt::format("added token '{}' is given two ids, {} and {}", content, it->second, id),
+                    {.file = path, .key = "added_tokens"});
     }
   }
   read_vocab(member(model, "vocab"), spec, path, added);

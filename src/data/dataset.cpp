@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/read_file.h"
 #include "ops/ops.h"
 
 namespace shardlm::data {
@@ -57,9 +58,7 @@ size_t utf8_error_offset(std::string_view s) {
 }
 
 std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer& tok) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open the text file", {.file = path});
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text = io::read_file(path, "text file");
   if (text.empty()) throw Error("the text file is empty", {.file = path});
   if (const size_t bad = utf8_error_offset(text); bad != std::string::npos)
     throw Error(fmt::format("invalid UTF-8 (byte 0x{:02X}); the data must be UTF-8 text", uint8_t(text[bad])),
@@ -69,9 +68,7 @@ std::vector<int32_t> tokenize_text_file(const std::string& path, const Tokenizer
 
 std::vector<int32_t> read_token_file(const std::string& path, int token_bytes, int64_t vocab_size) {
   SHARDLM_CHECK(token_bytes == 2 || token_bytes == 4, "token_bytes must be 2 or 4, got {}", token_bytes);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open the token file", {.file = path});
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes = io::read_file(path, "token file");
   if (bytes.size() % size_t(token_bytes) != 0)
     throw Error(fmt::format("size {} is not a multiple of {} bytes per token (truncated?)", bytes.size(), token_bytes),
                 {.file = path});

@@ -8,8 +8,10 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "io/json_parse.h"
+#include "io/read_file.h"
 #include "ops/ops.h"
 
 namespace shardlm::data {
@@ -406,16 +408,14 @@ std::vector<int32_t> chat_stop_ids(const Tokenizer& tok, ChatFormat format) {
 
 namespace {
 
+// A record beyond this is not a training example but a broken file (a whole corpus on one line):
+// 4 MiB is about a million tokens, 8 times the longest context of the models shardlm trains.
+constexpr size_t kMaxRecordBytes = size_t(4) << 20;
+
 struct RawRecord {
   std::string_view text;
   int64_t line;  // 1-based line of the record's first character
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open the data file", {.file = path});
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 
 size_t first_non_space(std::string_view s, size_t from = 0) {
   while (from < s.size() && (s[from] == ' ' || s[from] == '\t' || s[from] == '\n' || s[from] == '\r')) ++from;
@@ -538,7 +538,7 @@ std::vector<ChatMessage> chat_messages_of(const json& rec) {
 }
 
 std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path, "data file");
   const std::vector<RawRecord> recs = split_records(path, text);
   if (recs.empty()) throw Error("the data file holds no records", {.file = path});
   const json first = parse_record(path, recs[0]);
@@ -554,7 +554,7 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
                                         const InstructOptions& opt, LoadReport& report,
                                         std::vector<int64_t>* ordinals) {
   SHARDLM_CHECK(kind == "alpaca" || kind == "chat", "unknown instruction data kind '{}'", kind);
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path, "data file");
   const std::vector<RawRecord> recs = split_records(path, text);
   const ChatFormat fmt_ =
       kind == "chat" ? resolve_chat_format(opt.chat_format, tok, opt.chat_template) : ChatFormat::Llama2;
@@ -572,6 +572,9 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
     Example e;
     bool mismatch = false;
     try {
+      if (recs[k].text.size() > kMaxRecordBytes)
+        throw Error(fmt::format("the record is {}, above the {} a record may have (a runaway or concatenated record?)",
+                                format_bytes(int64_t(recs[k].text.size())), format_bytes(int64_t(kMaxRecordBytes))));
       const json rec = parse_record(path, recs[k]);
       if (kind == "alpaca") {
         const std::string instruction = string_field(rec, opt.columns.instruction, true, what);

@@ -1,5 +1,7 @@
 // Choosing a tokenizer from what a model directory holds (see tokenizer.h).
 // Owner: the SentencePiece tokenizer work; the BPE loaders it calls live in bpe_tokenizer.cpp.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +116,24 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   for (const fs::path& p : {model, dir / "vocab.json"})
     if (fs::exists(p, ec)) return load_tokenizer_file(p.string());
   return std::make_unique<ByteTokenizer>();
+}
+
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model_dir, int64_t vocab_size, bool reads_text) {
+  // The largest vocabulary the byte-level fallback may stand in for: its 259 ids fit shardlm init's
+  // small presets; real tokenizers have tens of thousands, and bytes would mean nothing to them.
+  constexpr int64_t kByteFallbackMaxVocab = 4096;
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(model_dir);
+  if (reads_text && dynamic_cast<const ByteTokenizer*>(tok.get()) && vocab_size >= kByteFallbackMaxVocab)
+    throw Error(fmt::format("no tokenizer (tokenizer.json, tokenizer.model or vocab.json) for a vocabulary of {} "
+                            "ids; copy the model's tokenizer files beside its config.json",
+                            vocab_size),
+                {.file = model_dir});
+  if (tok->vocab_size() > vocab_size)
+    throw Error(fmt::format("the {} tokenizer has {} ids but the model's vocab_size is {}: its last ids have no "
+                            "embedding",
+                            tok->name(), tok->vocab_size(), vocab_size),
+                {.file = (fs::path(model_dir) / "config.json").string(), .key = "vocab_size"});
+  return tok;
 }
 
 }  // namespace shardlm::data

@@ -16,18 +16,11 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "io/read_file.h"
 
 namespace shardlm::data {
 
 namespace {
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open tokenizer file: {}", std::strerror(errno)), {.file = path});
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error("read error", {.file = path});
-  return bytes;
-}
 
 // The library's public API tells control, unknown, unused and byte pieces apart but not
 // user-defined ones (its ModelProto header is not installed), and special_token() must report
@@ -104,7 +97,7 @@ std::unordered_set<int32_t> user_defined_ids(const std::string& model_bytes) {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
-    const std::string bytes = read_file_bytes(path);
+    const std::string bytes = io::read_file(path, "tokenizer file");
     const auto status = sp_.LoadFromSerializedProto(bytes);
     if (!status.ok())
       throw Error(fmt::format("not a valid SentencePiece model: {}", status.ToString()), {.file = path});
@@ -170,7 +163,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
 bool is_sentencepiece_model(const std::string& path) {
   std::string bytes;
   try {
-    bytes = read_file_bytes(path);
+    bytes = io::read_file(path, "tokenizer file");
   } catch (const Error&) {
     return false;
   }

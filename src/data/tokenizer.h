@@ -56,6 +56,11 @@ class ByteTokenizer final : public Tokenizer {
 //   vocab.json + merges.txt              GPT-2 byte-level BPE
 //   none of these                        the byte-level fallback
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// load_tokenizer, checked against the model it serves (vocab_size from its config.json): every id
+// the tokenizer can produce must exist in the model's embedding, and the byte-level fallback stands
+// in only for byte-sized vocabularies (shardlm init's presets) where text is read at all
+// (`reads_text`; the built-in addition task reads none). Errors name the model directory.
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& model_dir, int64_t vocab_size, bool reads_text);
 // A tokenizer from one file (tokenizer.json, tokenizer.model, or vocab.json beside merges.txt).
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path);
 
