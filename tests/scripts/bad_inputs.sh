@@ -127,6 +127,13 @@ d_missing=$(bad missing "$m"); st "$d_missing/model.safetensors" drop model.laye
 d_extra=$(bad extra "$m"); st "$d_extra/model.safetensors" extra model.layers.0.mlp.surprise.weight
 d_nan=$(bad nan "$m"); st "$d_nan/model.safetensors" nan model.layers.0.self_attn.q_proj.weight
 d_notok=$(bad notok "$ml"); rm "$d_notok/tokenizer.model"
+# A JSONL data file whose second record is 5 MiB (one runaway line).
+$py - "$fx/huge_record.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"instruction": "hi", "input": "", "output": "ok"}) + "\n")
+    f.write(json.dumps({"instruction": "x" * (5 << 20), "input": "", "output": "ok"}) + "\n")
+PY
 d_badtok=$(bad badtok "$ml"); head -c 4096 /dev/urandom > "$d_badtok/tokenizer.model"
 
 # Datasets.
@@ -380,6 +387,18 @@ row value_batch_tokens      "key 'micro_batch_size': micro_batch_size 1048576 x 
 row value_max_steps_huge    "key 'max_steps': must be at most"                         T max_steps=1e15
 row value_eval_batches_huge "key 'eval_batches': must be at most"                      T eval_batches=1e10
 row ds_batch_huge           "ds_tbs\.json:1: key 'train_batch_size'.*more than"       T deepspeed_config="$fx/ds_tbs.json"
+# outputs that would overwrite inputs or another run's work; inputs that are not files (issue 30)
+row output_is_model         "key 'output_dir'.*output_dir is the model directory it reads" T output_dir="$m"
+row init_over_model         "tiny: --out exists and is not empty.*--force replaces it" S init --preset tiny --out "$m"
+row convert_over_checkpoint "--out is the checkpoint it reads"                         S convert "$ck" --out "$ck"
+row merge_over_adapter      "--out is the adapter directory it reads"                 S merge --base "$m" --adapter "$ad_type" --out "$ad_type"
+row convert_over_non_model  "out: --out already holds '.*', which is not a model file" S convert "$ck" --out "$out"
+row data_is_directory       "fx: is a directory, not a data file"                      TA data.train="$fx"
+row data_is_device          "/dev/zero: is not a regular file"                         TA data.train=/dev/zero
+row data_text_is_directory  "fx: is a directory, not a text file"                      T "data={type: text, train: $fx}"
+row data_record_huge        "huge_record\.jsonl:2: the record is 5\.0 MiB, above the 4\.0 MiB" TA data.train="$fx/huge_record.jsonl"
+row generate_no_tokenizer   "notok: no tokenizer .* for a vocabulary of 32000 ids"     S generate --model "$d_notok" --prompt hi --max-new-tokens 1
+row lr_weights_nonfinite    "step 1: .*the optimizer step made the weights non-finite" T optimizer.lr=1e300 output_dir="$work/lr_run"
 # serve: flags that size threads and buffers are bounded
 row serve_max_batch_huge    "--max-batch"                                              S serve --model "$m" --port 0 --max-batch 1000000
 row serve_connections_zero  "--max-connections"                                        S serve --model "$m" --port 0 --max-connections 0

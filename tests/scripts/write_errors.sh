@@ -62,4 +62,34 @@ echo "final save under ulimit -f 256: exit $rc: $msg"
 printf '%s' "$msg" | grep -q 'model.safetensors' || { echo "FAIL: the file is not named"; exit 1; }
 [[ ! -e "$work/final/model.safetensors" ]] || { echo "FAIL: a partial model.safetensors"; exit 1; }
 if ls "$work/final" | grep -q '\.tmp\.'; then echo "FAIL: a temporary file was left"; exit 1; fi
+# 5. A real full disk (ENOSPC, not a file-size limit): a 1 MiB tmpfs, where the root may mount one.
+#    Filled before the run, at the metrics; with room for the metrics only, at the final model; and
+#    with room for neither the step-2 checkpoint. Each: exactly one line in all, naming the file.
+disk=$work/disk
+mkdir -p "$disk"
+if mount -t tmpfs -o size=1m tmpfs "$disk" 2>/dev/null; then
+  trap 'umount "$disk" 2>/dev/null || true' EXIT
+  full_run() {  # full_run NAME BYTES_LEFT_BEFORE EXPECTED_FILE_REGEX [key=value...]
+    local name=$1 left=$2 want=$3
+    shift 3
+    rm -rf "${disk:?}"/*
+    mkdir -p "$disk/$name"
+    head -c $((1024 * 1024 - left)) /dev/zero > "$disk/filler" 2>/dev/null || true
+    set +e
+    msg=$("$shardlm" train --config "$work/run.yaml" output_dir="$disk/$name" max_steps=2 "$@" 2>&1 >/dev/null)
+    rc=$?
+    set -e
+    echo "full disk ($name, $left bytes left): exit $rc: $msg"
+    [[ $rc -ne 0 && $rc -lt 128 ]] || { echo "FAIL: expected a non-zero exit, not by a signal"; exit 1; }
+    [[ $(printf '%s\n' "$msg" | wc -l) -eq 1 ]] || { echo "FAIL: expected exactly one line"; exit 1; }
+    printf '%s' "$msg" | grep -Eq "error: .*$want.*No space left on device" || { echo "FAIL: the file or the error is not named"; exit 1; }
+  }
+  full_run metrics 0 'metrics\.jsonl'
+  full_run model 40000 'model\.safetensors'
+  full_run checkpoint 40000 'rank_00000\.safetensors' save_every=2
+  umount "$disk"
+  trap - EXIT
+else
+  echo "full-disk checks skipped: cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)"
+fi
 echo "write error checks passed"
