@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/inference.h"
+#include "infer/load_weights.h"
 #include "comm/communicator.h"
 #include "core/alloc.h"
 #include "data/instruct.h"
@@ -86,12 +86,8 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
         }
         r.prompt.clear();
       }
+      r.s = infer::read_sampling(rec, o.s);
       r.s.max_new_tokens = infer::json_number<int64_t>(rec, "max_new_tokens", o.s.max_new_tokens);
-      r.s.temperature = infer::json_number<float>(rec, "temperature", o.s.temperature);
-      r.s.top_k = infer::json_number<int64_t>(rec, "top_k", o.s.top_k);
-      r.s.top_p = infer::json_number<float>(rec, "top_p", o.s.top_p);
-      r.s.repetition_penalty = infer::json_number<float>(rec, "repetition_penalty", o.s.repetition_penalty);
-      r.s.seed = infer::json_number<uint64_t>(rec, "seed", o.s.seed);
       r.stop = infer::json_stop(rec, o.stop);
       if (const auto it = rec.find("id"); it != rec.end()) r.id = *it;
       infer::check_sampling(r.s);
@@ -225,8 +221,8 @@ void run_generate(const Opts& o) {
     comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
   }
   infer::ParamStore params(cfg, DType::F32, keep);
-  load_inference_weights(command.c_str(), {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit},
-                         cfg, params);
+  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg, params,
+                                [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
   infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline);
 

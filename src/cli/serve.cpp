@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/inference.h"
+#include "infer/load_weights.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/requests.h"
@@ -79,8 +79,8 @@ void run_serve(const Opts& o) {
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
   infer::ParamStore params(cfg, DType::F32);
-  load_inference_weights("serve", {.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg,
-                         params);
+  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg, params,
+                                [](const std::string& line) { std::fprintf(stderr, "serve: %s\n", line.c_str()); });
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
   infer::Scheduler scheduler(gen, *tok, infer::stop_token_ids(cfg, *tok, &chat));
 
@@ -99,8 +99,7 @@ void run_serve(const Opts& o) {
   so.max_body = max_body;
   infer::Server server(scheduler, *tok, chat, so);
   const int port = server.bind();
-  const double kv_mib = 2.0 * double(cfg.num_hidden_layers) * double(max_len) *
-                        double(cfg.num_key_value_heads * cfg.head_dim) * 4.0 / (1 << 20);
+  const double kv_mib = double(gen.kv_cache_bytes_per_sequence()) / (1 << 20);
   std::fprintf(stderr,
                "serve: model '%s' (chat format %s), up to %lld requests at a time of up to %lld tokens (KV cache "
                "%.2f MiB per request)\nserve: listening on http://%s:%d\n",

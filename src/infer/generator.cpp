@@ -44,6 +44,12 @@ Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_le
   recompute_ = std::move(recompute);
 }
 
+int64_t Generator::kv_cache_bytes_per_sequence() const {
+  if (recompute_) return 0;
+  const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(sizeof(float));
+}
+
 int Generator::acquire() {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].used) {

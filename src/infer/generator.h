@@ -86,6 +86,9 @@ class Generator {
   Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch = 1);
 
   int64_t max_len() const { return max_len_; }
+  // What one sequence's KV cache takes on this rank once its slot is used: K and V, f32, max_len
+  // positions, for each layer this rank runs (0 for a Recompute generator, which keeps none).
+  int64_t kv_cache_bytes_per_sequence() const;
   int64_t max_batch() const { return int64_t(slots_.size()); }
   int64_t vocab_size() const { return cfg_.vocab_size; }
 

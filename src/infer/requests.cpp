@@ -14,6 +14,16 @@ void check_sampling(const SamplingOptions& s) {
     bad("repetition_penalty", fmt::format("repetition_penalty must be > 0, got {}", s.repetition_penalty));
 }
 
+SamplingOptions read_sampling(const nlohmann::json& rec, const SamplingOptions& defaults) {
+  SamplingOptions s = defaults;
+  s.temperature = json_number<float>(rec, "temperature", defaults.temperature);
+  s.top_k = json_number<int64_t>(rec, "top_k", defaults.top_k);
+  s.top_p = json_number<float>(rec, "top_p", defaults.top_p);
+  s.repetition_penalty = json_number<float>(rec, "repetition_penalty", defaults.repetition_penalty);
+  s.seed = json_number<uint64_t>(rec, "seed", defaults.seed);
+  return s;
+}
+
 std::vector<std::string> json_stop(const nlohmann::json& rec, const std::vector<std::string>& dflt) {
   const auto it = rec.find("stop");
   if (it == rec.end() || it->is_null()) return dflt;

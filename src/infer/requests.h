@@ -56,6 +56,12 @@ T json_number(const nlohmann::json& rec, const char* name, T dflt) {
   }
 }
 
+// The sampling fields of a request (temperature, top_k, top_p, repetition_penalty, seed), each
+// `defaults`' value when absent or null: the one reader for `generate --prompts` rows (whose
+// defaults are the command line's) and `serve` requests (OpenAI's). max_new_tokens is the caller's,
+// whose key and default differ (max_tokens, max_completion_tokens). Not checked: check_sampling.
+SamplingOptions read_sampling(const nlohmann::json& rec, const SamplingOptions& defaults);
+
 // "stop": a non-empty string or an array of them; `dflt` when absent or null.
 std::vector<std::string> json_stop(const nlohmann::json& rec, const std::vector<std::string>& dflt);
 

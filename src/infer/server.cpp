@@ -590,16 +590,11 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
       throw BadRequest{fmt::format("{} {} with a {}-token prompt passes the server's --max-len {}: at most {}", max_key,
                                    s.max_new_tokens, P, L, L - P),
                        max_key};
-    s.temperature = json_number<float>(rec, "temperature", 1.0f);
-    s.top_p = json_number<float>(rec, "top_p", 1.0f);
-    s.top_k = json_number<int64_t>(rec, "top_k", 0);
-    s.repetition_penalty = json_number<float>(rec, "repetition_penalty", 1.0f);
-    if (rec.contains("seed") && !rec["seed"].is_null()) {
-      s.seed = json_number<uint64_t>(rec, "seed", 0);
-    } else {  // no seed: a fresh one, as OpenAI samples differently each time
-      thread_local std::mt19937_64 draw{std::random_device{}()};
-      s.seed = draw();
-    }
+    // No seed: a fresh one, as OpenAI samples differently each time.
+    thread_local std::mt19937_64 draw{std::random_device{}()};
+    const SamplingOptions openai{.max_new_tokens = s.max_new_tokens, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
+                                 .repetition_penalty = 1.0f, .seed = draw()};
+    s = read_sampling(rec, openai);
     try {
       check_sampling(s);
     } catch (const Error& e) {

@@ -61,6 +61,10 @@ int lora_module_index(const std::string& module) {
 
 }  // namespace
 
+bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info) {
+  return part.kind == PartKind::Layer && info.shape.size() == 2;
+}
+
 std::vector<ModelPart> llama_parts(const ModelConfig& c) {
   std::vector<ModelPart> parts;
   parts.push_back({PartKind::Embedding, -1, "model.embed_tokens", {param_info(c, kEmbeddingTensor.spec, "")}});
@@ -80,9 +84,7 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
     for (ModelPart& p : parts)
       for (ParamInfo& info : p.params) {
         info.trainable = false;
-        // QLoRA quantizes the decoder's Linear weights (bitsandbytes' Linear4bit); norms,
-        // biases, the embedding and lm_head stay in the compute dtype.
-        info.nf4 = c.nf4_base && p.kind == PartKind::Layer && info.shape.size() == 2;
+        info.nf4 = c.nf4_base && quantized_by_qlora(p, info);
       }
     const Init a_init = c.lora->init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
     for (const LoraTarget& t : lora_targets(c, *c.lora)) {

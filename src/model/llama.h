@@ -125,6 +125,9 @@ struct ModelPart {
 // Part 0 = the embedding, part 1 + l = layer l, the last part = the head (final norm, and lm_head
 // unless the embeddings are tied: then the head computes with the embedding part's tensor).
 std::vector<ModelPart> llama_parts(const ModelConfig& cfg);
+// Whether QLoRA keeps `info` of `part` in NF4, as bitsandbytes' Linear4bit does: the decoder's
+// Linear weights; norms, biases, the embedding and lm_head stay in the compute dtype.
+bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info);
 
 // Points a part's slots of `w` at tensors found by Hugging Face name (lookup throws for unknown
 // names), or, with an empty lookup, unbinds them (undefined tensors), so that using a freed part

@@ -1,27 +1,24 @@
-#include "cli/inference.h"
+#include "infer/load_weights.h"
 
-#include <cstdio>
+#include <fmt/format.h>
 
 #include "io/model_files.h"
 #include "model/peft_adapter.h"
 #include "ops/nf4.h"
 
-namespace shardlm::cli {
+namespace shardlm::infer {
 
-void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
-                            infer::ParamStore& params) {
+void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
+                            const std::function<void(const std::string&)>& note) {
   const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
   params.load(io::ModelWeights(w.model), w.model);
-  if (stored_nf4)
-    std::fprintf(stderr, "%s: %s is bitsandbytes NF4: its weights are dequantized to f32\n", command, w.model.c_str());
+  if (stored_nf4) note(fmt::format("{} is bitsandbytes NF4: its weights are dequantized to f32", w.model));
   if (w.load_in_4bit && !stored_nf4) {
-    ModelConfig qcfg = cfg;  // which weights QLoRA keeps in NF4: every decoder Linear weight
-    qcfg.lora.emplace().target_modules = {"all-linear"};
-    qcfg.nf4_base = true;
     int64_t n = 0;
-    for (const model::ModelPart& part : model::llama_parts(qcfg))
+    for (const model::ModelPart& part : model::llama_parts(cfg))
       for (const model::ParamInfo& info : part.params) {
-        if (!info.nf4 || !params.has(info.name)) continue;  // another rank's, in a split model
+        // The weights QLoRA keeps in NF4; another rank's, in a split model, are not here.
+        if (!model::quantized_by_qlora(part, info) || !params.has(info.name)) continue;
         const Tensor t = params.master(info.name);
         const ops::Nf4Layout layout = ops::Nf4Layout::of(t.numel(), true);
         const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
@@ -31,20 +28,19 @@ void load_inference_weights(const char* command, const InferenceWeights& w, cons
         ops::nf4_dequantize(flat, q);
         ++n;
       }
-    std::fprintf(stderr, "%s: --load-in-4bit: %lld Linear weights quantized to NF4 and dequantized to f32\n", command,
-                 (long long)n);
+    note(fmt::format("--load-in-4bit: {} Linear weights quantized to NF4 and dequantized to f32", n));
   } else if (w.load_in_4bit) {
-    std::fprintf(stderr, "%s: --load-in-4bit: the model is stored in NF4 already\n", command);
+    note("--load-in-4bit: the model is stored in NF4 already");
   }
   if (!w.adapter.empty()) {
     PeftAdapter adapter = read_peft_adapter(w.adapter, cfg);
     // A split model (generate --device-map): this rank merges the adapters of its own layers.
     std::erase_if(adapter.targets, [&](const model::LoraTarget& t) { return !params.has(t.weight_name); });
     merge_adapter_into(adapter, [&](const std::string& name) { return params.master(name); });
-    std::fprintf(stderr, "%s: LoRA adapter %s merged in memory (%zu weights, rank %lld, scale %g)\n", command,
-                 w.adapter.c_str(), adapter.targets.size(), (long long)adapter.spec.rank, adapter.spec.scale());
+    note(fmt::format("LoRA adapter {} merged in memory ({} weights, rank {}, scale {:g})", w.adapter,
+                     adapter.targets.size(), adapter.spec.rank, adapter.spec.scale()));
   }
   params.sync_compute();
 }
 
-}  // namespace shardlm::cli
+}  // namespace shardlm::infer

@@ -1,13 +1,14 @@
-// Loading a model for inference: what `shardlm generate` and `shardlm serve` both do with --model,
-// --adapter and --load-in-4bit.
+// Loading a model for inference: what `shardlm generate` and `shardlm serve` both do with a model
+// directory, an optional LoRA adapter and 4-bit loading.
 #pragma once
 
+#include <functional>
 #include <string>
 
-#include "model/config.h"
 #include "infer/param_store.h"
+#include "model/config.h"
 
-namespace shardlm::cli {
+namespace shardlm::infer {
 
 struct InferenceWeights {
   std::string model;    // a Hugging Face directory (dense, or bitsandbytes NF4)
@@ -15,18 +16,18 @@ struct InferenceWeights {
   bool load_in_4bit = false;
 };
 
-// Loads the model's weights into `params` (f32) with what --load-in-4bit and --adapter ask for,
-// saying on stderr what it did, each line starting with `command` ("generate: ..."):
+// Loads the model's weights into `params` (f32) with what `load_in_4bit` and `adapter` ask for,
+// telling `note` what it did, one line each (4-bit loading named as the command line's flag):
 //  - A bitsandbytes NF4 directory (config.json's quantization_config) is dequantized once at load,
 //    exactly as bitsandbytes dequantizes it (ParamStore::load, model/nf4_loader.h).
-//  - --load-in-4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double
+//  - load_in_4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double
 //    quantization: what QLoRA training keeps, lora.quantize_base) and dequantizes them back, so the
 //    model generates from exactly the base weights a QLoRA run trained its adapter against.
-//  - --adapter merges a PEFT LoRA adapter in memory (W + scale * B A).
+//  - an adapter merges a PEFT LoRA adapter in memory (W + scale * B A).
 // A partial `params` (a rank's share of a split model, ParamStore::PartFilter) reads, quantizes and
 // merges only the parts it holds.
 // Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
-void load_inference_weights(const char* command, const InferenceWeights& w, const ModelConfig& cfg,
-                            infer::ParamStore& params);
+void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
+                            const std::function<void(const std::string&)>& note);
 
-}  // namespace shardlm::cli
+}  // namespace shardlm::infer
