@@ -1,8 +1,13 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -34,6 +39,25 @@ TrainResult run_training(const TrainConfig& c) {
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The test hook behind the restart test (tests/scripts/restart_cli.sh): with
+// SHARDLM_TEST_KILL_RANK_AT_STEP=R:S[:MARKER], world rank R kills itself (SIGKILL, as the OOM killer
+// or a lost node would) once step S is done. With MARKER, only if that file does not exist yet; the
+// rank creates it first, so a restarted job that passes step S again runs on.
+void kill_rank_at_step(int rank, int64_t step) {
+  const char* v = std::getenv("SHARDLM_TEST_KILL_RANK_AT_STEP");
+  if (!v) return;
+  int r = -1;
+  long long s = -1;
+  int marker_at = 0;
+  if (std::sscanf(v, "%d:%lld%n", &r, &s, &marker_at) < 2 || r != rank || s != step) return;
+  if (v[marker_at] == ':') {
+    const int fd = ::open(v + marker_at + 1, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd < 0) return;  // already fired once (or the marker cannot be made: then never)
+    ::close(fd);
+  }
+  std::raise(SIGKILL);
+}
 
 // Ranks sharing this node, for hybrid meshes: what mpirun or srun says, else the whole world.
 int ranks_per_node(const comm::Communicator& world) {
@@ -164,6 +188,7 @@ TrainResult Trainer::run() {
     const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
     if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb, comm_before);
+    kill_rank_at_step(world_.rank(), step);
     step_span.reset();
     if (timeline::recording() && (step == c_.profile_steps[1] || step == c_.max_steps)) out_.timeline();
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
