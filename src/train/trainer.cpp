@@ -81,6 +81,7 @@ class Trainer {
   bool stop_requested();
   void stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now);
   void save_checkpoint(int64_t step, const data::SamplerState& next);
+  void complete_save();
   void save_model();
 
   const TrainConfig& c_;
@@ -92,6 +93,7 @@ class Trainer {
   shard::Mesh mesh_;
   shard::ShardedModel engine_;
   model::LlamaCompute model_;
+  ckpt::CheckpointSaver saver_;  // after engine_: a write in flight reads from it (sync) and ends first
   Reporter out_;
   data::DistributedSampler sampler_;
   std::vector<std::string> resume_notes_;
@@ -133,6 +135,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       }()),
       engine_(in_.model, mem_.sharding, mesh_),
       model_(in_.model, c.compute_dtype, engine_.device()),
+      saver_(c.async_checkpoint),
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
@@ -200,7 +203,8 @@ TrainResult Trainer::run() {
       return result_;
     }
   }
-  evaluate(c_.max_steps);
+  evaluate(c_.max_steps);  // while the last checkpoint (async) is written
+  complete_save();  // before save_model reads it
   result_.seconds = seconds_since(t_train_);
   result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   out_.progress().finish();
@@ -266,6 +270,7 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
     return;
   }
   if (!saved_now) save_checkpoint(step, next);
+  complete_save();
   out_.print(fmt::format("stopped by a signal after step {}: checkpoint {} is complete; continue with the same config "
                          "and resume_from=auto",
                          step, (fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(step)).string()));
@@ -289,15 +294,27 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
   so.training = TrainingState{step, next, sampler_.rows_per_step(), c_.seed, c_.schedule.at(step)};
   so.run = run_description(c_, mem_.sharding, world_.size(), mesh_);
   so.tokenizer_source = c_.model;
-  const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine_, in_.model, world_);
+  // One save in flight at a time: the previous (async) one is completed before this one starts.
+  complete_save();
+  saver_.start(so, engine_, in_.model, world_);
   last_save_ = Clock::now();
-  if (lead_ && c_.keep_last_n > 0) ckpt::prune_checkpoints(root, c_.keep_last_n);
+  if (!c_.async_checkpoint) complete_save();
+}
+
+// Completes the save in flight, if any (collective; every rank calls it at the same point of the
+// loop): metadata.json and COMPLETE, then keep_last_n, the log line and the metrics record.
+void Trainer::complete_save() {
+  if (!saver_.in_flight()) return;
+  const ckpt::SaveReport r = saver_.finish(world_);
+  if (lead_ && c_.keep_last_n > 0) ckpt::prune_checkpoints(c_.checkpoint_root(), c_.keep_last_n);
   const double mb = double(r.rank_bytes) / 1e6, rate = mb / std::max(r.rank_seconds, 1e-9);
   out_.print(fmt::format("checkpoint step {} -> {}: {:.1f} MB from each rank in {:.2f}s ({:.0f} MB/s per rank), "
-                         "{:.1f} MB in all, complete after {:.2f}s",
-                         step, so.dir, mb, r.rank_seconds, rate, double(r.total_bytes) / 1e6, r.seconds));
-  out_.write({{"step", step}, {"checkpoint", so.dir}, {"checkpoint_bytes", r.total_bytes},
-              {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", rate}});
+                         "{:.1f} MB in all, complete after {:.2f}s{}; training waited {:.3f}s",
+                         r.step, r.dir, mb, r.rank_seconds, rate, double(r.total_bytes) / 1e6, r.seconds,
+                         c_.async_checkpoint ? " (written in the background)" : "", r.blocked_seconds));
+  out_.write({{"step", r.step}, {"checkpoint", r.dir}, {"checkpoint_bytes", r.total_bytes},
+              {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", rate},
+              {"checkpoint_blocked_seconds", r.blocked_seconds}});
 }
 
 // The trained model as a Hugging Face directory, streamed: from the final checkpoint by rank 0
