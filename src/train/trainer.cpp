@@ -22,6 +22,7 @@
 #include "shard/engine.h"
 #include "shard/load.h"
 #include "train/evaluation.h"
+#include "train/preflight.h"
 #include "train/reporting.h"
 #include "train/resume.h"
 #include "train/stop_signal.h"
@@ -358,6 +359,10 @@ TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
   const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
   const StopSignalGuard signals(c.save_on_signal);
+  // Before anything is loaded: every rank is there and the links carry data (preflight.h).
+  // Printed with the setup lines (stderr; not with progress: none).
+  if (const std::string line = preflight_check(world); !line.empty() && c.progress != ProgressMode::None)
+    std::fprintf(stderr, "%s\n", line.c_str());
   return Trainer(c, world).run();
 }
 
