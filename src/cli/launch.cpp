@@ -298,6 +298,7 @@ void register_launch(CLI::App& app) {
         std::exit(end.status);  // the job's status is launch's
       }
       const Restart next = restart_of(o->command);
+      if (g_stops > 0) std::exit(end.status);  // a stop that came while no job ran: none starts
       args.resize(command_at);
       args.insert(args.end(), next.command.begin(), next.command.end());
       std::fprintf(stderr, "shardlm launch: rank failure (exit %d); restart %d of %d %s\n", end.status, restart + 1,
