@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 
 #include "comm/hosts.h"
 #include "core/tensor.h"
@@ -32,6 +34,10 @@ std::string rank_list(const std::vector<int>& ranks) {
 std::string preflight_check(comm::Communicator& world) {
   if (world.size() == 1) return "";
   using Clock = std::chrono::steady_clock;
+  // The test hook behind watchdog.sh's pre-flight case: SHARDLM_TEST_STOP_BEFORE_PREFLIGHT=R stops
+  // world rank R (SIGSTOP, as a frozen process) here, and the check below must name it.
+  if (const char* v = std::getenv("SHARDLM_TEST_STOP_BEFORE_PREFLIGHT"); v && std::atoi(v) == world.rank())
+    std::raise(SIGSTOP);
   comm::set_activity({.what = "pre-flight check"});
   // First a collective under the watchdog: a rank that never arrives is named after
   // collective_timeout. (hosts() below uses blocking MPI calls the watchdog does not see.)
