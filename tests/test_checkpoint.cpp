@@ -142,6 +142,39 @@ TEST(Checkpoint, ReloadsEveryStateBitwiseIntoAnotherUnitLayout) {
   }
 }
 
+// async_checkpoint: the file holds the state of the save step even though the engine's buffers
+// change while it is written (the staging copy), and every file of the checkpoint equals a
+// synchronous save's byte for byte.
+TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStepWhateverTrainingDoesMeanwhile) {
+  Trained a(small_config());
+  a.train(3);
+  const std::string sync_dir = fresh_dir("sync"), async_dir = fresh_dir("async");
+  a.save(sync_dir, 3);
+  ckpt::CheckpointSaver saver(true);
+  ckpt::SaveOptions o;
+  o.dir = async_dir;
+  o.step = 3;
+  o.training = {{"step", 3}};
+  saver.start(o, *a.engine, a.cfg, *a.world);
+  EXPECT_TRUE(saver.in_flight());
+  // What the next steps would do to the state, while the file may still be being written.
+  for (int k = 0; k < a.engine->num_units(); ++k) {
+    const auto s = a.engine->owned_state(k);
+    for (const Tensor& t : {s.master, s.exp_avg, s.exp_avg_sq}) std::fill(t.f32(), t.f32() + t.numel(), 42.0f);
+  }
+  const ckpt::SaveReport r = saver.finish(*a.world);
+  EXPECT_FALSE(saver.in_flight());
+  EXPECT_EQ(r.step, 3);
+  EXPECT_GT(r.rank_bytes, 0u);
+  EXPECT_TRUE(fs::exists(fs::path(async_dir) / "COMPLETE"));
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const char* f : {"rank_00000.safetensors", "metadata.json", "COMPLETE", "config.json"})
+    EXPECT_TRUE(bytes(fs::path(sync_dir) / f) == bytes(fs::path(async_dir) / f)) << f << " differs from the sync save's";
+}
+
 TEST(Checkpoint, AFlippedByteIsReportedWithFileTensorAndBlock) {
   const std::string dir = saved_copy("corrupt");
   const std::string file = dir + "/rank_00000.safetensors";

@@ -8,10 +8,13 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -39,10 +42,10 @@ std::string unit_tensor(int unit, Field f) { return fmt::format("unit{}.{}", uni
 
 // CRC-32 (zlib's, the IEEE polynomial) of each kChecksumBlockBytes block of `bytes`. Blocks let a
 // reader verify just the part it reads.
-std::vector<uint32_t> block_crcs(const uint8_t* bytes, uint64_t n) {
+std::vector<uint32_t> block_crcs(const uint8_t* bytes, uint64_t n, bool parallel = true) {
   const int64_t blocks = int64_t((n + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
   std::vector<uint32_t> out(size_t(blocks), 0);
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t b = 0; b < blocks; ++b) {
     const uint64_t lo = uint64_t(b) * kChecksumBlockBytes, hi = std::min(n, lo + kChecksumBlockBytes);
     out[size_t(b)] = uint32_t(crc32_z(crc32_z(0, nullptr, 0), bytes + lo, hi - lo));
@@ -122,13 +125,57 @@ shard::ShardedModel::StateRange written_state(shard::ShardedModel& engine, int k
 }  // namespace
 
 
-SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
-                           comm::Communicator& world) {
+// One save between start and finish: what this rank's file holds, and the writer that writes it.
+struct CheckpointSaver::Pending {
+  SaveOptions opt;
+  shard::ShardedModel* engine = nullptr;
+  const ModelConfig* cfg = nullptr;
+  std::chrono::steady_clock::time_point t0;
+  double blocked = 0;  // seconds start held its caller
+  std::string path;
+  std::vector<io::PlannedTensor> plan;
+  std::vector<std::pair<std::string, Tensor>> data;  // staged copies (async) or the engine's buffers
+  std::map<std::string, std::string> header;
+  uint64_t bytes = 0;
+  double write_seconds = 0;
+  std::exception_ptr error;  // the background writer's, rethrown by finish
+  std::thread writer;
+
+  ~Pending() {
+    if (writer.joinable()) writer.join();
+  }
+  // Checksums (before the header is written: the data is already in memory, so the header can
+  // carry them), the file, fsync, rename. File I/O only: this runs on the background thread of an
+  // async save, where no MPI call may be made. `parallel`: checksums over OpenMP's threads (not on
+  // the background thread, whose OpenMP team would compete with training's).
+  void write(bool parallel) {
+    const auto t = std::chrono::steady_clock::now();
+    for (const auto& [name, tensor] : data)
+      header["crc32:" + name] = join_hex(block_crcs(static_cast<const uint8_t*>(tensor.data), tensor.nbytes(), parallel));
+    io::SafetensorsWriter w(path, plan, header);
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (i == data.size() / 2 && kill_during_save(opt.step)) std::raise(SIGKILL);
+      w.write(data[i].first, data[i].second.data, data[i].second.nbytes());
+    }
+    w.finish();  // fsync + rename
+    write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+};
+
+CheckpointSaver::CheckpointSaver(bool async) : async_(async) {}
+CheckpointSaver::~CheckpointSaver() = default;  // Pending's destructor waits for its writer
+
+void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
+                            comm::Communicator& world) {
   using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
+  SHARDLM_CHECK(!pending_, "CheckpointSaver::start: the save of step {} is still in flight", pending_->opt.step);
+  auto p = std::make_unique<Pending>();
+  p->t0 = clock::now();
+  p->opt = opt;
+  p->engine = &engine;
+  p->cfg = &cfg;
   const fs::path dir(opt.dir);
-  const bool lead = world.rank() == 0;
-  if (lead) {
+  if (world.rank() == 0) {
     // A directory of this step left by an interrupted save (or an earlier run) is replaced whole.
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -138,36 +185,73 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
   }
   world.barrier();
 
-  // This rank's file: three f32 tensors per unit it writes, checksummed before the header is
-  // written (the data is already in memory), so the header can carry the checksums.
-  SaveReport report;
-  const fs::path path = dir / rank_file_name(world.rank());
-  std::vector<io::PlannedTensor> plan;
-  std::vector<std::pair<std::string, Tensor>> data;
-  std::map<std::string, std::string> header = {{"format", "shardlm-checkpoint-shard"},
-                                               {"rank", std::to_string(world.rank())}};
+  // This rank's file: three f32 tensors per unit it writes.
+  p->path = (dir / rank_file_name(world.rank())).string();
+  p->header = {{"format", "shardlm-checkpoint-shard"}, {"rank", std::to_string(world.rank())}};
+  std::vector<std::pair<int, shard::ShardedModel::StateRange>> written;
+  int64_t elements = 0;
   for (int k = 0; k < engine.num_units(); ++k) {
-    const shard::ShardedModel::StateRange s = written_state(engine, k);
+    shard::ShardedModel::StateRange s = written_state(engine, k);
     if (s.numel == 0) continue;
-    header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
+    elements += s.numel * int64_t(std::size(kFields));
+    written.emplace_back(k, std::move(s));
+  }
+  // Async: the staging buffer holds a copy, since the engine's buffers change with the next step.
+  // Its size is the same at every save of a run, so it is allocated once.
+  if (async_ && elements > 0 && staging_.t.numel() != elements)
+    staging_ = OwnedTensor(DType::F32, {elements}, MemCategory::Other, false);
+  int64_t at = 0;
+  for (const auto& [k, s] : written) {
+    p->header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
     for (Field f : kFields) {
-      const Tensor& t = field_of(s, f);
+      Tensor t = field_of(s, f);
+      if (async_) {
+        const Tensor copy = staging_.t.slice(at, at + s.numel);
+        at += s.numel;
+        const float* from = t.f32();
+        float* to = copy.f32();
+        constexpr int64_t kPiece = int64_t(1) << 20;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < s.numel; i += kPiece)
+          std::memcpy(to + i, from + i, size_t(std::min(kPiece, s.numel - i)) * sizeof(float));
+        t = copy;
+      }
       const std::string name = unit_tensor(k, f);
-      plan.emplace_back(name, DType::F32, std::vector<int64_t>{s.numel});
-      data.emplace_back(name, t);
-      header["crc32:" + name] = join_hex(block_crcs(static_cast<const uint8_t*>(t.data), t.nbytes()));
-      report.rank_bytes += t.nbytes();
+      p->plan.emplace_back(name, DType::F32, std::vector<int64_t>{s.numel});
+      p->data.emplace_back(name, t);
+      p->bytes += t.nbytes();
     }
   }
-  {
-    io::SafetensorsWriter w(path.string(), plan, header);
-    for (size_t i = 0; i < data.size(); ++i) {
-      if (i == data.size() / 2 && kill_during_save(opt.step)) std::raise(SIGKILL);
-      w.write(data[i].first, data[i].second.data, data[i].second.nbytes());
-    }
-    w.finish();  // fsync + rename
+  if (async_) {
+    Pending* q = p.get();
+    p->writer = std::thread([q] {
+      try {
+        q->write(false);
+      } catch (...) {
+        q->error = std::current_exception();
+      }
+    });
+  } else {
+    p->write(true);
   }
-  report.rank_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  p->blocked = std::chrono::duration<double>(clock::now() - p->t0).count();
+  pending_ = std::move(p);
+}
+
+SaveReport CheckpointSaver::finish(comm::Communicator& world) {
+  using clock = std::chrono::steady_clock;
+  SHARDLM_CHECK(pending_, "CheckpointSaver::finish: no save in flight");
+  const auto t = clock::now();
+  const std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->writer.joinable()) p->writer.join();
+  if (p->error) std::rethrow_exception(p->error);  // this rank's write failed: the job ends, incomplete
+  const fs::path dir(p->opt.dir);
+  const bool lead = world.rank() == 0;
+  SaveReport report;
+  report.dir = p->opt.dir;
+  report.step = p->opt.step;
+  report.rank_bytes = p->bytes;
+  report.rank_seconds = p->write_seconds;
   world.barrier();  // every rank's file is in place
 
   if (lead) {
@@ -177,7 +261,7 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
       const std::string name = rank_file_name(r);
       const io::SafetensorsFile f((dir / name).string());
       json ranges = json::array(), crcs = json::object();
-      for (int k = 0; k < engine.num_units(); ++k) {
+      for (int k = 0; k < p->engine->num_units(); ++k) {
         auto it = f.metadata().find(fmt::format("unit{}.begin", k));
         if (it == f.metadata().end()) continue;
         ranges.push_back({{"unit", k}, {"begin", std::stoll(it->second)}, {"numel", f.info(unit_tensor(k, Field::Master)).numel()}});
@@ -187,8 +271,8 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
       report.total_bytes += f.file_size();
     }
     json units = json::array();
-    for (int k = 0; k < engine.num_units(); ++k) {
-      const shard::FlatLayout& l = engine.layout(k);
+    for (int k = 0; k < p->engine->num_units(); ++k) {
+      const shard::FlatLayout& l = p->engine->layout(k);
       json tensors = json::array();
       for (const shard::FlatEntry& e : l.entries)
         tensors.push_back({{"name", e.info.name}, {"shape", e.info.shape}, {"offset", e.offset}});
@@ -196,24 +280,32 @@ SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, 
     }
     json meta = {{"format", kFormat},
                        {"format_version", kFormatVersion},
-                       {"step", opt.step},
-                       {"model", to_hf_json(cfg)},
+                       {"step", p->opt.step},
+                       {"model", to_hf_json(*p->cfg)},
                        {"checksum", {{"algorithm", "crc32"}, {"block_bytes", kChecksumBlockBytes}}},
                        {"units", units},
                        {"files", files},
-                       {"training", opt.training},
-                       {"run", opt.run}};
+                       {"training", p->opt.training},
+                       {"run", p->opt.run}};
     // A LoRA run's checkpoint holds only the adapters' state; the frozen base is identified by
     // its config (above) and where it came from, and is read from there again on resume.
-    if (cfg.lora) meta["lora"] = peft_config_json(*cfg.lora);
+    if (p->cfg->lora) meta["lora"] = peft_config_json(*p->cfg->lora);
     write_json(dir / kMetadataName, meta);
-    write_hf_side_files(dir.string(), cfg, DType::F32, opt.tokenizer_source);
+    write_hf_side_files(dir.string(), *p->cfg, DType::F32, p->opt.tokenizer_source);
     // Last: the marker that makes this a checkpoint.
-    write_json(dir / kCompleteName, {{"step", opt.step}, {"files", world.size()}, {"bytes", report.total_bytes}});
+    write_json(dir / kCompleteName, {{"step", p->opt.step}, {"files", world.size()}, {"bytes", report.total_bytes}});
   }
-  world.barrier();  // when save_checkpoint returns on any rank, the checkpoint is complete
-  report.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  world.barrier();  // when finish returns on any rank, the checkpoint is complete
+  report.seconds = std::chrono::duration<double>(clock::now() - p->t0).count();
+  report.blocked_seconds = p->blocked + std::chrono::duration<double>(clock::now() - t).count();
   return report;
+}
+
+SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
+                           comm::Communicator& world) {
+  CheckpointSaver saver(false);
+  saver.start(opt, engine, cfg, world);
+  return saver.finish(world);
 }
 
 // ---- finding and pruning --------------------------------------------------------------------------

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/tensor.h"
 #include "io/staged_dir.h"
 #include "model/config.h"
 
@@ -61,14 +62,53 @@ struct SaveOptions {
 };
 
 struct SaveReport {
+  std::string dir;
+  int64_t step = 0;
   uint64_t rank_bytes = 0;   // what this rank wrote
   double rank_seconds = 0;   // its write time (serialize, checksum, write, fsync)
   uint64_t total_bytes = 0;  // all ranks (rank 0 only; 0 elsewhere)
-  double seconds = 0;        // until COMPLETE was written (rank 0), or this rank's part
+  double seconds = 0;        // from the start of the save until COMPLETE was written
+  double blocked_seconds = 0;  // of those, the time the caller was held (start + finish)
 };
 
-// Collective: every rank writes its shard file, then rank 0 writes metadata.json and COMPLETE.
-// Throws on any I/O error (the checkpoint is then left incomplete).
+// Saving, in two collective halves, as torch.distributed.checkpoint's async_save does:
+//
+//   start:  rank 0 prepares the directory; every rank stages its state and writes its shard file.
+//           Async: the state (what the rank writes: master, exp_avg, exp_avg_sq ranges) is copied
+//           into a host staging buffer kept between saves — the only stall — and a background
+//           thread checksums, serializes, writes and fsyncs the file while training goes on.
+//           Sync: the same work on the calling thread, straight from the engine's buffers.
+//   finish: waits for this rank's file, then (barrier) rank 0 reads every file's header and writes
+//           metadata.json, the config and tokenizer files, and COMPLETE last.
+//
+// The background thread does file I/O only, never MPI (communicators are not thread-safe), which is
+// why completion is a second collective call, made at the next save, at the end of training or at a
+// stop. A process killed while a file is being written leaves this step's directory without
+// COMPLETE, and every earlier checkpoint as it was.
+class CheckpointSaver {
+ public:
+  explicit CheckpointSaver(bool async);
+  // Waits for a write in flight (without completing the checkpoint: it stays incomplete).
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Collective. A save still in flight must have been finished first. `engine` and `cfg` must
+  // live until finish returns.
+  void start(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg, comm::Communicator& world);
+  bool in_flight() const { return pending_ != nullptr; }
+  // Collective: completes the save in flight (throws this rank's write error, naming the file).
+  SaveReport finish(comm::Communicator& world);
+
+ private:
+  struct Pending;
+  bool async_;
+  OwnedTensor staging_;  // async: this rank's written state, copied at the save step
+  std::unique_ptr<Pending> pending_;
+};
+
+// A synchronous save: start and finish at once. Throws on any I/O error (the checkpoint is then
+// left incomplete).
 SaveReport save_checkpoint(const SaveOptions& opt, shard::ShardedModel& engine, const ModelConfig& cfg,
                            comm::Communicator& world);
 

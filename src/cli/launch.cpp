@@ -15,6 +15,13 @@
 //    as SIGTERM, mpirun's own teardown. SIGUSR1 and SIGUSR2 are relayed as they are.
 // launch exits with mpirun's status (128 + the signal if mpirun was killed by one).
 //
+// Restarts (--max-restarts N, torchrun's option): when mpirun ends non-zero because a rank failed
+// (a rank killed, a rank's error: mpirun exits with the failed rank's status) and launch itself was
+// not asked to stop, launch runs the job again, up to N times. A `train` command resumes: launch
+// adds resume_from=auto to it (the newest complete checkpoint; none yet: it starts from `model`)
+// unless the config or the command line already sets resume_from. MPI cannot replace a lost rank
+// inside a running job, so a restart is of the whole job, from the checkpoint, as torchrun's is.
+//
 // Settings reach every node: mpirun passes its own environment to the ranks of its own node only;
 // the other nodes' ranks start from what ssh gives them. So launch names every SHARDLM_* and OMP_*
 // variable of its environment with `-x NAME` (mpirun then sets it on every node), as it sets
@@ -37,6 +44,7 @@
 #include "cli/commands.h"
 #include "comm/mpirun_output.h"
 #include "core/error.h"
+#include "train/train_config.h"
 
 namespace shardlm::cli {
 
@@ -82,6 +90,8 @@ void relay_signal(int sig) {
   const pid_t mpirun = g_mpirun;
   if (mpirun > 0 && (sig == SIGUSR1 || sig == SIGUSR2)) {
     kill(mpirun, sig);
+  } else if (mpirun <= 0 && sig != SIGUSR1 && sig != SIGUSR2) {
+    g_stops = g_stops + 1;  // between two runs of a restarted job: no further run starts
   } else if (mpirun > 0) {
     const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
     say("shardlm launch: ");
@@ -100,8 +110,15 @@ void relay_signal(int sig) {
   errno = saved_errno;
 }
 
-// Runs `args` (mpirun and its arguments) as described at the top; returns its exit status.
-int run_mpirun(std::vector<std::string>& args) {
+// How mpirun ended: its exit status, or the signal that killed mpirun itself (launch's teardown,
+// or someone else's kill: not a rank failure, so not a reason to restart).
+struct MpirunEnd {
+  int status = 0;          // launch's exit status for it: the exit code, or 128 + the signal
+  bool signaled = false;   // mpirun itself was killed by a signal
+};
+
+// Runs `args` (mpirun and its arguments) as described at the top.
+MpirunEnd run_mpirun(std::vector<std::string>& args) {
   std::vector<char*> argv;  // made before fork: the child only calls what is safe after it
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -155,14 +172,53 @@ int run_mpirun(std::vector<std::string>& args) {
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   g_mpirun = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (WIFEXITED(status)) return {WEXITSTATUS(status), false};
+  return {128 + WTERMSIG(status), true};
+}
+
+// What a restart of `command` continues from, and the command it runs. A `train` command gets
+// resume_from=auto unless its config or its overrides set resume_from: the config is read by the
+// trainer's own reader (train::load_train_config), so "set" means what training would see. A
+// config that cannot be read is left alone: the restarted ranks report it as the first run's did.
+struct Restart {
+  std::vector<std::string> command;
+  std::string from;  // for launch's line: "from the latest checkpoint", ...
+};
+Restart restart_of(const std::vector<std::string>& command) {
+  if (command.empty() || command[0] != "train") return {command, "(the same command)"};
+  std::string config;
+  std::vector<std::string> overrides;
+  for (size_t i = 1; i < command.size(); ++i) {
+    const std::string& a = command[i];
+    if (a == "--config" && i + 1 < command.size()) {
+      config = command[++i];
+    } else if (a.starts_with("--config=")) {
+      config = a.substr(9);
+    } else if (!a.starts_with("-")) {
+      overrides.push_back(a);
+    }
+  }
+  if (config.empty()) return {command, "(the same command)"};
+  train::TrainConfig cfg;
+  try {
+    cfg = train::load_train_config(config, overrides);
+  } catch (const std::exception&) {
+    return {command, "(the same command)"};
+  }
+  if (!cfg.resume_from.empty())
+    return {command, fmt::format("with resume_from: {} as configured", cfg.resume_from)};
+  std::vector<std::string> resumed = command;
+  resumed.push_back("resume_from=auto");
+  if (!cfg.saves_checkpoints())
+    return {resumed, "from the start (no checkpointing configured: set save_every to make restarts resume)"};
+  return {resumed, "from the latest checkpoint"};
 }
 }  // namespace
 
 void register_launch(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("launch", "Start a job on several ranks through mpirun");
   struct Opts {
-    int nproc_per_node = 1, nnodes = 1, node_rank = 0, threads = 0;
+    int nproc_per_node = 1, nnodes = 1, node_rank = 0, threads = 0, max_restarts = 0;
     std::string hostfile, master_addr;
     bool dry_run = false;
     std::vector<std::string> command;
@@ -175,6 +231,10 @@ void register_launch(CLI::App& app) {
                   "This node's index; mpirun starts all nodes from node 0, so other nodes have nothing to do");
   cmd->add_option("--master-addr", o->master_addr, "Accepted for torchrun compatibility; MPI needs no rendezvous");
   cmd->add_option("--threads-per-rank", o->threads, "OpenMP threads per rank (default: cores / nproc-per-node)");
+  cmd->add_option("--max-restarts", o->max_restarts,
+                  "Run the job again, up to N times, after a rank fails (train resumes from the latest "
+                  "checkpoint: resume_from=auto)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--dry-run", o->dry_run, "Print the mpirun command instead of running it");
   cmd->add_option("command", o->command, "The shardlm command each rank runs (after --)")->required();
   cmd->footer(
@@ -185,7 +245,11 @@ void register_launch(CLI::App& app) {
       "  srun --mpi=pmix -n 4 shardlm train --config run.yaml   (Slurm: ranks from PMIx; docs/slurm.md)\n"
       "\n"
       "Ctrl-C or SIGTERM to launch: every rank finishes its step, checkpoints (save_on_signal) and exits 0;\n"
-      "a second one ends the job at once. launch exits with mpirun's status.");
+      "a second one ends the job at once. launch exits with mpirun's status.\n"
+      "\n"
+      "--max-restarts N: when a rank fails (mpirun ends non-zero, and launch was not asked to stop), the whole\n"
+      "job runs again, at most N times; a train command resumes with resume_from=auto (the newest complete\n"
+      "checkpoint) unless its config or command line sets resume_from. Set save_every so there is one.");
   cmd->callback([o] {
     if (o->node_rank != 0) {
       std::printf("node %d: nothing to start here; run shardlm launch on node 0, which starts every node's ranks\n",
@@ -208,18 +272,38 @@ void register_launch(CLI::App& app) {
     }
     if (geteuid() == 0) args.push_back("--allow-run-as-root");
     args.push_back(self_path());
+    const size_t command_at = args.size();
     args.insert(args.end(), o->command.begin(), o->command.end());
-    std::string line;
-    for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
+    auto command_line = [&] {
+      std::string line;
+      for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
+      return line;
+    };
     if (o->dry_run) {
-      std::printf("%s\n", line.c_str());
+      std::printf("%s\n", command_line().c_str());
       return;
     }
-    std::fprintf(stderr, "shardlm launch: %s\n", line.c_str());
-    std::fflush(stderr);
-    const int status = run_mpirun(args);
-    std::fflush(stdout);
-    std::exit(status);  // the job's status is launch's
+    for (int restart = 0;; ++restart) {
+      std::fprintf(stderr, "shardlm launch: %s\n", command_line().c_str());
+      std::fflush(stderr);
+      const MpirunEnd end = run_mpirun(args);
+      std::fflush(stdout);
+      // A rank failure is a non-zero exit of mpirun itself; a stop asked of launch (Ctrl-C,
+      // SIGTERM: the trainer saves and exits 0, or the second signal's teardown) or a signal that
+      // killed mpirun is the user's or the scheduler's, and is not undone by a restart.
+      if (end.status == 0 || end.signaled || g_stops > 0 || restart >= o->max_restarts) {
+        if (end.status != 0 && !end.signaled && g_stops == 0 && o->max_restarts > 0)
+          std::fprintf(stderr, "shardlm launch: rank failure (exit %d); no restarts left (--max-restarts %d)\n",
+                       end.status, o->max_restarts);
+        std::exit(end.status);  // the job's status is launch's
+      }
+      const Restart next = restart_of(o->command);
+      if (g_stops > 0) std::exit(end.status);  // a stop that came while no job ran: none starts
+      args.resize(command_at);
+      args.insert(args.end(), next.command.begin(), next.command.end());
+      std::fprintf(stderr, "shardlm launch: rank failure (exit %d); restart %d of %d %s\n", end.status, restart + 1,
+                   o->max_restarts, next.from.c_str());
+    }
   });
 }
 

@@ -441,6 +441,8 @@ std::vector<ConfigField<TrainConfig>> make_table() {
                non_negative("must be >= 0 (0 keeps every checkpoint)"))
           .alias("save_total_limit"),
       F::field("checkpoint_dir", &TrainConfig::checkpoint_dir, "where checkpoints go"),
+      F::field("async_checkpoint", &TrainConfig::async_checkpoint,
+               "write checkpoints in the background from a staged copy of the state"),
       F::parsed(
            "resume_from", &TrainConfig::resume_from,
            [](const std::string& s) -> std::string {

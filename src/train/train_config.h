@@ -95,6 +95,10 @@ struct TrainConfig {
   int keep_last_n = 0;             // complete checkpoints kept; 0: all
   std::string checkpoint_dir;      // where step_NNNNNNNN/ directories go; "" = <output_dir>/checkpoints
   std::string resume_from;         // "" (start from `model`), "auto" (the newest complete one), or a directory
+  // Checkpoints written by a background thread from a staged copy of the state: training waits only
+  // for the copy, and each checkpoint is completed at the next save, the end or a stop
+  // (ckpt::CheckpointSaver).
+  bool async_checkpoint = false;
   // What a deepspeed_config (docs/deepspeed.md) said that is not a key above: its warnings (printed
   // by the commands that read the config) and train_batch_size (applied by with_batch_size).
   DeepSpeedSettings deepspeed;

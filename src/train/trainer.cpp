@@ -1,8 +1,13 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -18,6 +23,7 @@
 #include "shard/engine.h"
 #include "shard/load.h"
 #include "train/evaluation.h"
+#include "train/preflight.h"
 #include "train/reporting.h"
 #include "train/resume.h"
 #include "train/stop_signal.h"
@@ -35,6 +41,25 @@ TrainResult run_training(const TrainConfig& c) {
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The test hook behind the restart test (tests/scripts/restart_cli.sh): with
+// SHARDLM_TEST_KILL_RANK_AT_STEP=R:S[:MARKER], world rank R kills itself (SIGKILL, as the OOM killer
+// or a lost node would) once step S is done. With MARKER, only if that file does not exist yet; the
+// rank creates it first, so a restarted job that passes step S again runs on.
+void kill_rank_at_step(int rank, int64_t step) {
+  const char* v = std::getenv("SHARDLM_TEST_KILL_RANK_AT_STEP");
+  if (!v) return;
+  int r = -1;
+  long long s = -1;
+  int marker_at = 0;
+  if (std::sscanf(v, "%d:%lld%n", &r, &s, &marker_at) < 2 || r != rank || s != step) return;
+  if (v[marker_at] == ':') {
+    const int fd = ::open(v + marker_at + 1, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd < 0) return;  // already fired once (or the marker cannot be made: then never)
+    ::close(fd);
+  }
+  std::raise(SIGKILL);
+}
 
 // Ranks sharing this node, for hybrid meshes: what mpirun or srun says, else the whole world.
 int ranks_per_node(const comm::Communicator& world) {
@@ -58,6 +83,7 @@ class Trainer {
   bool stop_requested();
   void stop_on_signal(int64_t step, const data::SamplerState& next, bool saved_now);
   void save_checkpoint(int64_t step, const data::SamplerState& next);
+  void complete_save();
   void save_model();
 
   const TrainConfig& c_;
@@ -70,6 +96,7 @@ class Trainer {
   shard::ShardedModel engine_;
   model::LlamaCompute model_;
   io::DirLock output_lock_;  // rank 0 holds output_dir from the end of setup to the run's end (io/dir_lock.h)
+  ckpt::CheckpointSaver saver_;  // after engine_ and the lock: a write in flight ends before either goes
   Reporter out_;
   data::DistributedSampler sampler_;
   std::vector<std::string> resume_notes_;
@@ -113,6 +140,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       }()),
       engine_(in_.model, mem_.sharding, mesh_),
       model_(in_.model, c.compute_dtype, engine_.device()),
+      saver_(c.async_checkpoint),
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
@@ -170,6 +198,7 @@ TrainResult Trainer::run() {
     const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
     if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb, comm_before);
+    kill_rank_at_step(world_.rank(), step);
     step_span.reset();
     if (timeline::recording() && (step == c_.profile_steps[1] || step == c_.max_steps)) out_.timeline();
     if (c_.eval_every > 0 && step % c_.eval_every == 0 && step != c_.max_steps) evaluate(step);
@@ -181,7 +210,8 @@ TrainResult Trainer::run() {
       return result_;
     }
   }
-  evaluate(c_.max_steps);
+  evaluate(c_.max_steps);  // while the last checkpoint (async) is written
+  complete_save();  // before save_model reads it
   result_.seconds = seconds_since(t_train_);
   result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   out_.progress().finish();
@@ -254,6 +284,7 @@ void Trainer::stop_on_signal(int64_t step, const data::SamplerState& next, bool 
     return;
   }
   if (!saved_now) save_checkpoint(step, next);
+  complete_save();
   out_.print(fmt::format("stopped by a signal after step {}: checkpoint {} is complete; continue with the same config "
                          "and resume_from=auto",
                          step, (fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(step)).string()));
@@ -277,15 +308,27 @@ void Trainer::save_checkpoint(int64_t step, const data::SamplerState& next) {
   so.training = TrainingState{step, next, sampler_.rows_per_step(), c_.seed, c_.schedule.at(step)};
   so.run = run_description(c_, mem_.sharding, world_.size(), mesh_);
   so.tokenizer_source = c_.model;
-  const ckpt::SaveReport r = ckpt::save_checkpoint(so, engine_, in_.model, world_);
+  // One save in flight at a time: the previous (async) one is completed before this one starts.
+  complete_save();
+  saver_.start(so, engine_, in_.model, world_);
   last_save_ = Clock::now();
-  if (lead_ && c_.keep_last_n > 0) ckpt::prune_checkpoints(root, c_.keep_last_n);
+  if (!c_.async_checkpoint) complete_save();
+}
+
+// Completes the save in flight, if any (collective; every rank calls it at the same point of the
+// loop): metadata.json and COMPLETE, then keep_last_n, the log line and the metrics record.
+void Trainer::complete_save() {
+  if (!saver_.in_flight()) return;
+  const ckpt::SaveReport r = saver_.finish(world_);
+  if (lead_ && c_.keep_last_n > 0) ckpt::prune_checkpoints(c_.checkpoint_root(), c_.keep_last_n);
   const double mb = double(r.rank_bytes) / 1e6, rate = mb / std::max(r.rank_seconds, 1e-9);
   out_.print(fmt::format("checkpoint step {} -> {}: {:.1f} MB from each rank in {:.2f}s ({:.0f} MB/s per rank), "
-                         "{:.1f} MB in all, complete after {:.2f}s",
-                         step, so.dir, mb, r.rank_seconds, rate, double(r.total_bytes) / 1e6, r.seconds));
-  out_.write({{"step", step}, {"checkpoint", so.dir}, {"checkpoint_bytes", r.total_bytes},
-              {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", rate}});
+                         "{:.1f} MB in all, complete after {:.2f}s{}; training waited {:.3f}s",
+                         r.step, r.dir, mb, r.rank_seconds, rate, double(r.total_bytes) / 1e6, r.seconds,
+                         c_.async_checkpoint ? " (written in the background)" : "", r.blocked_seconds));
+  out_.write({{"step", r.step}, {"checkpoint", r.dir}, {"checkpoint_bytes", r.total_bytes},
+              {"checkpoint_seconds", r.seconds}, {"checkpoint_rank_mb_per_s", rate},
+              {"checkpoint_blocked_seconds", r.blocked_seconds}});
 }
 
 // The trained model as a Hugging Face directory, streamed: from the final checkpoint by rank 0
@@ -336,6 +379,10 @@ TrainResult run_training(const TrainConfig& config, comm::Communicator& world) {
   const TrainConfig c = with_batch_size(config, world.size());
   comm::set_collective_timeout(c.collective_timeout);
   const StopSignalGuard signals(c.save_on_signal);
+  // Before anything is loaded: every rank is there and the links carry data (preflight.h).
+  // Printed with the setup lines (stderr; not with progress: none).
+  if (const std::string line = preflight_check(world); !line.empty() && c.progress != ProgressMode::None)
+    std::fprintf(stderr, "%s\n", line.c_str());
   return Trainer(c, world).run();
 }
 

@@ -3,6 +3,7 @@
 #  1. the same global batch trained by 1 process, by 2 ranks (FULL_SHARD, via shardlm launch), by
 #     4 ranks in a 2x2 HYBRID_SHARD mesh, and by 2 ranks configured with an accelerate FSDP YAML,
 #     gives the same losses for 20 steps (to 1e-4 relative);
+#     the 2-rank run prints the pre-flight line (ranks, hosts, all-reduce bandwidth);
 #  2. kill -9 of one rank ends the whole job within 30 s, and mpirun names the rank.
 # Usage: multirank_cli.sh SHARDLM WORKDIR
 set -euo pipefail
@@ -50,7 +51,11 @@ YAML
 
 # Global batch 16 rows: 1 x 16, 2 x 8, 4 x 4.
 "$shardlm" train --config "$work/run.yaml" output_dir="$work/np1"
-"$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" output_dir="$work/np2" micro_batch_size=8 2>/dev/null
+"$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" output_dir="$work/np2" micro_batch_size=8 \
+  progress=lines log_every=1000 2>"$work/np2.log"
+# The pre-flight check's line, before the model is loaded (train/preflight.h).
+grep -E "^pre-flight: 2 ranks on 1 host \([^:]+: 0,1\); all-reduce 8 MB in [0-9.]+ ms \([0-9.]+ GB/s\)$" "$work/np2.log" ||
+  { echo "FAIL: no pre-flight line"; cat "$work/np2.log"; exit 1; }
 "$shardlm" launch --nproc-per-node 4 -- train --config "$work/run.yaml" output_dir="$work/np4" micro_batch_size=4 \
   sharding_strategy=HYBRID_SHARD shard_group_size=2 2>/dev/null
 "$shardlm" launch --nproc-per-node 2 -- train --config "$work/accelerate.yaml" output_dir="$work/acc" micro_batch_size=8 \

@@ -2,7 +2,8 @@
 # The collective watchdog: one of 4 ranks of a FULL_SHARD run is stopped with SIGSTOP (as a hung or
 # frozen process would be); with collective_timeout: 10 every rank ends within 20 s, the stopped
 # rank is named, and the job exits non-zero. Without the watchdog the job would hang forever.
-# Then the same with mpirun stopped too, as when its teardown cannot reach a node: the live ranks,
+# A rank frozen before the pre-flight check (the hook SHARDLM_TEST_STOP_BEFORE_PREFLIGHT) is named by
+# it, before any model is loaded. Then the same with mpirun stopped too, as when its teardown cannot reach a node: the live ranks,
 # having printed their error, end themselves within 20 s all the same.
 # Usage: watchdog.sh SHARDLM WORKDIR
 set -euo pipefail
@@ -79,6 +80,18 @@ if grep "rank 2: " "$work/out.log" | grep -q "did not complete"; then echo "FAIL
 grep -q "did not complete within collective_timeout 10 s: rank 2 (pid $victim) is stopped" "$work/out.log" ||
   { echo "FAIL: the stopped rank is not named"; cat "$work/out.log" | tail -20; exit 1; }
 grep -q "(step [0-9]*, " "$work/out.log" || { echo "FAIL: the step is not named"; exit 1; }
+
+# A rank frozen before the pre-flight check: the check's first all-reduce names it, nothing is loaded.
+set +e
+SHARDLM_TEST_STOP_BEFORE_PREFLIGHT=1 timeout 60 "$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" \
+  collective_timeout=3 output_dir="$work/preflight" >"$work/preflight.log" 2>&1
+rc=$?
+set -e
+[[ $rc -ne 0 && $rc -ne 124 ]] || { echo "FAIL: pre-flight with a stopped rank: exit $rc"; tail -5 "$work/preflight.log"; exit 1; }
+grep -q "^shardlm: error: rank 0: all-reduce of a scalar (pre-flight check) did not complete within collective_timeout 3 s: rank 1 (pid [0-9]*) is stopped" \
+  "$work/preflight.log" || { echo "FAIL: the pre-flight check did not name the stopped rank"; cat "$work/preflight.log"; exit 1; }
+grep -q "^shardlm train:" "$work/preflight.log" && { echo "FAIL: the model was loaded after a failed pre-flight"; exit 1; }
+echo "pre-flight named the rank stopped before it (exit $rc): $(grep -o 'rank 1 (pid [0-9]*) is stopped' "$work/preflight.log")"
 
 # mpirun stopped too: MPI_Abort cannot reach it, and the ranks that reported the hang must end
 # themselves (a few seconds after their error line) rather than wait for a teardown that never comes.
