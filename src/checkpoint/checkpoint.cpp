@@ -210,10 +210,11 @@ void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine,
         at += s.numel;
         const float* from = t.f32();
         float* to = copy.f32();
+        const int64_t n = s.numel;  // clang before 16 cannot capture a structured binding in the parallel region
         constexpr int64_t kPiece = int64_t(1) << 20;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < s.numel; i += kPiece)
-          std::memcpy(to + i, from + i, size_t(std::min(kPiece, s.numel - i)) * sizeof(float));
+        for (int64_t i = 0; i < n; i += kPiece)
+          std::memcpy(to + i, from + i, size_t(std::min(kPiece, n - i)) * sizeof(float));
         t = copy;
       }
       const std::string name = unit_tensor(k, f);
