@@ -8,7 +8,7 @@
 #              training runs on 1 process and 2 ranks, and the collective tests on 2 ranks
 #   scripts/sanitize.sh                  both
 #   scripts/sanitize.sh address -R Unit  one kind; further arguments go to ctest
-#   scripts/sanitize.sh --quick          what CI runs: the unit tests (ctest label "unit") under address
+#   scripts/sanitize.sh --quick          the unit tests (ctest label "unit") under address (scripts/test.sh --sanitize)
 # Builds into build-asan/ and build-tsan/ (scripts/sanitize/build.sh). Any report fails the test
 # that produced it (halt_on_error), so a green run means no report.
 set -euo pipefail
