@@ -74,8 +74,11 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
       if (has_prompt == has_messages)
         throw Error("a row needs exactly one of 'prompt' (text) and 'messages' (a conversation)", {.key = "prompt"});
       if (has_prompt) {
-        if (!rec["prompt"].is_string() || rec["prompt"].get<std::string>().empty())
-          throw Error("field 'prompt' must be a non-empty string", {.key = "prompt"});
+        // "" is a prompt too: generation from BOS alone (unconditional sampling, how small story
+        // models are used), as --prompt "" is.
+        if (!rec["prompt"].is_string())
+          throw Error(fmt::format("field 'prompt' must be a string, got {}", rec["prompt"].type_name()),
+                      {.key = "prompt"});
         r.prompt = rec["prompt"].get<std::string>();
       } else {
         try {
@@ -162,6 +165,10 @@ void run_generate(const Opts& o) {
       } else {
         ids = tok->encode_with(r.prompt, !o.no_bos, false);
       }
+      if (ids.empty())
+        throw Error(o.no_bos ? "an empty prompt without BOS (--no-bos) leaves nothing to continue"
+                             : "an empty prompt needs a BOS token to start from, and this tokenizer adds none",
+                    {.key = "prompt"});
       const int64_t P = int64_t(ids.size());
       // The model has max_position_embeddings positions; the prompt takes some, the rest is all that
       // can be generated. Say so up front rather than stopping short without a word.

@@ -566,11 +566,14 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
       auto it = rec.find("prompt");
       if (it == rec.end()) throw BadRequest{"missing field 'prompt'", "prompt"};
       if (it->is_array() && it->size() == 1) it = it->begin();  // ["text"], as some clients send one prompt
-      if (!it->is_string() || it->get<std::string>().empty())
-        throw BadRequest{fmt::format("field 'prompt' must be a non-empty string (or a list of one), got {}",
-                                     it->type_name()),
+      // "" is a prompt too: generation from BOS alone (unconditional sampling).
+      if (!it->is_string())
+        throw BadRequest{fmt::format("field 'prompt' must be a string (or a list of one), got {}", it->type_name()),
                          "prompt"};
       ids = cx.tok.encode_with(it->get<std::string>(), true, false);
+      if (ids.empty())
+        throw BadRequest{"an empty prompt needs a BOS token to start from, and this model's tokenizer adds none",
+                         "prompt"};
     }
     const int64_t P = int64_t(ids.size()), L = cx.opt.max_len;
     if (P >= L)

@@ -117,6 +117,12 @@ bad bad_seed '{"prompt": "x", "seed": -1}\n' "bad_seed.jsonl:1: key 'seed'"
 bad bad_stop '{"prompt": "x", "stop": [1]}\n' "bad_stop.jsonl:1: key 'stop'"
 bad bad_role '{"messages": [{"role": "assistant", "content": "x"}]}\n' "bad_role.jsonl:1: key 'messages': .*user message"
 
+# ---- 4b. an empty prompt in a batch: generation from BOS alone, as --prompt "" (issue 36) ----
+printf '{"prompt": ""}\n{"prompt": "hello"}\n' > "$work/empty.jsonl"
+"$shardlm" generate --model "$m" --prompts "$work/empty.jsonl" --max-new-tokens 3 --temperature 0 \
+  > "$work/empty_out.jsonl" 2> "$work/empty.err" || fail "an empty prompt in --prompts failed: $(cat "$work/empty.err")"
+[[ $(wc -l < "$work/empty_out.jsonl") -eq 2 ]] || fail "expected 2 result lines for the empty-prompt batch"
+
 # ---- 5. --load-in-4bit ----
 "$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 4 --temperature 0 --load-in-4bit \
   > /dev/null 2> "$work/nf4.err" || fail "--load-in-4bit failed: $(cat "$work/nf4.err")"

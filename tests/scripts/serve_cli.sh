@@ -74,6 +74,12 @@ curl -sfN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
 curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "m", "prompt": "hello", "max_tokens": 5, "temperature": 0}' > "$work/completion.json" \
   || fail "completion failed"
+# An empty prompt: generation from BOS alone (issue 36).
+curl -sf "$url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "m", "prompt": "", "max_tokens": 3, "temperature": 0}' > "$work/empty_prompt.json" \
+  || fail "a completion of an empty prompt failed"
+"$py" -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['usage']['prompt_tokens'] == 1, r; assert r['usage']['completion_tokens'] >= 1, r" \
+  "$work/empty_prompt.json" || fail "empty prompt: $(cat "$work/empty_prompt.json")"
 "$py" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
