@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -16,6 +17,7 @@
 #include "infer/placement.h"
 #include "infer/requests.h"
 #include "io/json_parse.h"
+#include "io/read_file.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
@@ -32,7 +34,7 @@ struct Opts {
   std::vector<std::string> stop;
   infer::SamplingOptions s;
   int64_t batch_size = 8;
-  bool no_bos = false, chat = false, load_in_4bit = false;
+  bool no_bos = false, chat = false, load_in_4bit = false, quiet = false;
 };
 
 // One request as read from --prompt or --prompts: its text or messages, options and stop strings.
@@ -47,8 +49,14 @@ struct PromptRow {
 
 // --prompts FILE: .jsonl = one JSON object per non-empty line, else one prompt per non-empty line.
 std::vector<PromptRow> read_prompts(const Opts& o) {
-  std::ifstream f(o.prompts, std::ios::binary);
-  if (!f) throw Error("cannot open the prompts file", {.file = o.prompts, .key = "--prompts"});
+  std::istringstream f([&] {
+    try {
+      return io::read_file(o.prompts, "prompts file");
+    } catch (Error& e) {
+      e.set_key("--prompts");
+      throw;
+    }
+  }());
   const bool jsonl = o.prompts.ends_with(".jsonl");
   std::vector<PromptRow> rows;
   std::string line;
@@ -260,6 +268,15 @@ void run_generate(const Opts& o) {
     if (c.finish == infer::FinishReason::Length && int64_t(requests[0].prompt.size() + c.tokens.size()) >= context)
       std::fprintf(stderr, "generate: stopped after %lld new tokens: the model's context of %lld positions is full\n",
                    (long long)c.tokens.size(), (long long)context);
+    // The timing line, as llama.cpp and transformers' streamers print one.
+    if (!o.quiet) {
+      const double P = double(requests[0].prompt.size()), N = double(c.tokens.size());
+      std::fprintf(stderr,
+                   "generate: %.0f prompt tokens in %.3f s (%.1f tok/s prefill), %.0f new tokens in %.3f s (%.1f tok/s "
+                   "decode)\n",
+                   P, c.prefill_seconds, P / std::max(c.prefill_seconds, 1e-9), N, c.decode_seconds,
+                   N / std::max(c.decode_seconds, 1e-9));
+    }
     return;
   }
 
@@ -346,6 +363,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", o->s.seed, "Sampling seed (a request's tokens depend only on it and the request)")
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "Do not start the prompt with the BOS token");
+  cmd->add_flag("--quiet", o->quiet, "With --prompt: no timing line on stderr after the completion");
   cmd->add_option("--device-map", o->device_map,
                   "Split the model's layers over the ranks of `shardlm launch` (one process: all on rank 0), as "
                   "accelerate's device_map does: auto (= balanced), balanced, balanced_low_0 (rank 0 as light as "

@@ -123,6 +123,14 @@ printf '{"prompt": ""}\n{"prompt": "hello"}\n' > "$work/empty.jsonl"
   > "$work/empty_out.jsonl" 2> "$work/empty.err" || fail "an empty prompt in --prompts failed: $(cat "$work/empty.err")"
 [[ $(wc -l < "$work/empty_out.jsonl") -eq 2 ]] || fail "expected 2 result lines for the empty-prompt batch"
 
+# ---- 4c. one --prompt ends with a timing line on stderr, none with --quiet (issue 36) ----
+"$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 3 --temperature 0 > /dev/null 2> "$work/timing.err"
+grep -Eq "^generate: [0-9]+ prompt tokens in [0-9.]+ s \([0-9.]+ tok/s prefill\), [0-9]+ new tokens in [0-9.]+ s \([0-9.]+ tok/s decode\)$" \
+  "$work/timing.err" || fail "no timing line: $(cat "$work/timing.err")"
+"$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 3 --temperature 0 --quiet > /dev/null 2> "$work/quiet.err"
+! grep -q "tok/s" "$work/quiet.err" || fail "--quiet still printed the timing line"
+echo "4c. $(cat "$work/timing.err")"
+
 # ---- 5. --load-in-4bit ----
 "$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 4 --temperature 0 --load-in-4bit \
   > /dev/null 2> "$work/nf4.err" || fail "--load-in-4bit failed: $(cat "$work/nf4.err")"
