@@ -283,6 +283,8 @@ void register_launch(CLI::App& app) {
       std::printf("%s\n", command_line().c_str());
       return;
     }
+    // What a restart runs, the same for every restart (the config is read only when restarts may come).
+    const Restart next = o->max_restarts > 0 ? restart_of(o->command) : Restart{};
     for (int restart = 0;; ++restart) {
       std::fprintf(stderr, "shardlm launch: %s\n", command_line().c_str());
       std::fflush(stderr);
@@ -297,7 +299,6 @@ void register_launch(CLI::App& app) {
                        end.status, o->max_restarts);
         std::exit(end.status);  // the job's status is launch's
       }
-      const Restart next = restart_of(o->command);
       if (g_stops > 0) std::exit(end.status);  // a stop that came while no job ran: none starts
       args.resize(command_at);
       args.insert(args.end(), next.command.begin(), next.command.end());

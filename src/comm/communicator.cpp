@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 #include "comm/hosts.h"
+#include "core/platform.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -12,9 +13,7 @@
 namespace shardlm::comm {
 
 HostLayout single_host(int size) {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return HostLayout{.hosts = {name}, .host_of = std::vector<int>(size_t(size), 0)};
+  return HostLayout{.hosts = {host_name()}, .host_of = std::vector<int>(size_t(size), 0)};
 }
 
 void Communicator::check_tensor(const char* op, const Tensor& t) const {

@@ -23,6 +23,7 @@
 #include "comm/hosts.h"
 #include "comm/mpi_error.h"
 #include "comm/shm_collectives.h"
+#include "core/platform.h"
 #include "core/timeline.h"
 #include "ops/ops.h"
 
@@ -85,7 +86,7 @@ void exchange_peers() {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   Peer me;
   me.pid = int(::getpid());
-  ::gethostname(me.host, sizeof(me.host) - 1);
+  std::strncpy(me.host, host_name().c_str(), sizeof(me.host) - 1);
   g_peers.resize(size_t(size));
   check_mpi(MPI_Allgather(&me, int(sizeof(Peer)), MPI_BYTE, g_peers.data(), int(sizeof(Peer)), MPI_BYTE, MPI_COMM_WORLD),
         "MPI_Allgather");
@@ -94,11 +95,10 @@ void exchange_peers() {
 // "rank 2 (pid 812) is stopped, rank 3 (pid 813) is gone": the peers on this node that cannot be
 // taking part (their state in /proc/PID/stat is T, t or Z, or the process no longer exists).
 std::string stuck_peers() {
-  char host[64] = {};
-  ::gethostname(host, sizeof(host) - 1);
+  const std::string host = host_name().substr(0, sizeof(Peer::host) - 1);  // as the peers stored theirs
   std::string out;
   for (size_t r = 0; r < g_peers.size(); ++r) {
-    if (int(r) == g_world_rank || std::strncmp(g_peers[r].host, host, sizeof(host)) != 0) continue;
+    if (int(r) == g_world_rank || std::strncmp(g_peers[r].host, host.c_str(), sizeof(Peer::host)) != 0) continue;
     std::ifstream stat(fmt::format("/proc/{}/stat", g_peers[r].pid));
     std::string line;
     const char* what = nullptr;
@@ -638,7 +638,7 @@ HostLayout hosts(Communicator& c) {
   std::vector<int> lowest_of(size_t(size), 0);
   check_mpi(MPI_Allgather(&lowest, 1, MPI_INT, lowest_of.data(), 1, MPI_INT, m->comm_), "MPI_Allgather");
   char mine[sizeof(Peer::host)] = {};
-  ::gethostname(mine, sizeof(mine) - 1);
+  std::strncpy(mine, host_name().c_str(), sizeof(mine) - 1);
   std::vector<char> names(size_t(size) * sizeof(mine));
   check_mpi(MPI_Allgather(mine, int(sizeof(mine)), MPI_CHAR, names.data(), int(sizeof(mine)), MPI_CHAR, m->comm_),
             "MPI_Allgather");

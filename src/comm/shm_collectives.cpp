@@ -26,6 +26,7 @@
 
 #include "comm/mpi_error.h"
 #include "core/float_bits.h"
+#include "core/platform.h"
 
 namespace shardlm::comm {
 
@@ -218,7 +219,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(MPI_Comm comm, bool threaded) {
   // Asserted, not assumed: a window joins the ranks of one host. (MPI's SHARED split says so; with
   // hosts emulated on one machine, each a namespace with its own hostname, it is what keeps them apart.)
   char host[64] = {};
-  ::gethostname(host, sizeof(host) - 1);
+  std::strncpy(host, host_name().c_str(), sizeof(host) - 1);
   std::vector<char> hosts(sizeof(host) * size_t(size));
   check_mpi(MPI_Allgather(host, int(sizeof(host)), MPI_CHAR, hosts.data(), int(sizeof(host)), MPI_CHAR, comm),
             "MPI_Allgather");

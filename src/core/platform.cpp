@@ -1,6 +1,7 @@
 #include "core/platform.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 extern "C" char* openblas_get_config(void);
 
@@ -12,6 +13,12 @@ std::vector<CudaDeviceInfo> cuda_devices(std::string* status) {
   return {};
 }
 #endif
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
 
 PlatformInfo platform_info() {
   PlatformInfo p;

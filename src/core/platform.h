@@ -24,6 +24,10 @@ struct PlatformInfo {
 
 PlatformInfo platform_info();
 
+// This machine's host name (gethostname), "localhost" if it has none: how ranks, locks and logs
+// name a node.
+std::string host_name();
+
 // Implemented in ops/cuda/ when built with CUDA.
 std::vector<CudaDeviceInfo> cuda_devices(std::string* status);
 

@@ -20,15 +20,8 @@ Error errno_error(const std::string& what, const std::string& path, int err) {
 
 // fsync the directory holding `path` so the rename itself survives a crash.
 void fsync_parent_dir(const std::string& path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw errno_error("cannot open directory to sync it", dir.string(), errno);
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  // Some filesystems cannot sync directories (EINVAL); the rename has still happened.
-  if (rc != 0 && err != EINVAL) throw errno_error("cannot sync directory", dir.string(), err);
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  fsync_dir(dir.empty() ? "." : dir.string());
 }
 
 std::string temp_path_name(const std::string& path) {
@@ -36,6 +29,15 @@ std::string temp_path_name(const std::string& path) {
 }
 
 }  // namespace
+
+void fsync_dir(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw errno_error("cannot open directory to sync it", dir, errno);
+  const int rc = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL) throw errno_error("cannot sync directory", dir, err);
+}
 
 void write_all(int fd, const void* data, size_t n, const std::string& path_for_errors) {
   const char* p = static_cast<const char*>(data);

@@ -60,6 +60,10 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd)
 // write_file_atomic with a whole string as the content.
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// fsync the directory `dir`, so that the renames inside it survive a crash (a filesystem that
+// cannot sync directories, EINVAL, is let be: the renames have still happened).
+void fsync_dir(const std::string& dir);
+
 // Write all n bytes to fd, retrying short writes and EINTR; errors name `path_for_errors`.
 void write_all(int fd, const void* data, size_t n, const std::string& path_for_errors);
 

@@ -13,18 +13,13 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/platform.h"
 
 namespace shardlm::io {
 
 namespace fs = std::filesystem;
 
 namespace {
-std::string this_host() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
-}
-
 // What the holder wrote, on one line; "" when it has not written yet (it locks, then writes).
 std::string holder_of(int fd) {
   char buf[512] = {};
@@ -54,7 +49,7 @@ DirLock::DirLock(const std::string& dir, const std::string& role) {
     throw Error(fmt::format("cannot lock {}: {}", role, std::strerror(err))).set_file(path);
   }
   fd_ = fd;
-  const std::string me = fmt::format("pid {} on host {}, since {:%Y-%m-%d %H:%M:%S} UTC\n", ::getpid(), this_host(),
+  const std::string me = fmt::format("pid {} on host {}, since {:%Y-%m-%d %H:%M:%S} UTC\n", ::getpid(), host_name(),
                                      fmt::gmtime(std::time(nullptr)));
   // Best effort: the lock is what protects; the text only explains.
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);

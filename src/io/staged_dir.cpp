@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace shardlm::io {
 
@@ -26,14 +27,6 @@ bool is_model_dir_file(const fs::directory_entry& e) {
   const std::string ext = e.path().extension().string();
   return ext == ".safetensors" || ext == ".json" || ext == ".model" || ext == ".bin" || ext == ".md" ||
          ext == ".txt";
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(fmt::format("cannot open to sync: {}", std::strerror(errno))).set_file(path);
-  const int rc = ::fsync(fd), err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(fmt::format("cannot sync: {}", std::strerror(err))).set_file(path);
 }
 
 void remove_quietly(const std::string& path) noexcept {
@@ -87,11 +80,10 @@ StagedDir::~StagedDir() {
 
 void StagedDir::commit() {
   SHARDLM_CHECK(!staging_.empty(), "StagedDir {} committed twice", target_);
+  // The files themselves were synced as they were written (io/atomic_file.h); the directory
+  // holding them is synced here, then the one the rename changes.
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(staging_, ec))
-    if (e.is_regular_file()) fsync_path(e.path().string(), false);
-  if (ec) throw Error(fmt::format("cannot list the staging directory: {}", ec.message())).set_file(staging_);
-  fsync_path(staging_, true);
+  fsync_dir(staging_);
 
   if (!fs::exists(target_, ec)) {
     if (::rename(staging_.c_str(), target_.c_str()) != 0)
@@ -113,7 +105,7 @@ void StagedDir::commit() {
   } else {
     throw Error(fmt::format("cannot swap {} into place: {}", staging_, std::strerror(errno))).set_file(target_);
   }
-  fsync_path(parent_of(target_), true);
+  fsync_dir(parent_of(target_));
   const std::string old = std::exchange(staging_, "");
   if (fs::exists(old, ec)) remove_quietly(old);  // the replaced directory, after the swap
 }

@@ -48,7 +48,8 @@ class StagedDir {
   const std::string& path() const { return staging_; }
   const std::string& target() const { return target_; }
 
-  // Syncs every file and the staging directory, then publishes it as the target (see the top).
+  // Syncs the staging directory, then publishes it as the target (see the top). Its files must be
+  // written through io/atomic_file.h, which syncs each one (every model-directory writer does).
   void commit();
 
  private:

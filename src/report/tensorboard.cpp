@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "report/crc32c.h"
 #include "report/event_codec.h"
 
@@ -53,12 +54,10 @@ EventWriter::EventWriter(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("cannot create the TensorBoard log directory: {}", ec.message()), {.file = dir});
-  char host[256] = "localhost";
-  gethostname(host, sizeof host - 1);
   // The counter keeps two writers of one process in one second apart (tests make several).
   static std::atomic<int> counter{0};
   const double now = wall_time_now();
-  path_ = (fs::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}.{}", int64_t(now), host, getpid(), counter++))
+  path_ = (fs::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}.{}", int64_t(now), host_name(), getpid(), counter++))
               .string();
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) throw Error(fmt::format("cannot write TensorBoard events: {}", std::strerror(errno)), {.file = path_});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/platform.h"
 
 namespace shardlm::shard {
 
@@ -161,9 +162,7 @@ Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_p
   // memory (tests/scripts/multinode.sh checks that a hybrid shard group is a node).
   // No collective here: the setting may reach some ranks only (plain mpirun without -x).
   if (const char* e = std::getenv("SHARDLM_PRINT_MESH"); e && std::string(e) == "1") {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    std::fprintf(stderr, "mesh: rank %d on %s: shard group [%s]%s, replicate group [%s]%s\n", r, host,
+    std::fprintf(stderr, "mesh: rank %d on %s: shard group [%s]%s, replicate group [%s]%s\n", r, host_name().c_str(),
                  cfg.hybrid() ? members(p.shard_color, shard_color, hl).c_str() : "all",
                  comm::uses_shared_memory(*m.shard) ? " shared memory" : "",
                  cfg.hybrid() ? members(p.replicate_color, replicate_color, hl).c_str() : "self",

@@ -38,19 +38,19 @@ void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
 // fine-tune writes output_dir itself, a LoRA run output_dir/adapter (and output_dir/merged).
 static void check_outputs(const TrainConfig& c) {
   namespace fs = std::filesystem;
-  std::vector<std::pair<std::string, std::string>> written = {{c.output_dir, "output_dir"}};
-  if (c.lora) {
-    written.emplace_back((fs::path(c.output_dir) / "adapter").string(), "output_dir/adapter");
-    if (c.merge_on_save) written.emplace_back((fs::path(c.output_dir) / "merged").string(), "output_dir/merged");
-  }
-  for (const auto& [dir, role] : written) {
+  auto check = [&](const std::string& dir, const std::string& role, bool replaced_whole) {
     try {
       io::refuse_output_over_input(dir, role, c.model, "model directory");
       // The adapter and merged directories are replaced whole at the end; refuse now, not then.
-      if (role != "output_dir") io::check_publishable(dir, io::Publish::Replace, role);
+      if (replaced_whole) io::check_publishable(dir, io::Publish::Replace, role);
     } catch (Error& e) {
       throw Error(e.message(), {.file = c.source, .key = "output_dir"});
     }
+  };
+  check(c.output_dir, "output_dir", false);
+  if (c.lora) {
+    check((fs::path(c.output_dir) / "adapter").string(), "output_dir/adapter", true);
+    if (c.merge_on_save) check((fs::path(c.output_dir) / "merged").string(), "output_dir/merged", true);
   }
 }
 
