@@ -100,6 +100,7 @@ class ShapeCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return fmt::format("shape({} of {})", rank_, size_); }
+  Device device() const override { return Device::Meta; }
   std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor&) override {
     count_ring(stats_.all_gather_bytes, out.nbytes());
     return std::make_unique<DoneRequest>();

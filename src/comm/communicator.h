@@ -113,7 +113,8 @@ class Communicator {
 
 std::unique_ptr<Communicator> make_local_communicator();
 // A group of `size` ranks seen from `rank` in which nothing is sent: every collective completes at
-// once and only counts its bytes. For dry runs of the engine (the memory estimator).
+// once and only counts its bytes. Its tensors are on the meta device (core/alloc.h). For dry runs
+// of the engine (the memory estimator).
 std::unique_ptr<Communicator> make_shape_communicator(int rank, int size);
 
 // The collective watchdog (MPI): every wait on a collective has a deadline of this many seconds

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -29,11 +30,18 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
-const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::CPU: return "cpu";
+    case Device::CUDA: return "cuda";
+    case Device::Meta: return "meta";
+  }
+  return "?";
+}
 
 MemoryTracker& MemoryTracker::for_device(Device d) {
-  static MemoryTracker cpu, cuda;
-  return d == Device::CPU ? cpu : cuda;
+  static MemoryTracker cpu, cuda, meta;
+  return d == Device::CPU ? cpu : d == Device::CUDA ? cuda : meta;
 }
 
 void MemoryTracker::on_alloc(MemCategory c, int64_t bytes) {
@@ -216,9 +224,30 @@ bool host_cached_size(size_t bytes) { return bytes >= kCacheMinBytes && HostBloc
 HostCacheStats host_cache_stats() { return HostBlockCache::get().stats(); }
 void release_host_cache() { HostBlockCache::get().release_all(); }
 
-Buffer::Buffer(size_t bytes, MemCategory category, bool zero, Device device)
-    : bytes_(bytes), category_(category), device_(device) {
+namespace {
+thread_local MetaObserver* t_meta_observer = nullptr;
+
+// Where a meta buffer "is": an address range of its own (ops check that their arguments do not
+// overlap), 256-byte aligned, never reused, and above the user half of the x86-64 and AArch64
+// address spaces, so that a read through it faults instead of returning garbage.
+void* meta_address(size_t bytes) {
+  static std::atomic<uintptr_t> next{uintptr_t{1} << 62};
+  return reinterpret_cast<void*>(next.fetch_add((bytes + 511) / 256 * 256));
+}
+}  // namespace
+
+ObserveMeta::ObserveMeta(MetaObserver& o) : previous_(t_meta_observer) { t_meta_observer = &o; }
+ObserveMeta::~ObserveMeta() { t_meta_observer = previous_; }
+
+Buffer::Buffer(size_t bytes, MemCategory category, bool zero, Device device, MemTag tag)
+    : bytes_(bytes), category_(category), device_(device), tag_(tag) {
   if (bytes == 0) return;
+  if (device == Device::Meta) {
+    data_ = meta_address(bytes);
+    MemoryTracker::for_device(device_).on_alloc(category_, int64_t(bytes_));
+    if (t_meta_observer) t_meta_observer->on_alloc(*this);
+    return;
+  }
   if (device == Device::CUDA) {
     data_ = device::cuda_malloc(bytes);  // throws on failure, never returns nullptr
     if (zero) {
@@ -241,10 +270,11 @@ Buffer::Buffer(size_t bytes, MemCategory category, bool zero, Device device)
   MemoryTracker::for_device(device_).on_alloc(category_, int64_t(bytes_));
 }
 
-Buffer Buffer::pinned_host(size_t bytes, MemCategory category, bool zero) {
+Buffer Buffer::pinned_host(size_t bytes, MemCategory category, bool zero, MemTag tag) {
   Buffer b;
   b.bytes_ = bytes;
   b.category_ = category;
+  b.tag_ = tag;
   if (bytes == 0) return b;
   b.data_ = device::pinned_malloc(bytes);  // throws on failure (and in a build without CUDA)
   b.pinned_ = true;
@@ -257,7 +287,9 @@ Buffer::~Buffer() { release(); }
 
 void Buffer::release() {
   if (data_) {
-    if (device_ == Device::CUDA)
+    if (device_ == Device::Meta) {
+      if (t_meta_observer) t_meta_observer->on_free(*this);
+    } else if (device_ == Device::CUDA)
       device::cuda_free(data_);
     else if (pinned_)
       device::pinned_free(data_);
@@ -273,7 +305,7 @@ void Buffer::release() {
 }
 
 Buffer::Buffer(Buffer&& o) noexcept
-    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), device_(o.device_), pinned_(o.pinned_) {
+    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), device_(o.device_), pinned_(o.pinned_), tag_(o.tag_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
   o.pinned_ = false;
@@ -287,6 +319,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     category_ = o.category_;
     device_ = o.device_;
     pinned_ = o.pinned_;
+    tag_ = o.tag_;
     o.data_ = nullptr;
     o.bytes_ = 0;
     o.pinned_ = false;

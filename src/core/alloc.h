@@ -11,6 +11,14 @@
 // so this header and alloc.cpp never include CUDA headers); they are charged to
 // MemoryTracker::for_device(Device::CUDA) with the bytes requested, while the allocator itself
 // reports the rounded bytes it hands out and the bytes it has reserved from the driver.
+//
+// The meta device (Device::Meta) has buffers with sizes and no memory: dry runs (the memory
+// estimator, memory/estimator.h) run the real engine and model on it. A meta buffer's data is a
+// non-null address range of its own that must never be read: ops on meta tensors check their arguments and skip
+// the math (ops/check.h), copies to or from it do nothing. Meta stands for a CPU rank's host
+// memory: code that asks whether memory is on a GPU gets "no". Its allocations are charged to
+// MemoryTracker::for_device(Device::Meta) and reported, in order, to the calling thread's
+// MetaObserver, with the tag their owner gave them.
 #pragma once
 
 #include <array>
@@ -35,8 +43,18 @@ enum class MemCategory : uint8_t {
 constexpr int kNumMemCategories = 7;
 const char* mem_category_name(MemCategory c);
 
-enum class Device : uint8_t { CPU, CUDA };
-const char* device_name(Device d);
+enum class Device : uint8_t { CPU, CUDA, Meta };
+const char* device_name(Device d);  // "cpu", "cuda", "meta"
+
+// What a buffer is for, finer than its category, where its owner says so. Only a MetaObserver
+// (the memory estimator's table) reads it.
+using MemTag = uint8_t;
+namespace mem_tag {
+constexpr MemTag kNone = 0;
+constexpr MemTag kLossScratch = 1;   // linear_cross_entropy's logits chunk and widened copies
+constexpr MemTag kEngineRole = 16;   // + shard::BufferRole: the sharding engine's buffers
+constexpr MemTag kHost = 0x80;       // or-ed in: host memory standing beside a GPU (offload)
+}  // namespace mem_tag
 
 struct MemStats {
   std::array<int64_t, kNumMemCategories> live{};
@@ -65,10 +83,10 @@ class MemoryTracker {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, MemCategory category, bool zero = true, Device device = Device::CPU);
+  Buffer(size_t bytes, MemCategory category, bool zero = true, Device device = Device::CPU, MemTag tag = 0);
   // Page-locked host memory (cudaHostAlloc): a CPU buffer the GPU can copy from and to
   // asynchronously, for CPU offload. Throws in a build without CUDA.
-  static Buffer pinned_host(size_t bytes, MemCategory category, bool zero = true);
+  static Buffer pinned_host(size_t bytes, MemCategory category, bool zero = true, MemTag tag = 0);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -80,6 +98,7 @@ class Buffer {
   MemCategory category() const { return category_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  MemTag tag() const { return tag_; }
   bool empty() const { return data_ == nullptr; }
 
  private:
@@ -89,6 +108,26 @@ class Buffer {
   MemCategory category_ = MemCategory::Other;
   Device device_ = Device::CPU;
   bool pinned_ = false;  // CPU only: allocated with cudaHostAlloc, freed with cudaFreeHost
+  MemTag tag_ = 0;
+};
+
+// Sees every allocation and release of meta buffers made on this thread while it is installed.
+class MetaObserver {
+ public:
+  virtual ~MetaObserver() = default;
+  virtual void on_alloc(const Buffer& b) = 0;
+  virtual void on_free(const Buffer& b) = 0;
+};
+// Installs `o` as this thread's MetaObserver for its lifetime (and restores the previous one).
+class ObserveMeta {
+ public:
+  explicit ObserveMeta(MetaObserver& o);
+  ~ObserveMeta();
+  ObserveMeta(const ObserveMeta&) = delete;
+  ObserveMeta& operator=(const ObserveMeta&) = delete;
+
+ private:
+  MetaObserver* previous_;
 };
 
 // The host block cache (alloc.cpp): freed CPU buffers of 1 MiB and more are kept and reused for

@@ -53,6 +53,7 @@ void pinned_free(void*) noexcept {}
 void synchronize() {}
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (dst_device == Device::Meta || src_device == Device::Meta) return;  // no bytes to move
   if (dst_device == Device::CUDA || src_device == Device::CUDA) no_cuda("copy to or from a CUDA tensor");
   if (bytes) std::memmove(dst, src, bytes);
 }

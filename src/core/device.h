@@ -50,7 +50,7 @@ void* pinned_malloc(size_t bytes);
 void pinned_free(void* ptr) noexcept;
 
 // ---- Copies -------------------------------------------------------------------------------------
-// Copies `bytes` between any two devices. Synchronous: when it returns, the bytes are at `dst`
+// Copies `bytes` between any two devices (nothing when either is the meta device). Synchronous: when it returns, the bytes are at `dst`
 // and every earlier op on the compute stream has finished (it waits for the compute stream).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Waits for all work on the compute stream (no-op without CUDA).

@@ -50,55 +50,6 @@ MemCategory term_category(Term t) {
 namespace {
 
 
-// Temporaries of one op: the CPU matmul widens each bf16 operand (and a bf16 output) to an f32
-// copy; all of one call's copies are alive together. Arguments: element counts and whether that
-// operand is bf16.
-int64_t widen(int64_t a, bool a16, int64_t b, bool b16, int64_t c, bool c16) {
-  return 4 * ((a16 ? a : 0) + (b16 ? b : 0) + (c16 ? c : 0));
-}
-
-// The largest matmul temporary of a decoder block's forward and of its backward (model/llama.cpp,
-// in call order). Activations are bf16 when act16, gathered weights when w16; gradients and the
-// backward's d* buffers are always f32. A LoRA run adds its adapters' matmuls and drops the
-// frozen weights' dW.
-struct BlockTemps {
-  int64_t fwd = 0, bwd = 0;
-};
-BlockTemps block_temps(const ModelConfig& c, int64_t N, bool act16, bool w16) {
-  const int64_t D = c.hidden_size, F = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
-  const bool a = act16, w = w16;
-  BlockTemps t;
-  for (int64_t v : {widen(N * D, a, qd * D, w, N * qd, a), widen(N * D, a, kvd * D, w, N * kvd, a),
-                    widen(N * qd, a, D * qd, w, N * D, a), widen(N * D, a, F * D, w, N * F, a),
-                    widen(N * F, a, D * F, w, N * D, a)})
-    t.fwd = std::max(t.fwd, v);
-  // dx through every weight.
-  for (int64_t v : {widen(0, false, D * F, w, 0, false), widen(0, false, F * D, w, 0, false),
-                    widen(0, false, D * qd, w, 0, false), widen(0, false, qd * D, w, 0, false),
-                    widen(0, false, kvd * D, w, 0, false)})
-    t.bwd = std::max(t.bwd, v);
-  if (!c.lora) {  // dW of every weight: the activations widened
-    for (int64_t v : {widen(0, false, N * F, a, 0, false), widen(0, false, N * D, a, 0, false),
-                      widen(0, false, N * qd, a, 0, false)})
-      t.bwd = std::max(t.bwd, v);
-    return t;
-  }
-  const int64_t r = c.lora->rank;
-  const bool drop = c.lora->dropout > 0;  // the dropped input is f32 scratch, not the activation
-  for (const model::LoraTarget& lt : model::lora_targets(c, *c.lora)) {
-    if (lt.layer != 0) break;  // every layer adapts the same modules
-    const int64_t in = lt.in_features, out = lt.out_features;
-    // u = dropout(x) A^T;  y += s u B^T
-    t.fwd = std::max({t.fwd, widen(N * in, a && !drop, r * in, w, N * r, a), widen(N * r, a, out * r, w, N * out, a)});
-    // dB += dy^T u;  du = dy B;  dA += du^T dropout(x);  dx += du A
-    t.bwd = std::max({t.bwd, widen(0, false, N * r, a, 0, false), widen(0, false, out * r, w, 0, false),
-                      widen(0, false, N * in, a && !drop, 0, false), widen(0, false, r * in, w, 0, false)});
-  }
-  return t;
-}
-
-bool checkpointed(int every, int64_t layer) { return every > 0 && layer % every == 0; }
-
 Term role_term(shard::BufferRole r) {
   switch (r) {
     case shard::BufferRole::Master: return Term::ParamsAtRest;
@@ -113,86 +64,48 @@ Term role_term(shard::BufferRole r) {
   return Term::OtherWorkspace;
 }
 
-// The MemoryTracker's bookkeeping, per term as well as per category: the ledger of a dry run of
-// the engine, and the counter of the model's activations and temporaries.
-struct Tracker final : shard::BufferLedger {
+// The MemoryTracker's bookkeeping, per term as well as per category, of every meta buffer the dry
+// run allocates and frees: the engine's (tagged with their roles), the model's activation arena
+// and its ops' scratch (by category, the loss's by its tag).
+struct Tracker final : MetaObserver {
   std::array<int64_t, kNumTerms> live{}, peak{}, at_peak{};
   std::array<int64_t, kNumMemCategories> clive{}, cpeak{};
   int64_t total = 0, peak_total = 0;
   int64_t host = 0, host_at_peak = 0;  // offloaded (pinned host) bytes
 
-  void alloc(Term t, int64_t bytes, bool on_host = false) {
-    if (bytes <= 0) return;  // Buffer(0) charges nothing
+  static Term term_of(const Buffer& b) {
+    if (const std::optional<shard::BufferRole> role = shard::tag_role(b.tag())) return role_term(*role);
+    if (b.tag() == mem_tag::kLossScratch) return Term::LossWorkspace;
+    if (b.category() == MemCategory::Activations) return Term::Activations;
+    SHARDLM_CHECK(b.category() == MemCategory::Workspace, "memory estimate: an untagged {} buffer of {} has no term",
+                  mem_category_name(b.category()), format_bytes(int64_t(b.bytes())));
+    return Term::OtherWorkspace;
+  }
+  void on_alloc(const Buffer& b) override {
+    const Term t = term_of(b);
+    const int64_t bytes = int64_t(b.bytes());
     const size_t i = size_t(t), c = size_t(term_category(t));
     live[i] += bytes;
     peak[i] = std::max(peak[i], live[i]);
     clive[c] += bytes;
     cpeak[c] = std::max(cpeak[c], clive[c]);
     total += bytes;
-    if (on_host) host += bytes;
+    if (b.tag() & mem_tag::kHost) host += bytes;
     if (total > peak_total) {
       peak_total = total;
       at_peak = live;
       host_at_peak = host;
     }
   }
-  void free(Term t, int64_t bytes, bool on_host = false) {
-    if (bytes <= 0) return;
+  void on_free(const Buffer& b) override {
+    const Term t = term_of(b);
+    const int64_t bytes = int64_t(b.bytes());
     live[size_t(t)] -= bytes;
     clive[size_t(term_category(t))] -= bytes;
     total -= bytes;
-    if (on_host) host -= bytes;
+    if (b.tag() & mem_tag::kHost) host -= bytes;
   }
-  // A buffer that lives only inside one op.
-  void spike(Term t, int64_t bytes) {
-    alloc(t, bytes);
-    free(t, bytes);
-  }
-  void on_alloc(shard::BufferRole role, bool on_host, int64_t bytes) override { alloc(role_term(role), bytes, on_host); }
-  void on_free(shard::BufferRole role, bool on_host, int64_t bytes) override { free(role_term(role), bytes, on_host); }
 };
-
-// LlamaCompute's allocations, counted: the arena it keeps for the run (LlamaCompute::reserve) and
-// each stage's temporaries (the CPU matmul's bf16 widening, the cross-entropy chunk).
-struct CountingModel final : model::StagedModel {
-  Tracker* tr = nullptr;
-  const EstimateInput* in = nullptr;
-  int64_t fwd = 0, bwd = 0, ce = 0;  // temporaries of a block's forward and backward, of the loss
-  bool reserved = false;
-
-  void reserve(int64_t B, int64_t T) override;
-  void embed_forward(const model::Batch&) override {}
-  void block_forward(int) override { tr->spike(Term::OtherWorkspace, fwd); }
-  ops::CrossEntropyResult head_loss(const model::Batch&, float, bool) override {
-    tr->spike(Term::LossWorkspace, ce);
-    return {};
-  }
-  void head_logits(const Tensor&) override {}
-  void block_backward(int layer) override {
-    tr->spike(Term::OtherWorkspace, checkpointed(in->checkpoint_every, layer) ? std::max(fwd, bwd) : bwd);
-  }
-  void embed_backward(const model::Batch&) override {}
-};
-
-void CountingModel::reserve(int64_t B, int64_t T) {
-  if (reserved) return;
-  reserved = true;
-  const ModelConfig& cfg = in->model;
-  const int64_t N = B * T;
-  // The trainer computes in the parameter dtype; the estimate is of CPU ranks' arenas.
-  const model::ArenaWidths w = model::arena_widths(cfg, in->sharding.param_dtype, Device::CPU);
-  const int64_t layer_bytes = model::arena_bytes(w.layer, N), input_bytes = model::arena_bytes({w.layer[0]}, N);
-  bool any_ckpt = false;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const bool ck = checkpointed(in->checkpoint_every, l);
-    any_ckpt = any_ckpt || ck;
-    tr->alloc(Term::Activations, ck ? input_bytes : layer_bytes);  // a checkpointed layer keeps its input
-  }
-  if (any_ckpt) tr->alloc(Term::Activations, layer_bytes - input_bytes);  // the shared recompute set
-  tr->alloc(Term::Activations, model::arena_bytes(w.top, N));
-  tr->alloc(Term::OtherWorkspace, model::arena_bytes(w.workspace, N));
-}
-
 
 }  // namespace
 
@@ -211,36 +124,42 @@ Estimate estimate(const EstimateInput& in) {
   Estimate est;
   est.shard_group = S;
   est.parameters = parameter_count(cfg);
-  Tracker tr;
-  const int64_t N = in.micro_batch_size * in.seq_len;
-  const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
-  const bool act16 = act == DType::BF16, w16 = sc.param_dtype == DType::BF16;
-  const BlockTemps temps = block_temps(cfg, N, act16, w16);
-  const int64_t C = std::min(ops::cross_entropy_chunk_rows(Device::CPU, V), N);  // the model's own chunk
-  CountingModel counting;
-  counting.tr = &tr;
-  counting.in = &in;
-  counting.fwd = temps.fwd;
-  counting.bwd = temps.bwd;
-  counting.ce = C * V * 4 + (w16 ? V * D * 4 : 0) + (act16 ? C * D * 4 : 0);
 
-  // ---- the engine itself, run dry on the same plan: rank 0's buffers, allocated and freed in
-  // the order a real run allocates and frees them ----
+  // ---- the engine and the model themselves, run on the meta device on the same plan: rank 0's
+  // buffers, allocated and freed in the order a real run allocates and frees them ----
   shard::ShardingConfig dry = sc;
   dry.offload_params = in.offload;
   shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn);
-  shard::ShardedModel engine(cfg, dry, mesh, tr);
-  shard::init_random(engine, 0);
-  est.num_units = engine.num_units();
-  est.padded_params = engine.plan().padded_numel();
-  std::vector<model::Batch> micro(size_t(in.grad_accum), model::Batch{.B = in.micro_batch_size, .T = in.seq_len});
-  // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
-  // step starts with more live memory than the first did; later steps repeat the second, whose
-  // communication is counted.
-  engine.train_step(counting, micro, ops::AdamWConfig{}, 1, 1.0);
-  mesh.shard->reset_stats();
-  mesh.replicate->reset_stats();
-  engine.train_step(counting, micro, ops::AdamWConfig{}, 2, 1.0);
+  // The batch's host arrays (the engine counts tokens on the host): every target a real token.
+  const int64_t N = in.micro_batch_size * in.seq_len;
+  const std::vector<int32_t> ids(size_t(N), 0);
+  model::Batch batch{.B = in.micro_batch_size, .T = in.seq_len, .ids = ids.data(), .targets = ids.data()};
+  if (cfg.lora && cfg.lora->dropout > 0) batch.dropout_key = 1;  // training draws LoRA dropout masks
+  const std::vector<model::Batch> micro(size_t(in.grad_accum), batch);
+  Tracker tr;
+  {
+    const ObserveMeta observe(tr);
+    shard::ShardedModel engine(cfg, dry, mesh);
+    shard::init_random(engine, 0);
+    est.num_units = engine.num_units();
+    est.padded_params = engine.plan().padded_numel();
+    int64_t largest_unit = 0;
+    for (const shard::PlannedUnit& u : engine.plan().units) {
+      largest_unit = std::max(largest_unit, u.layout.padded_numel);
+      est.trainable_params += u.layout.numel;
+    }
+    // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
+    est.save_gather_bytes = largest_unit * 4;
+    model::LlamaCompute model(cfg, act, engine.device());  // the trainer computes in the parameter dtype
+    model.set_checkpointing(in.checkpoint_every);
+    // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
+    // step starts with more live memory than the first did; later steps repeat the second, whose
+    // communication is counted.
+    engine.train_step(model, micro, ops::AdamWConfig{}, 1, 1.0);
+    mesh.shard->reset_stats();
+    mesh.replicate->reset_stats();
+    engine.train_step(model, micro, ops::AdamWConfig{}, 2, 1.0);
+  }
 
   est.at_peak = tr.at_peak;
   est.peak = tr.peak;
@@ -258,12 +177,6 @@ Estimate estimate(const EstimateInput& in) {
     est.comm_bytes_per_step = shard_bytes + replica_bytes;
     est.inter_node_bytes_per_step = (shard_crosses ? shard_bytes : 0) + (multi_node ? replica_bytes : 0);
   }
-  int64_t largest_unit = 0;
-  for (const shard::PlannedUnit& u : engine.plan().units) largest_unit = std::max(largest_unit, u.layout.padded_numel);
-  // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
-  est.save_gather_bytes = largest_unit * 4;
-
-  for (const shard::PlannedUnit& u : engine.plan().units) est.trainable_params += u.layout.numel;
   if (cfg.lora) {
     est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}{}",
                                     cfg.lora->rank, fmt::join(model::expand_lora_targets(cfg.lora->target_modules), " "),

@@ -1,15 +1,16 @@
 // Memory estimate of a training run, per rank, from a model config alone (no weights).
 //
-// This is not a textbook formula: it runs the sharding engine itself (shard/engine.h) dry, on the
-// same unit plan a real run uses, over shape-only communicators: every buffer the engine would
-// allocate and free is counted in order through a model of the MemoryTracker (live and peak bytes
-// per category, and the peak of their sum), and the model's side (LlamaCompute's activation arena,
-// the cross-entropy chunk of logits (ops::cross_entropy_chunk_rows rows of V), the bf16 widening
-// copies the CPU matmul makes) is counted by a stand-in for the model's stages. For the tracked categories the result is the
-// byte count the tracker reports (tests/mpi/memory_test.cpp checks it at 1, 2 and 4 ranks); what
-// the tracker cannot see (allocator slack, BLAS/MPI/OpenMP internals, per-thread attention
-// scratch, the data pipeline) is outside it, and docs/memory.md says how large that usually is.
-// Communication per step is what the dry run's communicators counted.
+// This is not a textbook formula: it runs the sharding engine (shard/engine.h) and the model
+// (model::LlamaCompute) themselves on the meta device (core/alloc.h), on the same unit plan a real
+// run uses, over shape-only communicators. Every buffer they would allocate and free, the model's
+// activation arena and its ops' scratch (the CPU matmul's bf16 widening copies, the cross-entropy
+// chunk of logits) included, is counted in order, as the MemoryTracker counts it (live and peak
+// bytes per category, and the peak of their sum), and per finer term from its tag. For the
+// tracked categories the result is the byte count the tracker reports (tests/mpi/memory_test.cpp
+// checks it at 1, 2 and 4 ranks); what the tracker cannot see (allocator slack, BLAS/MPI/OpenMP
+// internals, per-thread attention scratch, the data pipeline) is outside it, and docs/memory.md
+// says how large that usually is. Communication per step is what the dry run's communicators
+// counted. The meta device stands for a CPU rank: activations and scratch are a CPU rank's.
 //
 // LoRA and QLoRA (a model with ModelConfig::lora, and nf4_base) are the engine's own too: the
 // frozen base (in the param dtype or NF4), the adapters and their optimizer state are what the dry

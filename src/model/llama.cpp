@@ -265,10 +265,26 @@ struct LlamaCompute::Arena : ArenaViews {
 
 namespace {
 
+// The widths of LlamaCompute's arena, per token row. Each entry is a buffer of N rows of `width`
+// elements of `dtype`.
+struct ArenaBuffer {
+  DType dtype;
+  int64_t width;
+};
+struct ArenaWidths {
+  std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first; then
+                                       // lora_u of each adapted module)
+  std::vector<ArenaBuffer> top;        // h_final, xnf, rstdf, ids, positions, segments (+ targets on a GPU)
+  std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup;
+                                       // with LoRA also du [r] (f32), and with LoRA dropout the
+                                       // dropped input and its gradient [widest input] (f32)
+};
+
 // ---- the arena's table ---------------------------------------------------------------------------
 // Every arena buffer is N rows of a width, in the activation dtype or f32 or i32, and is viewed as
-// [N, width], [N], [B, H, T] or [B, T]. One table for the arena and for the memory estimator
-// (arena_widths), binding each buffer to its member as kLayerTensors binds weights.
+// [N, width], [N], [B, H, T] or [B, T]. One table sizes the arena (arena_widths) and binds each
+// buffer to its member, as kLayerTensors binds weights. The memory estimator counts the arena by
+// running LlamaCompute on the meta device.
 enum class Elem : uint8_t { Act, F32, I32 };
 enum class Width : uint8_t { One, Hidden, QDim, KvDim, Heads, Intermediate, LoraRank, LoraWidest };
 enum class RowView : uint8_t { Rows, Flat, HeadsByTokens, Grid };
@@ -347,7 +363,7 @@ int64_t lora_widest_input(const ModelConfig& c) {
 bool needed(Needs n, const ModelConfig& c, Device device) {
   switch (n) {
     case Needs::Always: return true;
-    case Needs::Device: return device != Device::CPU;
+    case Needs::Device: return device == Device::CUDA;  // the meta device stands for a CPU rank
     case Needs::Lora: return c.lora.has_value();
     case Needs::LoraDropout: return c.lora && c.lora->dropout > 0;
   }
@@ -383,8 +399,6 @@ Tensor view_of(const ArenaSlot<Owner>& s, const OwnedTensor& t, int64_t B, int64
   return rows;
 }
 
-}  // namespace
-
 ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
   ArenaWidths w;
   for (const auto& s : kBlockBuffers) w.layer.push_back(buffer_of(s, c, a));
@@ -397,11 +411,7 @@ ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
   return w;
 }
 
-int64_t arena_bytes(const std::vector<ArenaBuffer>& buffers, int64_t N) {
-  int64_t n = 0;
-  for (const ArenaBuffer& b : buffers) n += N * b.width * int64_t(dtype_size(b.dtype));
-  return n;
-}
+}  // namespace
 
 LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device)
     : cfg_(cfg), act_dtype_(act_dtype), device_(device) {
@@ -409,10 +419,11 @@ LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device devic
                 "activations must be f32 or bf16, got {}", dtype_name(act_dtype));
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
   inv_freq_t_ = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  if (device_ != Device::CPU) {
+  if (device_ == Device::CUDA) {
     inv_freq_device_ = device::copy_to_device(inv_freq_t_, MemCategory::Other, device_);
     inv_freq_t_ = inv_freq_device_.t;
   }
+  inv_freq_t_.device = device_;  // on the meta device, the host table stands in (never read)
 }
 
 LlamaCompute::~LlamaCompute() = default;
@@ -483,6 +494,7 @@ void LlamaCompute::bind_positions(const Batch& batch) {
   bind_shape(batch.B, batch.T);
   batch_ = batch;
   const int64_t N = batch.B * batch.T;
+  if (device_ == Device::Meta) return;  // no values to place
   if (device_ == Device::CPU) {
     int32_t* pos = arena_->v_positions.i32();
     for (int64_t i = 0; i < N; ++i) pos[i] = batch.positions ? batch.positions[i] : int32_t(i % batch.T);
@@ -538,9 +550,11 @@ ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_s
   const int64_t N = B_ * T_;
   ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
   Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
-  if (device_ != Device::CPU) {  // the targets go up next to the other batch arrays
+  if (device_ == Device::CUDA) {  // the targets go up next to the other batch arrays
     device::copy(arena_->v_targets, targets);
     targets = arena_->v_targets;
+  } else {
+    targets.device = device_;  // on the meta device the host array stands in (never read)
   }
   const int64_t chunk = ops::cross_entropy_chunk_rows(device_, cfg_.vocab_size);
   if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f, chunk);

@@ -163,26 +163,8 @@ struct BlockActivations {
   Tensor lora_u[kNumLoraModules];
 };
 
-// The widths of LlamaCompute's arena, per token row: one table for the arena and for the memory
-// estimator. Each entry is a buffer of N rows of `width` elements of `dtype`.
-struct ArenaBuffer {
-  DType dtype;
-  int64_t width;
-};
-struct ArenaWidths {
-  std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first; then
-                                       // lora_u of each adapted module)
-  std::vector<ArenaBuffer> top;        // h_final, xnf, rstdf, ids, positions, segments (+ targets on a GPU)
-  std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup;
-                                       // with LoRA also du [r] (f32), and with LoRA dropout the
-                                       // dropped input and its gradient [widest input] (f32)
-};
-ArenaWidths arena_widths(const ModelConfig& cfg, DType act_dtype, Device device);
-// Bytes of those buffers for N rows.
-int64_t arena_bytes(const std::vector<ArenaBuffer>& buffers, int64_t N);
-
 // What the sharding engine drives: a model's compute, stage by stage, on weights and gradient
-// views the engine binds part by part (LlamaCompute; the memory estimator's counting stand-in).
+// views the engine binds part by part (LlamaCompute).
 class StagedModel {
  public:
   virtual ~StagedModel() = default;
@@ -214,7 +196,8 @@ class LlamaCompute final : public StagedModel {
   // device: where the arena lives and every op runs; the weights and gradient views bound to it
   // must be on the same device. On CUDA each batch's ids, targets, positions and segment ids are
   // uploaded into the arena (Batch holds host pointers), and nothing here reads device memory
-  // from the host except the loss sums the ops return.
+  // from the host except the loss sums the ops return. On the meta device (core/alloc.h) it
+  // allocates what it would on the CPU and computes nothing: the memory estimator's dry run.
   LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device = Device::CPU);
   ~LlamaCompute() override;
 

@@ -50,7 +50,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_arg(op, "out", out, {DType::F32, DType::BF16}, {d.B, d.Tq, d.H, d.Dh});
   const Device dev = check_same_device(
       op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"segment_ids", &segment_ids}});
-  SHARDLM_DISPATCH_CUDA(dev, attention_forward(out, lse, q, k, v, segment_ids, scale));
+  SHARDLM_DISPATCH(dev, attention_forward(out, lse, q, k, v, segment_ids, scale));
   cpu::attention_forward(out, lse, q, k, v, segment_ids, scale);
 }
 
@@ -84,7 +84,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                             {"out", &out},
                                             {"lse", &lse},
                                             {"segment_ids", &segment_ids}});
-  SHARDLM_DISPATCH_CUDA(dev, attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale));
+  SHARDLM_DISPATCH(dev, attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale));
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale);
 }
 

@@ -14,7 +14,7 @@ void check_usable(const char* op, const char* arg, const Tensor& t) {
   check_defined(op, arg, t);
   SHARDLM_CHECK(t.is_contiguous(), "{}: {}: expected a contiguous tensor, got {}", op, arg, t.describe());
 #ifndef SHARDLM_HAVE_CUDA
-  SHARDLM_CHECK(t.device == Device::CPU, "{}: {}: {} is on a CUDA device, but this shardlm was built without CUDA", op,
+  SHARDLM_CHECK(t.device != Device::CUDA, "{}: {}: {} is on a CUDA device, but this shardlm was built without CUDA", op,
                 arg, t.describe());
 #endif
 }

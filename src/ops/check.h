@@ -1,10 +1,13 @@
 // Argument validation shared by the op front ends (ops/*.cpp). Each check throws an Error that
 // names the op and the argument, e.g. "rmsnorm_forward: w: expected shape [64], got f32[65] on cpu".
 //
-// Dispatch: after validation a front end calls SHARDLM_DISPATCH_CUDA(device, op(args...)), which
-// returns ops::gpu::op(args...) (ops/cuda/cuda_ops.h) when the tensors are on a CUDA device, and
-// then falls through to the CPU kernel. In a build without CUDA the macro expands to nothing:
-// check_usable has already refused CUDA tensors with "built without CUDA".
+// Dispatch: after validation a front end calls SHARDLM_DISPATCH(device, op(args...)). On the meta
+// device (core/alloc.h) it returns at once, with the op's result type value-initialized (0, an
+// empty result): shapes were checked, there is no math to do. A front end whose CPU kernel
+// allocates scratch makes that scratch on the meta device first, so dry runs count it. On a CUDA
+// device it returns ops::gpu::op(args...) (ops/cuda/cuda_ops.h). Otherwise it falls through to
+// the CPU kernel. In a build without CUDA the CUDA branch is absent: check_usable has already
+// refused CUDA tensors with "built without CUDA".
 #pragma once
 
 #include <cstdint>
@@ -15,20 +18,23 @@
 
 #ifdef SHARDLM_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
-#define SHARDLM_DISPATCH_CUDA(device, call)                     \
-  do {                                                          \
-    if ((device) == ::shardlm::Device::CUDA) {                  \
-      return ::shardlm::ops::gpu::call;                         \
-    }                                                           \
-  } while (0)
+#define SHARDLM_DISPATCH_GPU(device, call) \
+  if ((device) == ::shardlm::Device::CUDA) return ::shardlm::ops::gpu::call
 #else
-#define SHARDLM_DISPATCH_CUDA(device, call) static_cast<void>(device)
+#define SHARDLM_DISPATCH_GPU(device, call) static_cast<void>(device)
 #endif
+
+#define SHARDLM_DISPATCH(device, call)                                                                      \
+  do {                                                                                                      \
+    if ((device) == ::shardlm::Device::Meta) return decltype(::shardlm::ops::cpu::call)();                  \
+    SHARDLM_DISPATCH_GPU(device, call);                                                                     \
+  } while (0)
 
 namespace shardlm::ops {
 
 void check_defined(const char* op, const char* arg, const Tensor& t);
-// Defined, contiguous, and on a device this build has a backend for.
+// Defined, contiguous, and on a device this build has a backend for (the CPU, meta, and CUDA
+// when built with it).
 void check_usable(const char* op, const char* arg, const Tensor& t);
 void check_dtype(const char* op, const char* arg, const Tensor& t, std::initializer_list<DType> allowed);
 // Exact shape; -1 in `shape` matches any size.

@@ -46,14 +46,15 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                               op, i, t, V, kIgnoreIndex));
   }
 
-  SHARDLM_DISPATCH_CUDA(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
+  if (dev == Device::Meta) cpu::cross_entropy_scratch(x, w, chunk_rows, Device::Meta);  // counted, then freed
+  SHARDLM_DISPATCH(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
   return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
 }
 
 int64_t cross_entropy_chunk_rows(Device device, int64_t vocab) {
   constexpr int64_t kStep = 256, kMaxRows = 1024;
   constexpr int64_t kLogitsBudget = int64_t(128) << 20;  // bytes of f32 logits per chunk
-  if (device != Device::CPU) return kStep;
+  if (device == Device::CUDA) return kStep;  // the meta device stands for a CPU rank
   const int64_t fit = kLogitsBudget / (int64_t(sizeof(float)) * std::max<int64_t>(vocab, 1)) / kStep * kStep;
   return std::clamp(fit, kStep, kMaxRows);
 }

@@ -1,6 +1,4 @@
 // Front ends of casts and elementwise ops.
-#include <cstring>
-
 #include "ops/check.h"
 #include "ops/cpu/cpu_ops.h"
 
@@ -13,7 +11,7 @@ void cast(const Tensor& dst, const Tensor& src) {
   check_dtype("cast", "src", src, {DType::F32, DType::BF16, DType::F16});
   check_numel("cast", "dst", dst, src.numel());
   const Device dev = check_same_device("cast", {{"dst", &dst}, {"src", &src}});
-  SHARDLM_DISPATCH_CUDA(dev, cast(dst, src));
+  SHARDLM_DISPATCH(dev, cast(dst, src));
   cpu::cast(dst, src);
 }
 
@@ -24,21 +22,21 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   check_dtype("add_inplace", "src", src, {DType::F32, DType::BF16});
   check_numel("add_inplace", "src", src, dst.numel());
   const Device dev = check_same_device("add_inplace", {{"dst", &dst}, {"src", &src}});
-  SHARDLM_DISPATCH_CUDA(dev, add_inplace(dst, src));
+  SHARDLM_DISPATCH(dev, add_inplace(dst, src));
   cpu::add_inplace(dst, src);
 }
 
 void scale_inplace(const Tensor& x, float s) {
   check_usable("scale_inplace", "x", x);
   check_dtype("scale_inplace", "x", x, {DType::F32, DType::BF16});
-  SHARDLM_DISPATCH_CUDA(x.device, scale_inplace(x, s));
+  SHARDLM_DISPATCH(x.device, scale_inplace(x, s));
   cpu::scale_inplace(x, s);
 }
 
 void zero(const Tensor& x) {
   check_usable("zero", "x", x);
-  SHARDLM_DISPATCH_CUDA(x.device, zero(x));
-  std::memset(x.data, 0, x.nbytes());  // all-zero bits are 0 in every dtype shardlm has
+  SHARDLM_DISPATCH(x.device, zero(x));
+  cpu::zero(x);
 }
 
 }  // namespace shardlm::ops
@@ -52,7 +50,7 @@ void add_bias(const Tensor& y, const Tensor& b) {
   check_dtype("add_bias", "b", b, {DType::F32, DType::BF16});
   check_shape("add_bias", "b", b, {y.size(-1)});
   const Device dev = check_same_device("add_bias", {{"y", &y}, {"b", &b}});
-  SHARDLM_DISPATCH_CUDA(dev, add_bias(y, b));
+  SHARDLM_DISPATCH(dev, add_bias(y, b));
   cpu::add_bias(y, b);
 }
 
@@ -63,7 +61,7 @@ void bias_backward(const Tensor& db, const Tensor& dy) {
   check_dtype("bias_backward", "dy", dy, {DType::F32, DType::BF16});
   check_shape("bias_backward", "db", db, {dy.size(-1)});
   const Device dev = check_same_device("bias_backward", {{"db", &db}, {"dy", &dy}});
-  SHARDLM_DISPATCH_CUDA(dev, bias_backward(db, dy));
+  SHARDLM_DISPATCH(dev, bias_backward(db, dy));
   cpu::bias_backward(db, dy);
 }
 

@@ -200,7 +200,7 @@ void nf4_quantize(const Tensor& packed, const Tensor& absmax, const Tensor& x) {
   check_u8(op, "packed", packed, (n + 1) / 2);
   check_f32(op, "absmax", absmax, ceil_div(n, kNf4BlockSize));
   const Device dev = check_same_device(op, {{"packed", &packed}, {"absmax", &absmax}, {"x", &x}});
-  SHARDLM_DISPATCH_CUDA(dev, nf4_quantize(packed, absmax, x));
+  SHARDLM_DISPATCH(dev, nf4_quantize(packed, absmax, x));
   cpu::nf4_quantize(packed, absmax, x);
 }
 
@@ -208,6 +208,7 @@ double nf4_absmax_sum(const Tensor& absmax) {
   constexpr const char* op = "nf4_absmax_sum";
   check_usable(op, "absmax", absmax);
   check_dtype(op, "absmax", absmax, {DType::F32});
+  if (absmax.device == Device::Meta) return 0.0;  // shapes only
   if (absmax.device != Device::CPU) {
     OwnedTensor host = device::copy_to_host(absmax, MemCategory::Workspace);
     return cpu::nf4_absmax_sum(host.t);
@@ -240,14 +241,14 @@ Device check_double_quant_args(const char* op, const Tensor& absmax, const Tenso
 void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax,
                          const Tensor& offset) {
   const Device dev = check_double_quant_args("nf4_quantize_absmax", absmax, qabsmax, nested_absmax, offset);
-  SHARDLM_DISPATCH_CUDA(dev, nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset));
+  SHARDLM_DISPATCH(dev, nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset));
   cpu::nf4_quantize_absmax(qabsmax, nested_absmax, absmax, offset);
 }
 
 void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
                            const Tensor& offset) {
   const Device dev = check_double_quant_args("nf4_dequantize_absmax", absmax, qabsmax, nested_absmax, offset);
-  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset));
+  SHARDLM_DISPATCH(dev, nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset));
   cpu::nf4_dequantize_absmax(absmax, qabsmax, nested_absmax, offset);
 }
 
@@ -258,7 +259,7 @@ void nf4_dequantize(const Tensor& out, const Tensor& packed, const Tensor& absma
   check_u8(op, "packed", packed, (n + 1) / 2);
   check_f32(op, "absmax", absmax, ceil_div(n, kNf4BlockSize));
   const Device dev = check_same_device(op, {{"out", &out}, {"packed", &packed}, {"absmax", &absmax}});
-  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize(out, packed, absmax));
+  SHARDLM_DISPATCH(dev, nf4_dequantize(out, packed, absmax));
   cpu::nf4_dequantize(out, packed, absmax);
 }
 
@@ -277,7 +278,7 @@ void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor
                                             {"qabsmax", &qabsmax},
                                             {"nested_absmax", &nested_absmax},
                                             {"offset", &offset}});
-  SHARDLM_DISPATCH_CUDA(dev, nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset));
+  SHARDLM_DISPATCH(dev, nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset));
   cpu::nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset);
 }
 

@@ -20,14 +20,14 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   SHARDLM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1,
                 "adamw_step: betas must lie in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2);
   const Device dev = check_same_device(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
-  SHARDLM_DISPATCH_CUDA(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale));
+  SHARDLM_DISPATCH(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale));
   cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale);
 }
 
 double sum_squares(const Tensor& x) {
   check_usable("sum_squares", "x", x);
   check_dtype("sum_squares", "x", x, {DType::F32, DType::BF16});
-  SHARDLM_DISPATCH_CUDA(x.device, sum_squares(x));
+  SHARDLM_DISPATCH(x.device, sum_squares(x));
   return cpu::sum_squares(x);
 }
 

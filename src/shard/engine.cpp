@@ -45,20 +45,14 @@ struct ShardedModel::Unit {
 };
 
 ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
-    : ShardedModel(cfg, sharding, mesh, nullptr) {}
-
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger)
-    : ShardedModel(cfg, sharding, mesh, &ledger) {}
-
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger)
     : cfg_(cfg),
       plan_(make_plan(cfg, sharding, mesh.tensor_shard().rank(), mesh.tensor_shard().size())),
       mesh_(mesh),
       device_(mesh.device()),
-      make_{device_, ledger},
+      make_{device_},
       shard_comm_(mesh.tensor_shard()) {
-  // A dry run may plan offload for a GPU it does not have.
-  SHARDLM_CHECK(!plan_.offload.params || ((ledger || device_ == Device::CUDA) && sharding.shard_gradients()),
+  // A dry run (the meta device) may plan offload for a GPU it does not have.
+  SHARDLM_CHECK(!plan_.offload.params || (device_ != Device::CPU && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
                 strategy_name(sharding.strategy), device_name(device_));
   const bool sharded = sharding.shard_optimizer();
@@ -243,7 +237,6 @@ double ShardedModel::host_sum(double v, bool over_replicas) {
 
 StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<model::Batch>& micro,
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
-  const Arith a{make_.dry()};
   comm::set_activity({step, "token count"});
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;
@@ -254,8 +247,8 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   const float grad_scale = world_tokens > 0 ? float(1.0 / world_tokens) : 0.0f;
 
   for (auto& u : units_) {
-    if (u->grad_shard.live()) a.zero(u->grad_shard.view());
-    if (u->full_grad.live()) a.zero(u->full_grad.view());  // NO_SHARD / ZERO1 keep theirs between steps
+    if (u->grad_shard.live()) ops::zero(u->grad_shard.view());
+    if (u->full_grad.live()) ops::zero(u->full_grad.view());  // NO_SHARD / ZERO1 keep theirs between steps
   }
   double loss_sum = 0.0;
   for (size_t i = 0; i < micro.size(); ++i) {
@@ -282,10 +275,10 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   const bool sharded = plan_.sharding.shard_optimizer();
   double sumsq = 0.0;
   for (auto& u : units_)
-    if (u->plan->trains()) sumsq += a.sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
+    if (u->plan->trains()) sumsq += ops::sum_squares(sharded ? u->grad_shard.view() : u->full_grad.view());
   if (sharded) sumsq = host_sum(sumsq, false);
   st.grad_norm = std::sqrt(sumsq);
-  if (!make_.dry() && !(std::isfinite(st.loss) && std::isfinite(st.grad_norm))) {
+  if (!(std::isfinite(st.loss) && std::isfinite(st.grad_norm))) {
     st.finite = false;
     st.nonfinite = first_nonfinite(Checked::Gradients);
     return st;  // no optimizer step: weights and moments stay as they were
@@ -296,9 +289,9 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   // so the updated weights are checked too: one more pass over what this rank owns.
   double weights_sumsq = 0.0;
   for (auto& u : units_)
-    if (u->plan->trains()) weights_sumsq += a.sum_squares(u->master.view());
+    if (u->plan->trains()) weights_sumsq += ops::sum_squares(u->master.view());
   weights_sumsq = host_sum(weights_sumsq, false);
-  if (!make_.dry() && !std::isfinite(weights_sumsq)) {
+  if (!std::isfinite(weights_sumsq)) {
     st.finite = false;
     st.weights_nonfinite = true;
     st.nonfinite = first_nonfinite(Checked::Weights);
@@ -341,14 +334,12 @@ void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, flo
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
-    if (!make_.dry()) {
-      const Tensor& g = plan_.sharding.shard_optimizer() ? u.grad_shard.view() : u.full_grad.view();
-      for_each_overlap(p.layout, p.own_begin, p.own_begin + p.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
-        const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
-        ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), u.exp_avg.view().slice(a, z),
-                        u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip);
-      });
-    }
+    const Tensor& g = plan_.sharding.shard_optimizer() ? u.grad_shard.view() : u.full_grad.view();
+    for_each_overlap(p.layout, p.own_begin, p.own_begin + p.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+      const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
+      ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), u.exp_avg.view().slice(a, z),
+                      u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip);
+    });
   }
   master_weights_changed();
 }
@@ -387,13 +378,11 @@ void ShardedModel::gather_unit(int k, const Tensor& out) {
   if (!p.trains()) return;  // nothing trained in it (a LoRA run's frozen unit)
   SHARDLM_CHECK(out.dtype == DType::F32 && out.numel() == p.layout.padded_numel && out.device == Device::CPU,
                 "gather_unit {}: expected host f32[{}], got {}", p.name, p.layout.padded_numel, out.describe());
-  const Arith a{make_.dry()};
   if (!plan_.sharding.shard_optimizer()) {  // every rank holds all of it
-    if (!make_.dry())
-      device::copy_bytes(out.data, Device::CPU, u.master.view().data, u.master.view().device, out.nbytes());
+    device::copy_bytes(out.data, Device::CPU, u.master.view().data, u.master.view().device, out.nbytes());
     return;
   }
-  if (device_ == Device::CPU) {
+  if (device_ != Device::CUDA) {
     shard_comm_.all_gather(out, u.master.view());
     return;
   }
@@ -403,10 +392,10 @@ void ShardedModel::gather_unit(int k, const Tensor& out) {
   FlatBuffer up;
   if (u.master.view().device != device_) {
     up = make_(BufferRole::Staging, DType::F32, p.shard_numel, false);
-    a.copy(up.view(), u.master.view());
+    device::copy(up.view(), u.master.view());
   }
   shard_comm_.all_gather(full.view(), up.live() ? up.view() : u.master.view());
-  a.copy(out, full.view());
+  device::copy(out, full.view());
 }
 
 ShardedModel::StateRange ShardedModel::owned_state(int k) {

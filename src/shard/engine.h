@@ -14,9 +14,9 @@
 // offload the f32 master shard, the reduced gradient shard and AdamW's moments are pinned host
 // memory and the optimizer step runs on the CPU (docs/sharding.md).
 //
-// A dry run (the memory estimator, memory/estimator.h) is the same engine over shape-only
-// communicators with a BufferLedger: buffers have sizes but no memory, arithmetic and
-// communication are skipped, and the ledger sees every allocation and release in order.
+// A dry run (the memory estimator, memory/estimator.h) is the same engine on the meta device
+// (core/alloc.h) over shape-only communicators (make_shape_mesh): buffers have sizes but no
+// memory, ops and communication do nothing, and every allocation and release is seen in order.
 //
 // Pieces: the unit's gathered data is a ShardedBuffer (sharded_buffer.h), its gradients go to
 // their owners through a GradReduction (grad_reduction.h), and filling the buffers from weights or
@@ -57,8 +57,6 @@ struct StepStats {
 class ShardedModel {
  public:
   ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
-  // A dry run over a shape-only mesh (make_shape_mesh): see the top of this file.
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger& ledger);
   ~ShardedModel();
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
@@ -117,7 +115,6 @@ class ShardedModel {
   // Training visits compute gradients and name their step to the watchdog; evaluation visits do
   // neither.
   enum class Pass : uint8_t { Training, Evaluation };
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, BufferLedger* ledger);
   Tensor host_staging() const { return host_staging_.live() ? host_staging_.view() : Tensor{}; }
   void gather_start(Unit& u);
   void wait_gathered(Unit& u, model::StagedModel& m);
@@ -141,7 +138,7 @@ class ShardedModel {
   UnitPlan plan_;
   Mesh& mesh_;
   Device device_;
-  BufferMaker make_;        // a dry run when it has a ledger
+  BufferMaker make_;        // the engine's buffers, on device_
   ReduceContext reduce_;    // what every gradient reduction shares
   comm::Communicator& shard_comm_;  // tensors: mesh's device shard group, or its host one
   std::vector<std::unique_ptr<Unit>> units_;

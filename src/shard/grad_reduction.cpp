@@ -1,14 +1,16 @@
 #include "shard/grad_reduction.h"
 
+#include "core/device.h"
+#include "ops/ops.h"
+
 namespace shardlm::shard {
 
 GradReduction::GradReduction(const ReduceContext& c, const Tensor& full, FlatBuffer handed_over, int64_t shard_numel)
     : grad_(std::move(handed_over)) {
-  const Arith a{c.make.dry()};
   const bool low = c.wire != DType::F32;
   if (low) {
     wire_ = c.make(BufferRole::Staging, c.wire, full.numel(), false);
-    a.cast(wire_.view(), full);
+    ops::cast(wire_.view(), full);
   }
   const Tensor send = low ? wire_.view() : full;
   if (c.all_reduce) {
@@ -28,20 +30,19 @@ void GradReduction::wait() {
 
 void GradReduction::finish(const ReduceContext& c, const Tensor& full, const Tensor& grad_shard) {
   wait();
-  const Arith a{c.make.dry()};
   if (c.all_reduce) {
-    if (wire_.live()) a.cast(full, wire_.view());
+    if (wire_.live()) ops::cast(full, wire_.view());
   } else {
-    if (wire_part_.live()) a.cast(reduced_.view(), wire_part_.view());
+    if (wire_part_.live()) ops::cast(reduced_.view(), wire_part_.view());
     if (c.replicate) c.replicate->all_reduce(reduced_.view(), comm::ReduceOp::Sum);
     if (grad_shard.device != reduced_.view().device) {
       // Offload: the reduced part comes down into the reused pinned staging buffer and is added
       // to the host shard, where the optimizer step reads it.
-      const Tensor host = c.make.dry() ? Tensor{} : c.host_staging.slice(0, reduced_.view().numel());
-      a.copy(host, reduced_.view());
-      a.add(grad_shard, host);
+      const Tensor host = c.host_staging.slice(0, reduced_.view().numel());
+      device::copy(host, reduced_.view());
+      ops::add_inplace(grad_shard, host);
     } else {
-      a.add(grad_shard, reduced_.view());
+      ops::add_inplace(grad_shard, reduced_.view());
     }
   }
   wire_part_.reset();

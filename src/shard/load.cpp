@@ -18,17 +18,19 @@ int64_t nf4_blocks(int64_t n) { return (n + ops::kNf4BlockSize - 1) / ops::kNf4B
 // Writes one unit's elements on this rank. Values are made in f32 in host memory by a fill
 // function fill(begin, end, out) over flat elements [begin, end) of a layout; what lives on a GPU
 // or in the param dtype is staged and converted once. The staging buffers are the engine's, so a
-// dry run counts them too.
+// dry run counts them too; on the meta device there are no values, and nothing is filled.
 class UnitFiller {
  public:
-  UnitFiller(ShardedModel& engine, int unit) : e_(engine), p_(engine.plan().units.at(size_t(unit))), t_(engine.load_targets(unit)) {}
+  UnitFiller(ShardedModel& engine, int unit)
+      : e_(engine), p_(engine.plan().units.at(size_t(unit))), t_(engine.load_targets(unit)),
+        gpu_(engine.device() == Device::CUDA), values_(engine.device() != Device::Meta) {}
 
   // The f32 master; a GPU-resident one through a host staging copy (charged to Communication,
   // like the other staging buffers).
   template <class Fill>
   void master(Fill fill) const {
     const Tensor& m = t_.master;
-    if (!p_.trains() || e_.buffers().dry()) return;
+    if (!p_.trains() || !values_) return;
     if (m.device == Device::CPU) {
       fill(p_.own_begin, p_.own_begin + p_.own_numel, m.f32());
       return;
@@ -45,22 +47,20 @@ class UnitFiller {
     const Tensor& dst = t_.frozen;
     if (p_.rest_frozen_offset < 0) return;
     const BufferMaker& make = e_.buffers();
-    const Arith a{make.dry()};
-    const Device device = make.device;
     const int64_t n = dst.numel(), begin = p_.persistent ? 0 : e_.plan().shard_rank * p_.frozen_shard_numel;
-    if (dst.dtype == DType::F32 && device == Device::CPU) {
-      if (!make.dry()) fill(begin, begin + n, dst.f32());
+    if (dst.dtype == DType::F32 && !gpu_) {
+      if (values_) fill(begin, begin + n, dst.f32());
       return;
     }
-    const FlatBuffer host = make(BufferRole::Staging, DType::F32, n, true, device != Device::CPU);
-    if (!make.dry()) fill(begin, begin + n, host.view().f32());
-    if (device == Device::CPU) {
-      a.cast(dst, host.view());
+    const FlatBuffer host = make(BufferRole::Staging, DType::F32, n, true, gpu_);
+    if (values_) fill(begin, begin + n, host.view().f32());
+    if (!gpu_) {
+      ops::cast(dst, host.view());
       return;
     }
     const FlatBuffer up = make(BufferRole::Staging, DType::F32, n, false);
-    a.copy(up.view(), host.view());
-    a.cast(dst, up.view());
+    device::copy(up.view(), host.view());
+    ops::cast(dst, up.view());
   }
 
   // QLoRA: this rank quantizes only its own chunk of each weight (f32 values from `fill`, in host
@@ -72,12 +72,10 @@ class UnitFiller {
   void nf4(Fill fill, const model::Nf4ModelReader* stored = nullptr) const {
     if (p_.rest_nf4_offset < 0) return;
     const BufferMaker& make = e_.buffers();
-    const bool dry = make.dry();
     const int c = p_.nf4_chunks > 1 ? e_.plan().shard_rank : 0;
-    const bool host = make.device != Device::CPU;  // staging in (pinned) host memory for a GPU store
-    FlatBuffer host_store;
+    FlatBuffer host_store;  // staging in pinned host memory for a GPU store
     Tensor store = t_.nf4_store;
-    if (host) {
+    if (gpu_) {
       host_store = make(BufferRole::Staging, DType::U8, p_.nf4_store_bytes, true, true);
       store = host_store.view();
     }
@@ -85,37 +83,37 @@ class UnitFiller {
       const int64_t lo = piece.lo(c), hi = piece.hi(c), m = hi - lo;
       const bool nested = piece.chunk.nested;
       ops::Nf4Tensor q;
-      if (m > 0)
-        q = nf4_chunk(store.data ? static_cast<char*>(store.data) + piece.offset : nullptr, piece.chunk, m, Device::CPU);
+      if (m > 0) q = nf4_chunk(static_cast<char*>(store.data) + piece.offset, piece.chunk, m, store.device);
       // Every rank takes the same branch (the file decides), so the sums below stay collective.
       if (stored && stored->is_quantized(piece.entry.info.name)) {
-        if (m > 0 && !dry) stored->read_chunk(piece.entry.info.name, lo / ops::kNf4BlockSize, nf4_blocks(hi), q);
+        if (m > 0 && values_) stored->read_chunk(piece.entry.info.name, lo / ops::kNf4BlockSize, nf4_blocks(hi), q);
         continue;
       }
       FlatBuffer absmax;  // nested: the f32 absmax values before their own quantization
       double sum = 0;
       if (m > 0) {
-        const FlatBuffer x = make(BufferRole::Staging, DType::F32, m, false, host);
-        if (nested) absmax = make(BufferRole::Staging, DType::F32, nf4_blocks(m), false, host);
-        if (!dry) {
-          fill(piece.entry.offset + lo, piece.entry.offset + hi, x.view().f32());
-          ops::nf4_quantize(q.packed, nested ? absmax.view() : q.absmax, x.view());
-          if (nested) sum = ops::nf4_absmax_sum(absmax.view());
-        }
+        const FlatBuffer x = make(BufferRole::Staging, DType::F32, m, false, gpu_);
+        if (nested) absmax = make(BufferRole::Staging, DType::F32, nf4_blocks(m), false, gpu_);
+        if (values_) fill(piece.entry.offset + lo, piece.entry.offset + hi, x.view().f32());
+        ops::nf4_quantize(q.packed, nested ? absmax.view() : q.absmax, x.view());
+        if (nested) sum = ops::nf4_absmax_sum(absmax.view());
       }
       if (!nested) continue;
       if (p_.nf4_chunks > 1) sum = e_.mesh().shard->all_reduce_sum(sum);
-      if (m == 0 || dry) continue;
-      *q.offset.f32() = ops::nf4_offset_from_sum(sum, nf4_blocks(piece.entry.info.numel()));
+      if (m == 0) continue;
+      const float offset = ops::nf4_offset_from_sum(sum, nf4_blocks(piece.entry.info.numel()));
+      device::copy_bytes(q.offset.data, q.offset.device, &offset, Device::CPU, sizeof offset);
       ops::nf4_quantize_absmax(q.absmax, q.nested_absmax, absmax.view(), q.offset);
     }
-    if (host) Arith{dry}.copy(t_.nf4_store, store);
+    if (gpu_) device::copy(t_.nf4_store, store);
   }
 
  private:
   ShardedModel& e_;
   const PlannedUnit& p_;
   ShardedModel::LoadTargets t_;
+  bool gpu_;     // the engine's buffers are on a GPU: values are staged in host memory first
+  bool values_;  // false on the meta device
 };
 
 // A weight the file holds in NF4 must have the shape config.json implies.

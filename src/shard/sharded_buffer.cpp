@@ -9,64 +9,37 @@ namespace shardlm::shard {
 
 // ---- flat buffers ------------------------------------------------------------------------------
 
-FlatBuffer::FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device,
-                       BufferLedger* ledger)
-    : role_(role), host_(pinned_host), live_(true), bytes_(numel * int64_t(dtype_size(dtype))), ledger_(ledger) {
-  const Device where = pinned_host ? Device::CPU : device;
-  if (ledger_) {  // a dry run: a shape without memory
-    view_ = Tensor::view(nullptr, dtype, {numel}, where);
-    ledger_->on_alloc(role_, host_, bytes_);
-    return;
-  }
-  if (pinned_host) {
-    mem_.buffer = Buffer::pinned_host(size_t(bytes_), role_category(role), zero);
-    mem_.t = Tensor::of(mem_.buffer, dtype, {numel});
-  } else {
-    mem_ = OwnedTensor(dtype, {numel}, role_category(role), zero, device);
-  }
-  view_ = mem_.t;
+MemTag role_tag(BufferRole role, bool host) {
+  return MemTag(mem_tag::kEngineRole + int(role)) | (host ? mem_tag::kHost : 0);
 }
 
-FlatBuffer::FlatBuffer(FlatBuffer&& o) noexcept { *this = std::move(o); }
+std::optional<BufferRole> tag_role(MemTag tag) {
+  const int r = int(tag & ~mem_tag::kHost) - mem_tag::kEngineRole;
+  if (r < 0 || r > int(BufferRole::Quantized)) return std::nullopt;
+  return BufferRole(r);
+}
+
+FlatBuffer::FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device)
+    : live_(true) {
+  const size_t bytes = size_t(numel) * dtype_size(dtype);
+  const MemTag tag = role_tag(role, pinned_host);
+  // Pinned host memory beside a GPU; on the meta device, a meta buffer tagged as host memory.
+  if (pinned_host && device != Device::Meta)
+    mem_ = Buffer::pinned_host(bytes, role_category(role), zero, tag);
+  else
+    mem_ = Buffer(bytes, role_category(role), zero, device, tag);
+  view_ = Tensor::view(mem_.data(), dtype, {numel}, device == Device::Meta ? device : pinned_host ? Device::CPU : device);
+}
 
 FlatBuffer& FlatBuffer::operator=(FlatBuffer&& o) noexcept {
   if (this == &o) return *this;
-  reset();
-  mem_ = std::move(o.mem_);
+  mem_ = std::move(o.mem_);  // frees this buffer's memory first
   view_ = o.view_;
-  role_ = o.role_;
-  host_ = o.host_;
   live_ = o.live_;
-  bytes_ = o.bytes_;
-  ledger_ = o.ledger_;
-  o.live_ = false;
   o.view_ = Tensor{};
+  o.live_ = false;
   return *this;
 }
-
-void FlatBuffer::reset() {
-  if (!live_) return;
-  if (ledger_) ledger_->on_free(role_, host_, bytes_);
-  mem_ = OwnedTensor();
-  view_ = Tensor{};
-  live_ = false;
-}
-
-// ---- arithmetic that a dry run skips -------------------------------------------------------------
-
-void Arith::cast(const Tensor& dst, const Tensor& src) const {
-  if (!dry) ops::cast(dst, src);
-}
-void Arith::zero(const Tensor& t) const {
-  if (!dry) ops::zero(t);
-}
-void Arith::add(const Tensor& dst, const Tensor& src) const {
-  if (!dry) ops::add_inplace(dst, src);
-}
-void Arith::copy(const Tensor& dst, const Tensor& src) const {
-  if (!dry) device::copy(dst, src);
-}
-double Arith::sum_squares(const Tensor& t) const { return dry ? 0.0 : ops::sum_squares(t); }
 
 Tensor as_f32_words(const Tensor& bytes) {
   return Tensor::view(bytes.data, DType::F32, {int64_t(bytes.nbytes() / 4)}, bytes.device);
@@ -114,20 +87,19 @@ Tensor ShardedBuffer::whole(const GatherSegment& g, DType dtype, int64_t numel) 
 }
 
 void ShardedBuffer::cast_master(const Tensor& dst, const Tensor& master, const Tensor& host_staging) const {
-  const Arith a{make_.dry()};
   if (master.device == dst.device) {
-    a.cast(dst, master);
+    ops::cast(dst, master);
     return;
   }
   // Offload: the master is host memory. The compute-dtype part is made on the CPU (in the reused
   // pinned staging buffer when it needs a cast) and copied up, synchronously.
   if (dst.dtype == DType::F32) {
-    a.copy(dst, master);
+    device::copy(dst, master);
     return;
   }
-  const Tensor host = make_.dry() ? Tensor{} : Tensor::view(host_staging.data, dst.dtype, {dst.numel()});
-  a.cast(host, master);
-  a.copy(dst, host);
+  const Tensor host = Tensor::view(host_staging.data, dst.dtype, {dst.numel()}, host_staging.device);
+  ops::cast(host, master);
+  device::copy(dst, host);
 }
 
 void ShardedBuffer::start(comm::Communicator& comm, const Tensor& master, const Tensor& host_staging) {
@@ -174,26 +146,23 @@ void ShardedBuffer::rearrange() {
   const Device dev = gathered_.view().device;
   const FlatBuffer others = make_(BufferRole::Staging, DType::U8, gathered_.view().numel() - rest_begin, false);
   FlatBuffer bounce;  // CUDA copies must not overlap: an overlapping move goes through it
-  const bool dry = make_.dry();
   char* base = byte_at(gathered_.view(), 0);
   for (size_t s = 1; s < segs.size(); ++s)
     for (int64_t r = 0; r < S; ++r)
-      if (!dry)
-        device::copy_bytes(byte_at(others.view(), segs[s].whole_offset - rest_begin + r * segs[s].part_bytes), dev,
-                           base + r * block + segs[s].block_offset, dev, size_t(segs[s].part_bytes));
+      device::copy_bytes(byte_at(others.view(), segs[s].whole_offset - rest_begin + r * segs[s].part_bytes), dev,
+                         base + r * block + segs[s].block_offset, dev, size_t(segs[s].part_bytes));
   const int64_t part = segs[0].part_bytes;
   for (int64_t r = 1; r < S; ++r) {
     const int64_t from = r * block, to = r * part;
     if (dev == Device::CUDA && from - to < part) {
       if (!bounce.live()) bounce = make_(BufferRole::Staging, DType::U8, part, false);
-      if (dry) continue;
       device::copy_bytes(byte_at(bounce.view(), 0), dev, base + from, dev, size_t(part));
       device::copy_bytes(base + to, dev, byte_at(bounce.view(), 0), dev, size_t(part));
-    } else if (!dry) {
+    } else {
       device::copy_bytes(base + to, dev, base + from, dev, size_t(part));  // memmove on the host
     }
   }
-  if (!dry) device::copy_bytes(base + rest_begin, dev, byte_at(others.view(), 0), dev, size_t(others.view().numel()));
+  device::copy_bytes(base + rest_begin, dev, byte_at(others.view(), 0), dev, size_t(others.view().numel()));
 }
 
 void ShardedBuffer::wait() {
@@ -226,7 +195,7 @@ void ShardedBuffer::refresh(comm::Communicator& comm, const Tensor& master, cons
   if (!full_.live()) full_ = make_(BufferRole::FullParams, param_dtype_, padded, true);
   trained_ = full_.view();
   if (master.numel() == padded) {  // NO_SHARD and solo: a cast of the whole master
-    Arith{make_.dry()}.cast(full_.view(), master);
+    ops::cast(full_.view(), master);
     return;
   }
   // ZERO1: every rank owns a shard; gather them.
@@ -244,7 +213,6 @@ void ShardedBuffer::dequantize() {
   const PlannedUnit& p = *plan_;
   if (p.nf4.empty() || dequantized_.live()) return;
   dequantized_ = make_(BufferRole::FullParams, param_dtype_, p.quantized.padded_numel, false);
-  if (make_.dry()) return;
   Tensor store = nf4_rest();  // every chunk's store, back to back
   for (const GatherSegment& g : p.gather)
     if (g.kind == SegmentKind::Nf4) store = whole(g, DType::U8, p.nf4_chunks * p.nf4_store_bytes);

@@ -6,13 +6,15 @@
 // (gathered data) or its destruction (at-rest data). Neither owns the master weights: the engine
 // passes them in where a gather casts from them.
 //
-// Dry runs (the memory estimator): a BufferMaker with a ledger makes buffers with sizes but no
-// memory, and Arith skips the arithmetic on them, so the same calls in the same order allocate
-// and release what a real run would.
+// Dry runs (the memory estimator) make the same buffers on the meta device (core/alloc.h): sizes
+// without memory, on which ops and copies do nothing, so the same calls in the same order
+// allocate and release what a real run would. Each buffer is tagged with its role (role_tag) so
+// that the estimator can say what the bytes are for.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
@@ -21,59 +23,39 @@
 
 namespace shardlm::shard {
 
-// Sees every allocation and release of the engine's buffers, in order.
-class BufferLedger {
- public:
-  virtual ~BufferLedger() = default;
-  virtual void on_alloc(BufferRole role, bool host, int64_t bytes) = 0;
-  virtual void on_free(BufferRole role, bool host, int64_t bytes) = 0;
-};
+// The MemTag of an engine buffer (core/alloc.h): its role, and whether it is host memory beside
+// a GPU (pinned, under offload). tag_role reads the role back (none for another owner's tag).
+MemTag role_tag(BufferRole role, bool host);
+std::optional<BufferRole> tag_role(MemTag tag);
 
-// One of the engine's flat buffers: it owns its memory (none in a dry run), knows what it is for,
-// and reports itself to the ledger, if any. Move-only; view() is valid while it lives.
+// One of the engine's flat buffers: it owns its memory, knows what it is for (its tag), and is
+// charged to its role's category. Move-only; view() is valid while it lives.
 class FlatBuffer {
  public:
   FlatBuffer() = default;
-  FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device,
-             BufferLedger* ledger);
-  ~FlatBuffer() { reset(); }
-  FlatBuffer(FlatBuffer&& o) noexcept;
+  FlatBuffer(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host, Device device);
+  FlatBuffer(FlatBuffer&& o) noexcept { *this = std::move(o); }
   FlatBuffer& operator=(FlatBuffer&& o) noexcept;
   FlatBuffer(const FlatBuffer&) = delete;
   FlatBuffer& operator=(const FlatBuffer&) = delete;
 
   bool live() const { return live_; }
   const Tensor& view() const { return view_; }
-  void reset();
+  void reset() { *this = FlatBuffer(); }
 
  private:
-  OwnedTensor mem_;
+  Buffer mem_;
   Tensor view_;
-  BufferRole role_ = BufferRole::Staging;
-  bool host_ = false, live_ = false;
-  int64_t bytes_ = 0;
-  BufferLedger* ledger_ = nullptr;
+  bool live_ = false;
 };
 
-// Makes the engine's buffers on its device (or in pinned host memory), counted by the ledger of
-// a dry run.
+// Makes the engine's buffers on its device, or in pinned host memory beside a GPU (offload; a
+// meta device stands for both).
 struct BufferMaker {
   Device device = Device::CPU;
-  BufferLedger* ledger = nullptr;  // a dry run when set
-  bool dry() const { return ledger != nullptr; }
   FlatBuffer operator()(BufferRole role, DType dtype, int64_t numel, bool zero, bool pinned_host = false) const {
-    return FlatBuffer(role, dtype, numel, zero, pinned_host, device, ledger);
+    return FlatBuffer(role, dtype, numel, zero, pinned_host, device);
   }
-};
-
-// Arithmetic and copies on the engine's buffers; in a dry run they touch no memory.
-struct Arith {
-  bool dry = false;
-  void cast(const Tensor& dst, const Tensor& src) const;
-  void zero(const Tensor& t) const;
-  void add(const Tensor& dst, const Tensor& src) const;
-  void copy(const Tensor& dst, const Tensor& src) const;  // across devices, same dtype
-  double sum_squares(const Tensor& t) const;
 };
 
 // A tensor's bytes seen as f32 words for the communicators (a gather copies bits).

@@ -64,7 +64,7 @@ struct Mesh {
   std::unique_ptr<comm::Communicator> device_world, device_shard, device_replicate;
   int world_rank = 0, world_size = 1;
 
-  Device device() const { return device_shard ? device_shard->device() : Device::CPU; }
+  Device device() const { return device_shard ? device_shard->device() : shard->device(); }
   comm::Communicator& tensor_shard() const { return device_shard ? *device_shard : *shard; }
   comm::Communicator& tensor_replicate() const { return device_replicate ? *device_replicate : *replicate; }
 };
@@ -74,8 +74,8 @@ int shard_group_size(const ShardingConfig& cfg, int world_size, int ranks_per_no
 // device CUDA also builds the NCCL groups (bootstrapped over `world`; the NCCL world picks the
 // GPU, so make the mesh before any CUDA allocation).
 Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node, Device device = Device::CPU);
-// Rank 0's view of a mesh with shape-only communicators (comm::make_shape_communicator): what a
-// dry run of the engine (the memory estimator) needs.
+// Rank 0's view of a mesh with shape-only communicators (comm::make_shape_communicator) on the
+// meta device: what a dry run of the engine (the memory estimator) needs.
 Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node);
 
 }  // namespace shardlm::shard

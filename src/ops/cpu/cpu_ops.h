@@ -8,6 +8,20 @@
 
 namespace shardlm::ops::cpu {
 
+// Scratch of the kernels that allocate some, made on `device`: the CPU when they run, the meta
+// device when a dry run counts it (ops/check.h). Every buffer lives for the whole call.
+// matmul: f32 copies of the bf16 operands (A, B, and C, which is computed in f32 and narrowed).
+struct MatmulScratch {
+  Buffer a, b, c;
+};
+MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, Device device);
+// linear_cross_entropy: one chunk of f32 logits [chunk, V], an f32 copy of a bf16 w [V, D] and of
+// a bf16 x chunk [chunk, D].
+struct CrossEntropyScratch {
+  Buffer logits, w, x;
+};
+CrossEntropyScratch cross_entropy_scratch(const Tensor& x, const Tensor& w, int64_t chunk_rows, Device device);
+
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha, float beta);
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids);
 void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids);
@@ -32,6 +46,7 @@ void bias_backward(const Tensor& db, const Tensor& dy);
 void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
+void zero(const Tensor& x);
 void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t stream);
 
 // NF4 (ops/nf4.h). nf4_absmax_sum: index order, in double (the CUDA front end copies to the host).

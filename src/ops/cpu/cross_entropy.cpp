@@ -16,18 +16,30 @@ namespace shardlm::ops::cpu {
 
 namespace {
 
-// An f32 view of `t`: `t` itself, or a widened copy in `holder` (Workspace) when it is bf16.
-// Widening here, once, keeps ops::matmul from widening the same bf16 operand again in every
-// matmul of every chunk (w is the largest tensor involved: V x D).
-Tensor widened(const Tensor& t, Buffer& holder) {
+// An f32 view of `t`: `t` itself, or its widened copy in `scratch` when it is bf16. Widening here,
+// once, keeps ops::matmul from widening the same bf16 operand again in every matmul of every chunk
+// (w is the largest tensor involved: V x D).
+Tensor widened(const Tensor& t, const Buffer& scratch) {
   if (t.dtype == DType::F32) return t;
-  holder = Buffer(size_t(t.numel()) * sizeof(float), MemCategory::Workspace, /*zero=*/false);
-  Tensor out = Tensor::view(holder.data(), DType::F32, t.shape.data(), t.ndim);
+  Tensor out = Tensor::view(scratch.data(), DType::F32, t.shape.data(), t.ndim);
   convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out.f32(), size_t(t.numel()));
   return out;
 }
 
 }  // namespace
+
+CrossEntropyScratch cross_entropy_scratch(const Tensor& x, const Tensor& w, int64_t chunk_rows, Device device) {
+  const int64_t N = x.shape[0], D = x.shape[1], V = w.shape[0];
+  if (N == 0) return {};
+  const int64_t C = std::min(chunk_rows, N);
+  const MemCategory ws = MemCategory::Workspace;
+  const MemTag tag = mem_tag::kLossScratch;
+  CrossEntropyScratch s;
+  s.logits = Buffer(size_t(C * V) * sizeof(float), ws, /*zero=*/false, device, tag);
+  if (w.dtype == DType::BF16) s.w = Buffer(size_t(w.numel()) * sizeof(float), ws, false, device, tag);
+  if (x.dtype == DType::BF16) s.x = Buffer(size_t(C * D) * sizeof(float), ws, false, device, tag);
+  return s;
+}
 
 CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& dx,
                                         const Tensor& dw, float grad_scale, int64_t chunk_rows) {
@@ -38,10 +50,9 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 
   const int64_t C = std::min(chunk_rows, N);
   // All scratch is allocated once per call: the logits block and, for bf16 inputs, f32 copies.
-  Buffer logits_buf(size_t(C * V) * sizeof(float), MemCategory::Workspace, /*zero=*/false);
-  Buffer w_buf, x_buf;
-  const Tensor wf = widened(w, w_buf);
-  if (x.dtype == DType::BF16) x_buf = Buffer(size_t(C * D) * sizeof(float), MemCategory::Workspace, false);
+  const CrossEntropyScratch scratch = cross_entropy_scratch(x, w, chunk_rows, Device::CPU);
+  const Buffer &logits_buf = scratch.logits, &x_buf = scratch.x;
+  const Tensor wf = widened(w, scratch.w);
 
   double loss_sum = 0.0;
   int64_t count = 0;

@@ -48,6 +48,8 @@ void scale_inplace(const Tensor& x, float s) {
   for (int64_t i = 0; i < n; ++i) store(x.data, x.dtype, i, load(x.data, x.dtype, i) * s);
 }
 
+void zero(const Tensor& x) { std::memset(x.data, 0, x.nbytes()); }  // all-zero bits are 0 in every dtype shardlm has
+
 }  // namespace shardlm::ops::cpu
 
 namespace shardlm::ops::cpu {

@@ -9,11 +9,10 @@
 namespace shardlm::ops::cpu {
 
 namespace {
-// f32 view of a tensor: the tensor itself, or a widened copy kept alive by `holder`.
-const float* as_f32(const Tensor& t, Buffer& holder) {
+// f32 view of a tensor: the tensor itself, or its widened copy in `scratch`.
+const float* as_f32(const Tensor& t, const Buffer& scratch) {
   if (t.dtype == DType::F32) return static_cast<const float*>(t.data);
-  holder = Buffer(size_t(t.numel()) * 4, MemCategory::Workspace, false);
-  float* out = static_cast<float*>(holder.data());
+  float* out = static_cast<float*>(scratch.data());
   convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out, size_t(t.numel()));
   return out;
 }
@@ -42,20 +41,31 @@ void skinny_bt(float* c, const float* a, const float* b, int64_t M, int64_t N, i
 }
 }  // namespace
 
+MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, Device device) {
+  if (C.numel() == 0) return {};
+  auto widened = [&](const Tensor& t) {
+    return t.dtype == DType::F32 ? Buffer() : Buffer(size_t(t.numel()) * 4, MemCategory::Workspace, false, device);
+  };
+  MatmulScratch s;
+  s.a = widened(A);
+  s.b = widened(B);
+  s.c = widened(C);
+  return s;
+}
+
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha, float beta) {
   const int64_t M = C.shape[0], N = C.shape[1];
   const int64_t K = trans_a ? A.shape[0] : A.shape[1];
   if (M == 0 || N == 0) return;
 
-  Buffer a_hold, b_hold, c_hold;
-  const float* a = as_f32(A, a_hold);
-  const float* b = as_f32(B, b_hold);
+  const MatmulScratch scratch = matmul_scratch(C, A, B, Device::CPU);
+  const float* a = as_f32(A, scratch.a);
+  const float* b = as_f32(B, scratch.b);
   float* c;
   if (C.dtype == DType::F32) {
     c = static_cast<float*>(C.data);
   } else {
-    c_hold = Buffer(size_t(M * N) * 4, MemCategory::Workspace, false);
-    c = static_cast<float*>(c_hold.data());
+    c = static_cast<float*>(scratch.c.data());
     if (beta != 0.0f) convert_bf16_to_f32(static_cast<const bf16_t*>(C.data), c, size_t(M * N));
   }
 

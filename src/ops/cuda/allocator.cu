@@ -176,7 +176,7 @@ void pinned_free(void* ptr) noexcept {
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
-  if (bytes == 0) return;
+  if (bytes == 0 || dst_device == Device::Meta || src_device == Device::Meta) return;  // meta: no bytes to move
   if (dst_device == Device::CPU && src_device == Device::CPU) {
     std::memmove(dst, src, bytes);
     return;
