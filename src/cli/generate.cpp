@@ -124,6 +124,16 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   return rows;
 }
 
+// --device-map's choice.
+infer::DeviceMap device_map_flag(const std::string& text) {
+  try {
+    return infer::parse_device_map(text);
+  } catch (Error& e) {
+    e.set_key("--device-map");
+    throw;
+  }
+}
+
 // --max-memory-per-rank: bytes, 0 when not given (unlimited).
 uint64_t max_memory_per_rank(const Opts& o) {
   if (o.max_memory_per_rank.empty()) return 0;
@@ -150,7 +160,7 @@ void run_generate(const Opts& o) {
   const bool any_chat =
       o.chat || std::any_of(rows.begin(), rows.end(), [](const PromptRow& r) { return !r.messages.empty(); });
   std::optional<infer::ChatPrompt> chat;
-  if (any_chat) chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
+  if (any_chat) chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format, "--chat-format");
 
   // Tokenize every request.
   const int64_t context = cfg.max_position_embeddings;
@@ -212,9 +222,15 @@ void run_generate(const Opts& o) {
   infer::ParamStore::PartFilter keep;
   std::string command = "generate";
   if (!o.device_map.empty()) {
-    const infer::DeviceMap map = infer::parse_device_map(o.device_map);
+    const infer::DeviceMap map = device_map_flag(o.device_map);
     const uint64_t max_memory = max_memory_per_rank(o);
-    pipeline = {.comm = &w, .shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory)};
+    pipeline.comm = &w;
+    try {
+      pipeline.shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory);
+    } catch (Error& e) {
+      e.set_key("--max-memory-per-rank");  // what does not fit
+      throw;
+    }
     if (writer) {
       std::fprintf(stderr, "generate: device map %s over %d rank%s (max memory per rank %s):\n", infer::device_map_name(map),
                    w.size(), w.size() == 1 ? "" : "s",
@@ -236,7 +252,8 @@ void run_generate(const Opts& o) {
     comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
   }
   infer::ParamStore params(cfg, DType::F32, keep);
-  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg, params,
+  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
+                                .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
   infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline);
@@ -388,7 +405,7 @@ void register_generate(CLI::App& app) {
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
     infer::check_sampling(o->s);
     // Flag errors before anything is read.
-    if (!o->device_map.empty()) infer::parse_device_map(o->device_map);
+    if (!o->device_map.empty()) device_map_flag(o->device_map);
     else if (!o->max_memory_per_rank.empty())
       throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});
     max_memory_per_rank(*o);

@@ -77,9 +77,10 @@ void run_serve(const Opts& o) {
     throw Error(fmt::format("--max-len {} passes the model's max_position_embeddings {}", max_len, context),
                 {.key = "--max-len"});
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
-  const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format);
+  const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format, "--chat-format");
   infer::ParamStore params(cfg, DType::F32);
-  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit}, cfg, params,
+  infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
+                                .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
                                 [](const std::string& line) { std::fprintf(stderr, "serve: %s\n", line.c_str()); });
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
   infer::Scheduler scheduler(gen, *tok, infer::stop_token_ids(cfg, *tok, &chat));
@@ -98,7 +99,14 @@ void run_serve(const Opts& o) {
   so.request_timeout = std::chrono::milliseconds(int64_t(o.request_timeout * 1000));
   so.max_body = max_body;
   infer::Server server(scheduler, *tok, chat, so);
-  const int port = server.bind();
+  const int port = [&] {
+    try {
+      return server.bind();
+    } catch (Error& e) {
+      e.set_key(o.port == 0 ? "--host" : "--port");
+      throw;
+    }
+  }();
   const double kv_mib = double(gen.kv_cache_bytes_per_sequence()) / (1 << 20);
   std::fprintf(stderr,
                "serve: model '%s' (chat format %s), up to %lld requests at a time of up to %lld tokens (KV cache "

@@ -28,9 +28,9 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
         ops::nf4_dequantize(flat, q);
         ++n;
       }
-    note(fmt::format("--load-in-4bit: {} Linear weights quantized to NF4 and dequantized to f32", n));
+    note(fmt::format("{}: {} Linear weights quantized to NF4 and dequantized to f32", w.load_in_4bit_role, n));
   } else if (w.load_in_4bit) {
-    note("--load-in-4bit: the model is stored in NF4 already");
+    note(fmt::format("{}: the model is stored in NF4 already", w.load_in_4bit_role));
   }
   if (!w.adapter.empty()) {
     PeftAdapter adapter = read_peft_adapter(w.adapter, cfg);

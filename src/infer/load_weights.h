@@ -14,10 +14,11 @@ struct InferenceWeights {
   std::string model;    // a Hugging Face directory (dense, or bitsandbytes NF4)
   std::string adapter;  // a PEFT LoRA adapter directory, or empty
   bool load_in_4bit = false;
+  std::string load_in_4bit_role = "load_in_4bit";  // what the caller calls 4-bit loading, in notes
 };
 
 // Loads the model's weights into `params` (f32) with what `load_in_4bit` and `adapter` ask for,
-// telling `note` what it did, one line each (4-bit loading named as the command line's flag):
+// telling `note` what it did, one line each (4-bit loading named as load_in_4bit_role):
 //  - A bitsandbytes NF4 directory (config.json's quantization_config) is dequantized once at load,
 //    exactly as bitsandbytes dequantizes it (ParamStore::load, model/nf4_loader.h).
 //  - load_in_4bit quantizes a dense base's decoder Linear weights to NF4 (blocksize 64, double

@@ -17,8 +17,7 @@ DeviceMap parse_device_map(const std::string& text) {
   if (text == "balanced") return DeviceMap::Balanced;
   if (text == "balanced_low_0") return DeviceMap::BalancedLow0;
   if (text == "sequential") return DeviceMap::Sequential;
-  throw Error(fmt::format("unknown device map '{}' (choices: auto, balanced, balanced_low_0, sequential)", text),
-              {.key = "--device-map"});
+  throw Error(fmt::format("unknown device map '{}' (choices: auto, balanced, balanced_low_0, sequential)", text));
 }
 
 const char* device_map_name(DeviceMap m) {
@@ -114,8 +113,7 @@ std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ra
       if (r + 1 == ranks)
         throw Error(fmt::format("{} needs {} and no rank has that much left (device map {}, {} rank{}, {} per rank)",
                                 name, format_bytes(int64_t(need())), device_map_name(map), ranks, ranks == 1 ? "" : "s",
-                                max_memory ? format_bytes(int64_t(max_memory)) : std::string("unlimited")),
-                    {.key = "--max-memory-per-rank"});
+                                max_memory ? format_bytes(int64_t(max_memory)) : std::string("unlimited")));
       ++r;
       used = 0;
     }

@@ -18,7 +18,7 @@
 // In each, rank 0 also keeps room for the largest part still to place, as accelerate's
 // infer_auto_device_map keeps it on its first device.
 // max memory per rank: --max-memory-per-rank, the same for every rank; 0 = unlimited. A part
-// that fits no rank left is an error naming --max-memory-per-rank (accelerate would offload it to
+// that fits no rank left is an error (the caller names its option; accelerate would offload it to
 // the CPU or disk; there is nowhere else here). Ranks beyond the last part get nothing and only
 // follow along (more ranks than layers is allowed).
 #pragma once
@@ -32,7 +32,8 @@
 namespace shardlm::infer {
 
 enum class DeviceMap { Auto, Balanced, BalancedLow0, Sequential };
-// "auto", "balanced", "balanced_low_0", "sequential"; anything else throws naming --device-map.
+// "auto", "balanced", "balanced_low_0", "sequential"; anything else throws (with no key: the
+// caller names its option).
 DeviceMap parse_device_map(const std::string& text);
 const char* device_map_name(DeviceMap m);
 

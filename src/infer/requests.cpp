@@ -41,13 +41,14 @@ std::vector<std::string> json_stop(const nlohmann::json& rec, const std::vector<
   return out;
 }
 
-ChatPrompt ChatPrompt::of_model(const std::string& model_dir, const data::Tokenizer& tok, std::string_view name) {
+ChatPrompt ChatPrompt::of_model(const std::string& model_dir, const data::Tokenizer& tok, std::string_view name,
+                                const std::string& role) {
   const std::string chat_template = data::read_chat_template(model_dir);
   ChatPrompt c;
   try {
     c.format = data::resolve_chat_format(name, tok, chat_template);
   } catch (Error& e) {
-    e.set_key("--chat-format");
+    e.set_key(role);
     throw;
   }
   if (c.format == data::ChatFormat::ChatML) c.default_system = data::chat_default_system(chat_template);

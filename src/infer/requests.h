@@ -72,8 +72,10 @@ struct ChatPrompt {
   std::optional<std::string> default_system;  // a ChatML template's (Qwen2's), added as training adds it
 
   // `name`: auto (from the model's chat_template, else the tokenizer's special tokens), llama3,
-  // llama2, chatml or mistral; a bad name is an Error naming --chat-format.
-  static ChatPrompt of_model(const std::string& model_dir, const data::Tokenizer& tok, std::string_view name);
+  // llama2, chatml or mistral; a bad name is an Error naming `role`.
+  // `role` is what the caller calls the format's choice (a flag, a key), named in its errors.
+  static ChatPrompt of_model(const std::string& model_dir, const data::Tokenizer& tok, std::string_view name,
+                             const std::string& role);
 
   struct Rendered {
     std::vector<int32_t> ids;  // the conversation and the start of the assistant's turn

@@ -876,10 +876,9 @@ int Server::bind() {
   int port = o.port;
   if (o.port == 0) {
     port = impl_->http.bind_to_any_port(o.host);
-    if (port < 0) throw Error(fmt::format("cannot bind to {} on any port", o.host), {.key = "--host"});
+    if (port < 0) throw Error(fmt::format("cannot bind to {} on any port", o.host));
   } else if (!impl_->http.bind_to_port(o.host, o.port)) {
-    throw Error(fmt::format("cannot bind to {}:{} (in use, or not an address of this machine)", o.host, o.port),
-                {.key = "--port"});
+    throw Error(fmt::format("cannot bind to {}:{} (in use, or not an address of this machine)", o.host, o.port));
   }
   impl_->http.set_backlog(std::max(impl_->opt.max_connections, 128));
   return port;

@@ -128,7 +128,8 @@ class Server {
  public:
   Server(Scheduler& scheduler, const data::Tokenizer& tok, const ChatPrompt& chat, ServerOptions opt);
   ~Server();
-  // Binds host:port and returns the port; an Error naming --host/--port when it cannot.
+  // Binds host:port and returns the port; an Error (with no key: the caller names its option)
+  // when it cannot.
   int bind();
   // Serves until stop().
   void listen();

@@ -259,10 +259,10 @@ shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::
     const Option& best = *std::min_element(too_big.begin(), too_big.end(), [](const Option& x, const Option& y) {
       return x.e.device_bytes < y.e.device_bytes;
     });
-    throw Error(fmt::format("sharding_strategy auto: nothing fits max_memory_per_rank {}: the smallest, {}, needs {} "
-                            "per rank (try activation_checkpointing, a smaller micro_batch_size or more ranks)",
-                            budget_s, shard::strategy_name(best.s), format_bytes(best.e.device_bytes)),
-                {.key = "max_memory_per_rank"});
+    // No key: the caller names where the budget came from.
+    throw Error(fmt::format("sharding_strategy auto: nothing fits a budget of {} per rank: the smallest, {}, needs {} "
+                            "per rank (try activation checkpointing, a smaller micro-batch or more ranks)",
+                            budget_s, shard::strategy_name(best.s), format_bytes(best.e.device_bytes)));
   }
   // Least traffic over the slow links first, then least in all, then least sharding.
   auto cheaper = [](const Option& x, const Option& y) {

@@ -95,7 +95,8 @@ std::vector<shard::Strategy> auto_candidates(int world_size, int ranks_per_node)
 
 // The auto choice: among the candidates whose estimated per-rank peak fits `budget` bytes, the
 // one with the least inter-node, then total, communication per step. `why` gets one line naming
-// the choice and what ruled out the cheaper ones; throws an Error (one line) when none fits.
+// the choice and what ruled out the cheaper ones; throws an Error (one line, with no key: the
+// caller names where the budget came from) when none fits.
 shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why);
 
 }  // namespace shardlm::memory
