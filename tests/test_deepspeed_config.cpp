@@ -52,7 +52,7 @@ TEST(DeepSpeedConfig, Stage3JsonAsHfTrainerWritesIt) {
   EXPECT_EQ(c.micro_batch_size, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
   EXPECT_DOUBLE_EQ(c.max_grad_norm, 0.5);
-  EXPECT_EQ(c.compute_dtype, DType::F32);  // bf16 "auto": shardlm's own value
+  EXPECT_EQ(c.compute_dtype(), DType::F32);  // bf16 "auto": shardlm's own value
   EXPECT_EQ(c.deepspeed.train_batch_size, 0);
   ASSERT_EQ(c.deepspeed.warnings.size(), 1u);  // the tuning keys, in one line
   const std::string& w = c.deepspeed.warnings[0];
@@ -115,14 +115,14 @@ TEST(DeepSpeedConfig, ValuesAreCheckedByTheSameReaderAtTheJsonsLine) {
 TEST(DeepSpeedConfig, Precision) {
   TempDir dir;
   train::TrainConfig c = read_with(dir, R"({"bf16": {"enabled": true}})");
-  EXPECT_EQ(c.compute_dtype, DType::BF16);
+  EXPECT_EQ(c.compute_dtype(), DType::BF16);
   EXPECT_EQ(c.sharding.param_dtype, DType::BF16);
   EXPECT_EQ(c.sharding.reduce_dtype, DType::BF16);  // DeepSpeed reduces in the model's dtype
   c = read_with(dir, R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})");
   EXPECT_EQ(c.sharding.param_dtype, DType::BF16);
   EXPECT_EQ(c.sharding.reduce_dtype, DType::F32);
   c = read_with(dir, R"({"bf16": {"enabled": true}})", "compute_dtype: bf16\n");  // agrees
-  EXPECT_EQ(c.compute_dtype, DType::BF16);
+  EXPECT_EQ(c.compute_dtype(), DType::BF16);
   c = read_with(dir, R"({"bf16": {"enabled": true}})", "mixed_precision: bf16\n");  // accelerate's form, agrees
   EXPECT_EQ(c.sharding.reduce_dtype, DType::BF16);
   std::string e = error_of([&] { read_with(dir, R"({"bf16": {"enabled": true}})", "compute_dtype: f32\n"); });
@@ -308,7 +308,7 @@ TEST(DeepSpeedConfig, AccelerateSection) {
   const train::TrainConfig c = train::read_train_config(t);
   EXPECT_EQ(c.sharding.strategy, shard::Strategy::ShardGradOp);
   EXPECT_EQ(c.gradient_accumulation_steps, 4);
-  EXPECT_EQ(c.compute_dtype, DType::BF16);
+  EXPECT_EQ(c.compute_dtype(), DType::BF16);
   EXPECT_TRUE(c.deepspeed.warnings.empty());
   // An unknown key of the section is listed, not an error; DEEPSPEED needs the section.
   ConfigTree u = ConfigTree::parse(std::string(kRun) + "deepspeed_config:\n  zero_stage: 3\n  zero_hpz: 2\n", "acc.yaml");

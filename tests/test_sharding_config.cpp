@@ -3,6 +3,7 @@
 
 #include "testing.h"
 #include "train/sharding_config.h"
+#include "train/train_config.h"
 
 using namespace shardlm;
 using shardlm::testing::error_of;
@@ -60,4 +61,22 @@ TEST(ShardingConfig, ErrorsNameTheKey) {
   EXPECT_NE(error_of([&] { train::read_sharding_config(c); }).find("both.yaml"), std::string::npos);
   ConfigTree d = ConfigTree::parse("mixed_precision: fp16\n", "mp.yaml");
   EXPECT_NE(error_of([&] { train::read_sharding_config(d); }).find("fp16 is not supported"), std::string::npos);
+}
+
+// One compute dtype: compute_dtype and mixed_precision.param_dtype set the same field; given both,
+// they must agree, and the error names compute_dtype's line.
+TEST(ShardingConfig, OneComputeDtypeFromEitherKey) {
+  const std::string head = "model: m\noutput_dir: o\ndata: {train: x.txt}\n";  // lines 1-3
+  auto read = [&](const std::string& yaml) {
+    ConfigTree t = ConfigTree::parse(head + yaml, "run.yaml");
+    return train::read_train_config(t);
+  };
+  EXPECT_EQ(read("").compute_dtype(), DType::F32);
+  EXPECT_EQ(read("compute_dtype: bf16\n").sharding.param_dtype, DType::BF16);
+  EXPECT_EQ(read("mixed_precision: bf16\n").compute_dtype(), DType::BF16);
+  EXPECT_EQ(read("mixed_precision: {param_dtype: bf16}\ncompute_dtype: bf16\n").compute_dtype(), DType::BF16);
+  const std::string e = error_of([&] { read("mixed_precision: {param_dtype: f32}\ncompute_dtype: bf16\n"); });
+  EXPECT_NE(e.find("run.yaml:5: key 'compute_dtype': disagrees with mixed_precision"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { read("compute_dtype: f16\n"); }).find("key 'compute_dtype': f16 compute is not supported"),
+            std::string::npos);
 }

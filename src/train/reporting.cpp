@@ -50,7 +50,7 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
   const shard::ShardingConfig& sc = mem_.sharding;
   const int W = world_.size();
   print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c_.model, m.num_hidden_layers,
-                    m.hidden_size, double(parameter_count(m)) / 1e6, dtype_name(c_.compute_dtype)));
+                    m.hidden_size, double(parameter_count(m)) / 1e6, dtype_name(c_.compute_dtype())));
   print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
                     shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", shard_group_size, units,
                     units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));

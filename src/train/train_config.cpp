@@ -382,8 +382,6 @@ std::vector<ConfigField<TrainConfig>> make_table() {
           "deepspeed_config", [](const ConfigTree&, const std::string&, TrainConfig&) {},
           "a DeepSpeed JSON file, or accelerate's deepspeed_config section (docs/deepspeed.md)"),
       F::field("seed", &TrainConfig::seed, "data order (and built-in task problems)"),
-      F::parsed("compute_dtype", &TrainConfig::compute_dtype, float_dtype, "f32 or bf16",
-                [](DType d) { return d == DType::F16 ? std::string("f16 compute is not supported (use bf16)") : ""; }),
   });
   add(nested("data", &TrainConfig::data, data_fields()));
   add({
@@ -455,6 +453,24 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       F::field("device", &TrainConfig::device, "cpu or cuda", usable_device),
   });
   add(nested("", &TrainConfig::sharding, sharding_config_fields()));
+  // After mixed_precision, which sets the same dtype: the two must agree when both are given.
+  add({F::custom(
+      "compute_dtype",
+      [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+        const std::optional<std::string> s = t.get_optional<std::string>(k);
+        if (!s) return;
+        DType d;
+        try {
+          d = float_dtype(*s);
+        } catch (const Error& e) {
+          throw t.error_at(k, e.message());
+        }
+        if (d == DType::F16) throw t.error_at(k, "f16 compute is not supported (use bf16)");
+        if (t.has("mixed_precision") && d != c.sharding.param_dtype)
+          throw t.error_at(k, "disagrees with mixed_precision's parameter dtype; set one of them");
+        c.sharding.param_dtype = d;
+      },
+      "f32 or bf16 (mixed_precision.param_dtype)")});
   add({
       F::parsed(
           "max_memory_per_rank", &TrainConfig::max_memory_per_rank,
@@ -501,14 +517,6 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
     throw t.error_at("resume_from", "resuming is not implemented yet for device: cuda");
   if (c.sharding.auto_strategy && c.max_memory_per_rank == 0)
     throw t.error_at("sharding_strategy", "auto needs max_memory_per_rank (the memory budget of one rank, e.g. 24GB)");
-  // One compute dtype: mixed_precision.param_dtype when given, else compute_dtype.
-  if (t.has("mixed_precision")) {
-    if (t.has("compute_dtype") && c.compute_dtype != c.sharding.param_dtype)
-      throw t.error_at("compute_dtype", "disagrees with mixed_precision's parameter dtype; set one of them");
-    c.compute_dtype = c.sharding.param_dtype;
-  } else {
-    c.sharding.param_dtype = c.compute_dtype;
-  }
   if (c.micro_batch_size * c.seq_len > kMaxMicroBatchTokens)
     throw t.error_at("micro_batch_size", fmt::format("micro_batch_size {} x seq_len {} is more than {} tokens per "
                                                      "micro-batch",

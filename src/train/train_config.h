@@ -38,7 +38,10 @@ struct TrainConfig {
   std::string model;   // Hugging Face model directory to start from
   std::string output_dir;
   uint64_t seed = 1234;
-  DType compute_dtype = DType::F32;
+  // The one compute dtype (f32 or bf16): what gathered parameters and activations are in. The
+  // keys compute_dtype and mixed_precision.param_dtype both set it (they must agree when both are
+  // given); master weights, gradients and AdamW state stay f32.
+  DType compute_dtype() const { return sharding.param_dtype; }
   // cpu | cuda. cuda: activations, gathered parameters and gradients on this rank's GPU (local rank
   // mod GPU count), tensors over NCCL. Refused at read time when this build or machine has no GPU.
   Device device = Device::CPU;

@@ -139,7 +139,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
         }
       }()),
       engine_(in_.model, mem_.sharding, mesh_),
-      model_(in_.model, c.compute_dtype, engine_.device()),
+      model_(in_.model, c.compute_dtype(), engine_.device()),
       saver_(c.async_checkpoint),
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
