@@ -29,6 +29,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/vec_math.h"
 
 namespace shardlm::ops::cpu {
@@ -146,7 +147,8 @@ void load_rows(const Tensor& x, int64_t b, int64_t t0, int64_t n, int64_t h, int
 void load_rows_transposed(const Tensor& x, int64_t b, int64_t j0, int64_t n, int64_t h, float* dst,
                           float* row_scratch) {
   const int64_t T = x.shape[1], heads = x.shape[2], Dh = x.shape[3];
-  std::fill(dst, dst + Dh * kBk, 0.0f);
+  if (n < kBk)  // a partial block: the keys past n are zero (a full one overwrites every column)
+    for (int64_t d = 0; d < Dh; ++d) std::fill(dst + d * kBk + n, dst + (d + 1) * kBk, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
     const float* src = row_f32(x, (b * T + j0 + j) * heads + h, Dh, row_scratch);
     for (int64_t d = 0; d < Dh; ++d) dst[d * kBk + j] = src[d];
@@ -180,8 +182,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 
   // One task is one (batch, head, query block). Later query blocks see more keys, so tasks are
   // handed out dynamically, biggest first.
-#pragma omp parallel if (a.worth_threads())
-  {
+  parallel_region(a.worth_threads(), [&] {
     // Per-thread scratch, O(block * Dh).
     std::vector<float> Q = floats(kBq * Dp);    // [kBq, Dp] the query block
     std::vector<float> acc = floats(kBq * Dp);  // [kBq, Dp] unnormalized output
@@ -198,10 +199,12 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       const int64_t bh = task / nqb, b = bh / a.H, h = bh % a.H, g = h / a.group;
       const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0);
 
+      // Only the block's nq rows are used (a decode step has one): block_matmul reads and writes
+      // rows [0, nq) alone, so the others are never cleared.
       load_rows(q, b, i0, nq, h, Dp, Q.data());
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(acc.begin(), acc.begin() + nq * Dp, 0.0f);
+      std::fill(m.begin(), m.begin() + nq, kNegInf);
+      std::fill(l.begin(), l.begin() + nq, 0.0f);
 
       const int64_t nkb = a.visible_k_blocks(i0, nq);
       for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -210,7 +213,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
         load_rows(v, b, j0, nk, g, Dp, V.data());
         a.key_segments(b, j0, nk, kseg.data());
 
-        std::fill(S.begin(), S.end(), 0.0f);
+        std::fill(S.begin(), S.begin() + nq * kBk, 0.0f);
         block_matmul(Q.data(), Dp, nq, Dh, Kt.data(), kBk, kBk, S.data(), kBk);  // S = Q K^T
 
         for (int64_t i = 0; i < nq; ++i) {
@@ -262,7 +265,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
         lse_p[(b * a.H + h) * a.Tq + qi] = l[size_t(i)] > 0.0f ? m[size_t(i)] + std::log(l[size_t(i)]) : kNegInf;
       }
     }
-  }
+  });
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,

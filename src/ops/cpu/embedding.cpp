@@ -2,17 +2,20 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids) {
   const int64_t N = out.shape[0], D = out.shape[1];
   const int32_t* id = static_cast<const int32_t*>(ids.data);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t src = int64_t(id[i]) * D;
-    for (int64_t d = 0; d < D; ++d) store(out.data, out.dtype, i * D + d, load(weight.data, weight.dtype, src + d));
-  }
+  parallel_region(N * D >= kMinParallelWork, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t src = int64_t(id[i]) * D;
+      for (int64_t d = 0; d < D; ++d) store(out.data, out.dtype, i * D + d, load(weight.data, weight.dtype, src + d));
+    }
+  });
 }
 
 void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids) {

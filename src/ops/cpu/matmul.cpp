@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -26,18 +27,20 @@ constexpr int64_t kSkinnyRows = 8;
 
 void skinny_bt(float* c, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                float alpha, float beta) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* w = b + n * ldb;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* x = a + m * lda;
-      float acc = 0.0f;
+  parallel_region(M * N * K >= kMinParallelWork, [&] {
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* w = b + n * ldb;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* x = a + m * lda;
+        float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t k = 0; k < K; ++k) acc += x[k] * w[k];
-      float& out = c[m * N + n];
-      out = beta == 0.0f ? alpha * acc : alpha * acc + beta * out;
+        for (int64_t k = 0; k < K; ++k) acc += x[k] * w[k];
+        float& out = c[m * N + n];
+        out = beta == 0.0f ? alpha * acc : alpha * acc + beta * out;
+      }
     }
-  }
+  });
 }
 }  // namespace
 

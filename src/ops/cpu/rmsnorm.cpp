@@ -12,6 +12,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -34,8 +35,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   const std::vector<float> wf = weight_f32(w, D);
   float* rstd_out = rstd.f32();
 
-#pragma omp parallel
-  {
+  parallel_region(N * D >= kMinParallelWork, [&] {
     const size_t d = static_cast<size_t>(D);
     std::vector<float> x_scratch(d), y_row(d);
 #pragma omp for schedule(static)
@@ -56,7 +56,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
       }
       store_row(y, n, D, y_row.data());
     }
-  }
+  });
 }
 
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,

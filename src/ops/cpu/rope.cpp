@@ -18,6 +18,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -30,8 +31,7 @@ void rope_apply(const Tensor& out, const Tensor& x, const Tensor& positions, con
   const float* freq = inv_freq.f32();
   const DType xt = x.dtype, ot = out.dtype;
 
-#pragma omp parallel
-  {
+  parallel_region(B * T * H * Dh >= kMinParallelWork, [&] {
     std::vector<float> cos_a(static_cast<size_t>(half)), sin_a(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -53,7 +53,7 @@ void rope_apply(const Tensor& out, const Tensor& x, const Tensor& positions, con
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace shardlm::ops::cpu

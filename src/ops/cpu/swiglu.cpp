@@ -3,6 +3,7 @@
 // dtype dispatch of load/store keeps the mixed-dtype loop scalar.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 #include "ops/cpu/vec_math.h"
 
 namespace shardlm::ops::cpu {
@@ -31,14 +32,17 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
     float* o = out.f32();
     const float* g = gate.f32();
     const float* u = up.f32();
-#pragma omp parallel for simd schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) o[i] = swiglu(g[i], u[i]);
+    parallel_region(n > 16384, [&] {
+#pragma omp for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) o[i] = swiglu(g[i], u[i]);
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    store(out.data, out.dtype, i, swiglu(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i)));
-  }
+  parallel_region(n > 16384, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      store(out.data, out.dtype, i, swiglu(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i)));
+  });
 }
 
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
