@@ -183,19 +183,28 @@ struct ConfigFields {
   // message is then placed at the key).
   template <class M, class Parse, class Check = NoCheck>
   static Field parsed(std::string key, M Config::*member, Parse parse, std::string doc, Check check = {}) {
+    return parsed_set(
+        std::move(key), parse, [member](const ConfigTree&, const std::string&, Config& c, M v) { c.*member = std::move(v); },
+        std::move(doc), check);
+  }
+
+  // The same, with the value handed to set(tree, key, config, value), for a key whose value lives
+  // elsewhere or must agree with another key (compute_dtype and mixed_precision).
+  template <class Parse, class Set, class Check = NoCheck>
+  static Field parsed_set(std::string key, Parse parse, Set set, std::string doc, Check check = {}) {
     return {std::move(key), {}, std::move(doc),
-            [member, parse, check](const ConfigTree& t, const std::string& k, Config& c) {
+            [parse, set, check](const ConfigTree& t, const std::string& k, Config& c) {
               detail::check_parent_section(t, k);
               const std::optional<std::string> s = t.get_optional<std::string>(k);
               if (!s) return;
-              M v;
+              decltype(parse(*s)) v;
               try {
                 v = parse(*s);
               } catch (const Error& e) {
                 throw t.error_at(k, e.message());
               }
               detail::check_value(t, k, v, check);
-              c.*member = std::move(v);
+              set(t, k, c, std::move(v));
             }};
   }
 

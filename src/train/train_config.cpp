@@ -454,23 +454,15 @@ std::vector<ConfigField<TrainConfig>> make_table() {
   });
   add(nested("", &TrainConfig::sharding, sharding_config_fields()));
   // After mixed_precision, which sets the same dtype: the two must agree when both are given.
-  add({F::custom(
-      "compute_dtype",
-      [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
-        const std::optional<std::string> s = t.get_optional<std::string>(k);
-        if (!s) return;
-        DType d;
-        try {
-          d = float_dtype(*s);
-        } catch (const Error& e) {
-          throw t.error_at(k, e.message());
-        }
-        if (d == DType::F16) throw t.error_at(k, "f16 compute is not supported (use bf16)");
+  add({F::parsed_set(
+      "compute_dtype", float_dtype,
+      [](const ConfigTree& t, const std::string& k, TrainConfig& c, DType d) {
         if (t.has("mixed_precision") && d != c.sharding.param_dtype)
           throw t.error_at(k, "disagrees with mixed_precision's parameter dtype; set one of them");
         c.sharding.param_dtype = d;
       },
-      "f32 or bf16 (mixed_precision.param_dtype)")});
+      "f32 or bf16 (mixed_precision.param_dtype)",
+      [](DType d) { return d == DType::F16 ? std::string("f16 compute is not supported (use bf16)") : ""; })});
   add({
       F::parsed(
           "max_memory_per_rank", &TrainConfig::max_memory_per_rank,
