@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `shardlm eval` (issue 36, docs/training.md):
-#  1. a 1-step text run (every held-out row evaluated): `eval --config run.yaml` on the initial
-#     model equals the step-0 eval_loss of
+# `shardlm eval` (issue 36, docs/training.md) and the training log's wording (issue 36 item 5):
+#  1. a 1-step text run (every held-out row evaluated): its log says the rows are windows of
+#     seq_len + 1 tokens every seq_len tokens, not "padded rows", and times the final save apart
+#     from the run; `eval --config run.yaml` on the initial model equals the step-0 eval_loss of
 #     metrics.jsonl and on the trained model the final one (1e-6 relative); --output's JSON fields;
 #  2. 2 ranks (shardlm launch) give 1 rank's loss (1e-6 relative) with the same rows and tokens;
 #  3. --data evaluates every window of a file (tokens = rows x seq_len); Alpaca data; --max-rows;
@@ -42,8 +43,13 @@ eval_batches: 1000
 progress: lines
 YAML
 
-# ---- 1. the trainer's held-out loss ----
+# ---- 1. the trainer's held-out loss, and the log's wording ----
 "$shardlm" train --config "$work/run.yaml" > "$work/train.log" 2>&1 || fail "train failed: $(tail -5 "$work/train.log")"
+grep -E "rows: [0-9]+ windows of seq_len \+ 1 = 65 tokens, one every 64 tokens of the stream" "$work/train.log" ||
+  fail "the rows line does not give the windows' stride: $(grep 'rows:' "$work/train.log")"
+! grep -q "padded rows" "$work/train.log" || fail "a text run reports padded rows"
+grep -E "saved the trained model to $work/out \(f32\) in [0-9.]+s; the run took [0-9.]+s$" "$work/train.log" ||
+  fail "the save line does not time the save: $(grep 'saved the trained' "$work/train.log")"
 "$shardlm" eval --config "$work/run.yaml" --model "$work/init" --output "$work/e0.json" > "$work/e0.txt" 2> "$work/e0.err" ||
   fail "eval of the initial model failed: $(cat "$work/e0.err")"
 cat "$work/e0.txt"
