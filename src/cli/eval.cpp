@@ -4,6 +4,7 @@
 // (train::eval_loss), so its loss is the trainer's eval_loss on the same rows; docs/training.md.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -49,7 +50,7 @@ train::TrainConfig eval_config(const Opts& o) {
     // a training config, and eval writes none: read_inputs does not look at it.
     return ConfigTree::parse(fmt::format("model: {}\noutput_dir: {}\ndata:\n  train: {}\n", json(o.model).dump(),
                                          json(o.model).dump(), json(o.data).dump()),
-                             "shardlm eval's flags");
+                             "command line");
   }();
   tree.apply_overrides(overrides);
   train::TrainConfig c = train::read_train_config(tree);
@@ -78,6 +79,10 @@ void check_output(const Opts& o, const train::TrainConfig& c) {
     if (!input.empty() && fs::exists(out, ec) && fs::equivalent(out, input, ec))
       throw Error(fmt::format("--output {} is an input of this evaluation", o.output), {.file = input, .key = "--output"});
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  // Found now, not after the evaluation has run.
+  if (!fs::is_directory(parent, ec))
+    throw Error(fmt::format("--output {}: the directory {} does not exist", o.output, parent.string()),
+                {.key = "--output"});
   for (const std::string& dir : {c.model, o.adapter})
     if (!dir.empty() && fs::exists(parent, ec) && fs::equivalent(parent, dir, ec))
       throw Error(fmt::format("--output {} is inside the directory {} that this evaluation reads; write it elsewhere",
@@ -137,6 +142,16 @@ void run_eval(const Opts& o) {
 
 }  // namespace
 
+// CLI11's PositiveNumber says "not in range 0 to 1.8e308" of a 0; say what is wanted.
+const CLI::Validator kPositive(
+    [](const std::string& v) {
+      int64_t n = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      return ec == std::errc() && end == v.data() + v.size() && n > 0 ? std::string()
+                                                                       : "expected a positive integer, got '" + v + "'";
+    },
+    "N > 0");
+
 void register_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "Loss and perplexity of a model (and LoRA adapter) on a data set");
   auto o = std::make_shared<Opts>();
@@ -150,12 +165,12 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--adapter", o->adapter, "A PEFT LoRA adapter directory for --model, applied unmerged as in training");
   cmd->add_option("--data-type", o->data_type, "data.type: auto, text, tokens, alpaca, chat or builtin:addition");
   cmd->add_option("--seq-len", o->seq_len, "Row length in tokens (default: the config's seq_len, else 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--micro-batch-size", o->micro_batch_size,
                   "Rows per forward per rank (default: the config's micro_batch_size, else 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--max-rows", o->max_rows, "Evaluate only the first N rows (default: all)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--output", o->output, "Also write the result as JSON to this file (replaced atomically)");
   cmd->add_flag("--quiet", o->quiet, "Leave out the data and adapter lines on stderr");
   cmd->add_option("overrides", o->overrides,
