@@ -501,3 +501,71 @@ TEST(TrainingInstruct, AlpacaDemoTrainsAndHeldOutLossFalls) {
   EXPECT_LT(r.eval_loss, 0.75 * r.initial_eval_loss) << "held-out loss " << r.initial_eval_loss << " -> " << r.eval_loss;
   EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
 }
+
+// Evaluation rows (data::eval_loss_sums, what the trainer's held-out loss and `shardlm eval` run):
+// the first max_rows rows, or all, whatever the world size and micro-batch; every rank runs the
+// same number of forwards (a rank without rows runs one ignored row).
+TEST(EvalRows, SameRowsForAnyWorldSizeAndBound) {
+  std::vector<int32_t> stream(10 * 8 + 1);
+  for (size_t i = 0; i < stream.size(); ++i) stream[i] = int32_t(i % 97);
+  const data::TokenStreamDataset eval(stream, 8);  // 10 windows of 9 tokens, one every 8
+  ASSERT_EQ(eval.size(), 10);
+  struct Total {
+    double loss = 0;
+    int64_t tokens = 0, rows = 0;
+  };
+  auto run = [&](int64_t B, int W, int64_t max_rows) {
+    Total t;
+    std::vector<int> forwards(size_t(W), 0);
+    for (int r = 0; r < W; ++r) {
+      // A loss that depends on which rows and targets are seen: the sum of the target ids.
+      const data::EvalSums s = data::eval_loss_sums(
+          [&](const model::Batch& b) {
+            ++forwards[size_t(r)];
+            ops::CrossEntropyResult out;
+            for (int64_t i = 0; i < b.B * b.T; ++i)
+              if (b.targets[i] != ops::kIgnoreIndex) {
+                out.loss_sum += b.targets[i];
+                ++out.count;
+              }
+            return out;
+          },
+          eval, false, B, 8, max_rows, 0, r, W);
+      t.loss += s.loss_sum;
+      t.tokens += s.tokens;
+      t.rows += s.rows;
+    }
+    for (int f : forwards) EXPECT_EQ(f, forwards[0]) << "B " << B << " W " << W;
+    return t;
+  };
+  for (const int64_t max_rows : {int64_t(-1), int64_t(7), int64_t(1), int64_t(100)}) {
+    const int64_t want_rows = max_rows < 0 ? 10 : std::min<int64_t>(max_rows, 10);
+    double want_loss = 0;
+    for (int64_t w = 0; w < want_rows; ++w)
+      for (int64_t k = 1; k <= 8; ++k) want_loss += stream[size_t(w * 8 + k)];
+    for (const auto& [B, W] : std::vector<std::pair<int64_t, int>>{{1, 1}, {4, 1}, {3, 2}, {2, 4}, {8, 3}}) {
+      const Total t = run(B, W, max_rows);
+      EXPECT_EQ(t.rows, want_rows) << "max_rows " << max_rows << " B " << B << " W " << W;
+      EXPECT_EQ(t.tokens, want_rows * 8);
+      EXPECT_EQ(t.loss, want_loss);
+    }
+  }
+}
+
+// `shardlm eval --data FILE` reads the whole file as the evaluation set: no training split.
+TEST(EvalRows, WholeFileIsEvaluated) {
+  TempDir dir;
+  const std::string path = dir / "t.txt";
+  std::ofstream(path) << std::string(300, 'a');
+  data::DataConfig dc;
+  dc.train = path;
+  dc.evaluate_whole_file = true;
+  const data::ByteTokenizer tok;
+  const data::RunData d = data::load_run_data(dc, 16, 1, tok, 259);
+  // BOS + 300 bytes + EOS = 302 tokens: (302 - 1) / 16 = 18 windows, none held back for training.
+  EXPECT_EQ(d.eval->size(), 18);
+  EXPECT_EQ(d.train->size(), 0);
+  dc.evaluate_whole_file = false;
+  const data::RunData split = data::load_run_data(dc, 16, 1, tok, 259);
+  EXPECT_LT(split.eval->size(), 18);
+}

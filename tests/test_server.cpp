@@ -1,15 +1,17 @@
 // The server's scheduler (infer/server.h) without HTTP: requests submitted from several threads at
 // once, joining a running batch between decode steps, get token for token what Generator::run
 // gives them offline; streamed pieces add up to the completion; shutdown ends every request.
-// And CompletionText (infer/requests.h): what may be streamed, and stop strings.
+// And CompletionText (infer/requests.h): what may be streamed, and stop strings; stop token ids.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <thread>
 
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/requests.h"
 #include "infer/server.h"
+#include "model/hf_dir.h"
 #include "testing.h"
 #include "infer/param_store.h"
 
@@ -179,4 +181,48 @@ TEST(CompletionText, StreamsOnlyTextThatCannotChange) {
   for (int32_t id : bytes("zc")) u.push(id);
   EXPECT_EQ(u.take_delta(false), "z");
   EXPECT_EQ(u.take_delta(true), "c");
+}
+
+// The stop tokens of generate and serve (issue 36): generation_config.json's eos_token_id joins the
+// default set; --stop-token-ids replaces it ("none": no stop token).
+TEST(StopTokenIds, GenerationConfigEosIdsIntListNullOrAbsent) {
+  TempDir dir;
+  const std::string path = dir / "generation_config.json";
+  EXPECT_TRUE(read_generation_eos_ids(dir.path().string(), 512).empty());  // no file
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(R"({"eos_token_id": 2})");
+  EXPECT_EQ(read_generation_eos_ids(dir.path().string(), 512), (std::vector<int64_t>{2}));
+  write(R"({"bos_token_id": 1, "eos_token_id": [2, 7, 9]})");
+  EXPECT_EQ(read_generation_eos_ids(dir.path().string(), 512), (std::vector<int64_t>{2, 7, 9}));
+  write(R"({"eos_token_id": null})");
+  EXPECT_TRUE(read_generation_eos_ids(dir.path().string(), 512).empty());
+  write(R"({"do_sample": true})");
+  EXPECT_TRUE(read_generation_eos_ids(dir.path().string(), 512).empty());
+  for (const char* bad : {R"({"eos_token_id": "2"})", R"({"eos_token_id": [2, 600]})", R"({"eos_token_id": [2.5]})",
+                          R"({"eos_token_id": -1})", R"({"eos_token_id": )", "[2]"}) {
+    write(bad);
+    try {
+      read_generation_eos_ids(dir.path().string(), 512);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("generation_config.json"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(StopTokenIds, FlagValues) {
+  EXPECT_TRUE(infer::parse_stop_token_ids("none", 512).empty());
+  EXPECT_TRUE(infer::parse_stop_token_ids("", 512).empty());
+  EXPECT_EQ(infer::parse_stop_token_ids("1,2", 512), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(infer::parse_stop_token_ids("511", 512), (std::vector<int32_t>{511}));
+  for (const char* bad : {"512", "-1", "1,,2", "1,", "x", "1 ,2", "99999999999999999999"}) {
+    try {
+      infer::parse_stop_token_ids(bad, 512);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--stop-token-ids"), std::string::npos) << e.what();
+    }
+  }
 }

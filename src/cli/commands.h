@@ -37,6 +37,7 @@ inline DType dtype_flag(const std::string& flag, const std::string& value, std::
 void register_env(CLI::App& app);
 void register_init(CLI::App& app);
 void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_serve(CLI::App& app);

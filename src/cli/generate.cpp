@@ -32,6 +32,8 @@ struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
   std::string device_map, max_memory_per_rank;  // empty: the whole model in each process
   std::vector<std::string> stop;
+  std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
+  bool stop_token_ids_given = false;
   infer::SamplingOptions s;
   int64_t batch_size = 8;
   bool no_bos = false, chat = false, load_in_4bit = false, quiet = false;
@@ -165,7 +167,9 @@ void run_generate(const Opts& o) {
   // Tokenize every request.
   const int64_t context = cfg.max_position_embeddings;
   std::vector<infer::Request> requests;
-  const std::vector<int32_t> stops = infer::stop_token_ids(cfg, *tok, chat ? &*chat : nullptr);
+  const std::vector<int32_t> stops = o.stop_token_ids_given
+                                         ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
+                                         : infer::stop_token_ids(cfg, *tok, chat ? &*chat : nullptr, o.model);
   int64_t max_len = 1;
   for (PromptRow& r : rows) {
     std::vector<int32_t> ids;
@@ -363,6 +367,10 @@ void register_generate(CLI::App& app) {
                   "Stop a completion where this text appears (repeatable; not included; taken as given: "
                   "in a shell, $'\\n' is a line break)")
       ->check([](const std::string& s) { return s.empty() ? std::string("--stop must not be empty") : std::string(); });
+  CLI::Option* stop_ids = cmd->add_option("--stop-token-ids", o->stop_token_ids,
+                  "Token ids that end a completion, separated by commas, replacing the default set (the "
+                  "tokenizer's EOS, config.json's and generation_config.json's eos_token_id, and with --chat the "
+                  "format's end-of-turn tokens); none: no stop token, every completion runs to its length");
   cmd->add_option("--temperature", o->s.temperature, "Sampling temperature; 0 = greedy")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -400,7 +408,8 @@ void register_generate(CLI::App& app) {
       "  shardlm launch --nproc-per-node 2 -- generate --model models/llama2-13b --device-map balanced --prompt \"Hi\"\n"
       "  shardlm launch --nproc-per-node 4 -- generate --model M --device-map sequential --max-memory-per-rank 20GB "
       "--prompt \"Hi\"");
-  cmd->callback([o, prompt, prompts] {
+  cmd->callback([o, prompt, prompts, stop_ids] {
+    o->stop_token_ids_given = stop_ids->count() > 0;
     if (prompt->count() == 0 && prompts->count() == 0)
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
     infer::check_sampling(o->s);

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
       "Run 'shardlm <command> --help' for a command's options.");
   shardlm::cli::register_init(app);
   shardlm::cli::register_train(app);
+  shardlm::cli::register_eval(app);
   shardlm::cli::register_launch(app);
   shardlm::cli::register_generate(app);
   shardlm::cli::register_serve(app);

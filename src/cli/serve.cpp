@@ -36,6 +36,8 @@ struct Opts {
   int64_t max_batch = 8, max_len = 0;
   double request_timeout = 10;
   bool load_in_4bit = false;
+  std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
+  bool stop_token_ids_given = false;
 };
 
 void run_serve(const Opts& o) {
@@ -83,7 +85,9 @@ void run_serve(const Opts& o) {
                                 .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
                                 [](const std::string& line) { std::fprintf(stderr, "serve: %s\n", line.c_str()); });
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
-  infer::Scheduler scheduler(gen, *tok, infer::stop_token_ids(cfg, *tok, &chat));
+  infer::Scheduler scheduler(gen, *tok,
+                             o.stop_token_ids_given ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
+                                                    : infer::stop_token_ids(cfg, *tok, &chat, o.model));
 
   infer::ServerOptions so;
   so.host = o.host;
@@ -140,6 +144,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model", o->model, "Hugging Face model directory (dense, or bitsandbytes NF4)")->required();
   cmd->add_option("--adapter", o->adapter,
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights");
+  CLI::Option* stop_ids = cmd->add_option(
+      "--stop-token-ids", o->stop_token_ids,
+      "Token ids that end every completion, separated by commas, replacing the default set (the tokenizer's EOS, "
+      "config.json's and generation_config.json's eos_token_id, the chat format's end-of-turn tokens); none: no "
+      "stop token");
   cmd->add_flag("--load-in-4bit", o->load_in_4bit,
                 "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and serve their "
                 "dequantized values");
@@ -181,7 +190,10 @@ void register_serve(CLI::App& app) {
       "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'\n"
       "docs/serving.md: the request fields, the responses, and what continuous batching does.");
-  cmd->callback([o] { run_serve(*o); });
+  cmd->callback([o, stop_ids] {
+    o->stop_token_ids_given = stop_ids->count() > 0;
+    run_serve(*o);
+  });
 }
 
 }  // namespace shardlm::cli

@@ -50,7 +50,9 @@ class ExampleDataset final : public Dataset {
 size_t utf8_error_offset(std::string_view s);
 
 // A token stream cut into windows of seq_len + 1 tokens (inputs = window[0..T), targets =
-// window[1..T]). Windows do not overlap; a final partial window is dropped.
+// window[1..T]), one every seq_len tokens: window i is tokens [i T, i T + T], so each window's last
+// token is the next window's first (an input there, never a second target), and every token after
+// the first is a target exactly once. A final window short of T + 1 tokens is dropped.
 class TokenStreamDataset final : public Dataset {
  public:
   TokenStreamDataset(std::vector<int32_t> tokens, int64_t seq_len);

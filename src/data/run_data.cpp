@@ -66,6 +66,14 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     std::vector<int64_t> ordinals;
     std::vector<Example> all = load_instruct_file(dc.train, d.type, tok, opt, rep, &ordinals);
     std::vector<Example> train, eval;
+    if (dc.evaluate_whole_file) {
+      eval = std::move(all);
+      d.report.push_back(fmt::format("{}: {}; every example evaluated", dc.train, rep.summary()));
+      if (eval.empty()) throw Error("no examples to evaluate", {.file = dc.train});
+      d.train = std::make_unique<ExampleDataset>(std::vector<Example>{});
+      d.eval = std::make_unique<ExampleDataset>(std::move(eval));
+      return d;
+    }
     if (!dc.eval.empty()) {
       const std::string eval_type = resolve_type(dc, dc.eval);
       if (eval_type != d.type)
@@ -105,6 +113,15 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
                             : tokenize_text_file(path, tok);
   };
   std::vector<int32_t> train_tokens = load(dc.train), eval_tokens;
+  if (dc.evaluate_whole_file) {
+    const int64_t n = int64_t(train_tokens.size());
+    d.train = std::make_unique<TokenStreamDataset>(std::vector<int32_t>{}, d.seq_len);
+    d.eval = std::make_unique<TokenStreamDataset>(std::move(train_tokens), d.seq_len);
+    if (d.eval->size() == 0)
+      throw Error(fmt::format("{} tokens make no sequence of seq_len {} + 1", n, d.seq_len), {.file = dc.train});
+    d.report.push_back(fmt::format("{} ({}: {} tokens, every one evaluated)", dc.train, d.type, n));
+    return d;
+  }
   if (!dc.eval.empty()) {
     eval_tokens = load(dc.eval);
   } else if (dc.eval_fraction > 0) {
@@ -123,10 +140,9 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
   return d;
 }
 
-ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
-                                       const Dataset& eval, bool packing, int64_t B, int64_t T,
-                                       int64_t max_batches, int32_t pad, int rank, int world_size) {
-  if (eval.size() == 0) return {};
+EvalSums eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const Dataset& eval,
+                        bool packing, int64_t B, int64_t T, int64_t max_rows, int32_t pad, int rank, int world_size) {
+  if (eval.size() == 0 || max_rows == 0) return {};
   std::vector<int64_t> order(static_cast<size_t>(eval.size()));
   std::iota(order.begin(), order.end(), 0);
   std::vector<std::vector<int64_t>> rows;
@@ -135,13 +151,13 @@ ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResu
   } else {
     for (const int64_t i : order) rows.push_back({i});
   }
-  double sum = 0.0;
-  int64_t count = 0;
+  EvalSums sums;
   // Global batch g holds rows [g B W, (g + 1) B W); rank r evaluates its B of them. Every rank
   // runs the same number of forward passes (they may contain collectives): a rank whose slice of
   // the last batch is empty runs one ignored row.
-  const int64_t G = B * world_size, n_rows = int64_t(rows.size());
-  for (int64_t g = 0; g < max_batches && g * G < n_rows; ++g) {
+  const int64_t G = B * world_size;
+  const int64_t n_rows = max_rows < 0 ? int64_t(rows.size()) : std::min(int64_t(rows.size()), max_rows);
+  for (int64_t g = 0; g * G < n_rows; ++g) {
     const int64_t begin = std::min(n_rows, g * G + rank * B);
     const int64_t end = std::min(n_rows, begin + B);
     if (begin == end) {
@@ -164,10 +180,11 @@ ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResu
       buf = make_padded_batch(padded, T, pad);
     }
     const ops::CrossEntropyResult r = forward(buf.batch());
-    sum += r.loss_sum;
-    count += r.count;
+    sums.loss_sum += r.loss_sum;
+    sums.tokens += r.count;
+    sums.rows += end - begin;
   }
-  return {sum, count};
+  return sums;
 }
 
 }  // namespace shardlm::data

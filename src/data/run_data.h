@@ -40,6 +40,9 @@ struct DataConfig {
   std::string chat_template;
   std::optional<bool> packing;  // unset: true for alpaca/chat, false otherwise
   BadRowPolicy on_bad_row = BadRowPolicy::Fail;
+  // Not a config key: `shardlm eval --data FILE` evaluates the whole of `train` (no training
+  // split, no held-out fraction); `eval` is not read.
+  bool evaluate_whole_file = false;
   // builtin:addition
   int digits = 2;
   int64_t train_examples = 20000;
@@ -65,13 +68,19 @@ bool reads_text(const DataConfig& dc);
 // ids than the model before it calls this.
 RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
                       int64_t model_vocab_size);
-// Loss sums over the non-ignored targets of up to max_batches global batches of `eval`, rows formed
-// in the dataset's order (packed or padded as in training). Rank r of W evaluates rows
-// [g B W + r B, + B) of each global batch g, so the ranks together cover what one process with
-// batch B W would; the caller sums over ranks.
-ops::CrossEntropyResult eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward,
-                                       const Dataset& eval, bool packing, int64_t B, int64_t T,
-                                       int64_t max_batches, int32_t pad, int rank, int world_size);
+// What one rank evaluated: the loss summed over its non-ignored targets, their number, and its rows.
+struct EvalSums {
+  double loss_sum = 0.0;
+  int64_t tokens = 0;  // targets in the loss
+  int64_t rows = 0;    // rows of at most T positions (a packed row holds several examples)
+};
+// Loss sums over the non-ignored targets of the first max_rows rows of `eval` (all of them when
+// max_rows < 0), rows formed in the dataset's order (packed or padded as in training). Rank r of W
+// evaluates rows [g B W + r B, + B) of each global batch g, so the ranks together cover what one
+// process with batch B W would, and the rows evaluated do not depend on W; the caller sums over
+// ranks. The trainer bounds it by eval_batches global batches (max_rows = eval_batches B W).
+EvalSums eval_loss_sums(const std::function<ops::CrossEntropyResult(const model::Batch&)>& forward, const Dataset& eval,
+                        bool packing, int64_t B, int64_t T, int64_t max_rows, int32_t pad, int rank, int world_size);
 
 // A data enum compares equal to its spelling (core/enum_names.h).
 using shardlm::operator==;

@@ -1,6 +1,9 @@
 #include "infer/requests.h"
 
 #include <algorithm>
+#include <charconv>
+
+#include "model/hf_dir.h"
 
 namespace shardlm::infer {
 
@@ -64,12 +67,37 @@ ChatPrompt::Rendered ChatPrompt::render(const data::Tokenizer& tok, std::vector<
   return r;
 }
 
-std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenizer& tok, const ChatPrompt* chat) {
+std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenizer& tok, const ChatPrompt* chat,
+                                    const std::string& model_dir) {
   std::vector<int32_t> stops = {tok.eos_id()};
   for (int64_t e : cfg.eos_token_ids) stops.push_back(int32_t(e));
+  for (int64_t e : read_generation_eos_ids(model_dir, cfg.vocab_size)) stops.push_back(int32_t(e));
   if (chat)
     for (int32_t id : data::chat_stop_ids(tok, chat->format)) stops.push_back(id);
+  std::sort(stops.begin(), stops.end());
+  stops.erase(std::unique(stops.begin(), stops.end()), stops.end());
   return stops;
+}
+
+std::vector<int32_t> parse_stop_token_ids(const std::string& value, int64_t vocab_size) {
+  std::vector<int32_t> ids;
+  if (value.empty() || value == "none") return ids;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, comma - at);
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size())
+      throw Error(fmt::format("'{}' in '{}' is not a token id (expected ids separated by commas, or none)", item, value),
+                  {.key = "--stop-token-ids"});
+    if (id < 0 || id >= vocab_size)
+      throw Error(fmt::format("token id {} is outside the model's vocabulary [0, {})", id, vocab_size),
+                  {.key = "--stop-token-ids"});
+    ids.push_back(int32_t(id));
+    at = comma + 1;
+  }
+  return ids;
 }
 
 namespace {

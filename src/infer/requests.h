@@ -86,9 +86,15 @@ struct ChatPrompt {
   Rendered render(const data::Tokenizer& tok, std::vector<data::ChatMessage> messages) const;
 };
 
-// The tokens that end a completion: the tokenizer's EOS, config.json's eos_token_id(s), and with
-// a chat format its end-of-turn tokens.
-std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenizer& tok, const ChatPrompt* chat);
+// The tokens that end a completion by default: the tokenizer's EOS, config.json's eos_token_id(s),
+// generation_config.json's eos_token_id(s) in model_dir (model/hf_dir.h), and with a chat format
+// its end-of-turn tokens.
+std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenizer& tok, const ChatPrompt* chat,
+                                    const std::string& model_dir);
+// The value of --stop-token-ids (generate, serve), which replaces that default set as transformers'
+// eos_token_id argument does: ids separated by commas, each in [0, vocab_size); "none" or "" for
+// no stop token (every completion runs to its length). Errors name the flag.
+std::vector<int32_t> parse_stop_token_ids(const std::string& value, int64_t vocab_size);
 
 // The text of one completion as its tokens arrive: decoded together with the prompt and taken
 // after the prompt's own text (that keeps word boundaries right: SentencePiece drops the space of

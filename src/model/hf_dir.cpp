@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_parse.h"
+#include "io/read_file.h"
 
 namespace shardlm {
 
@@ -53,6 +55,40 @@ void write_hf_side_files(const std::string& dir, const ModelConfig& cfg, DType w
   else if (!cfg.eos_token_ids.empty()) gen["eos_token_id"] = cfg.eos_token_ids;
   io::write_text_atomic((fs::path(dir) / "generation_config.json").string(), gen.dump(2) + "\n");
   copy_tokenizer_files(tokenizer_source, dir);
+}
+
+std::vector<int64_t> read_generation_eos_ids(const std::string& dir, int64_t vocab_size) {
+  const std::string path = (fs::path(dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return {};
+  // Transformers writes a few hundred bytes; a megabyte is no generation config.
+  const std::string text = io::read_file(path, "generation config", uint64_t(1) << 20);
+  nlohmann::json j;
+  try {
+    j = io::parse_json(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("malformed JSON: {}", e.what()), {.file = path});
+  }
+  if (!j.is_object()) throw Error("expected a JSON object", {.file = path});
+  const auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return {};
+  std::vector<int64_t> ids;
+  auto add = [&](const nlohmann::json& v, const std::string& key) {
+    if (!v.is_number_integer())
+      throw Error(fmt::format("expected an integer or a list of integers, got {}", v.dump().substr(0, 40)),
+                  {.file = path, .key = key});
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= vocab_size)
+      throw Error(fmt::format("token id {} is outside the model's vocabulary [0, {})", id, vocab_size),
+                  {.file = path, .key = key});
+    ids.push_back(id);
+  };
+  if (it->is_array()) {
+    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("eos_token_id[{}]", i));
+  } else {
+    add(*it, "eos_token_id");
+  }
+  return ids;
 }
 
 ModelConfig load_hf_config(const std::string& dir) {

@@ -44,13 +44,14 @@ struct ShardedModel::Unit {
   std::unique_ptr<GradReduction> reducing;
 };
 
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh)
+ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, EngineUse use)
     : cfg_(cfg),
       plan_(make_plan(cfg, sharding, mesh.tensor_shard().rank(), mesh.tensor_shard().size())),
       mesh_(mesh),
       device_(mesh.device()),
       make_{device_},
-      shard_comm_(mesh.tensor_shard()) {
+      shard_comm_(mesh.tensor_shard()),
+      use_(use) {
   // A dry run (the meta device) may plan offload for a GPU it does not have.
   SHARDLM_CHECK(!plan_.offload.params || (device_ != Device::CPU && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
@@ -64,10 +65,12 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& shardin
     auto u = std::make_unique<Unit>(p, ShardedBuffer(p, plan_.precision.param, make_));
     if (p.trains()) {  // a frozen unit (LoRA) has no master, no optimizer state, no gradients
       u->master = state_buffer(BufferRole::Master, p.own_numel);
-      u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel);
-      u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel);
-      if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
-      if (p.solo) u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
+      if (use == EngineUse::Train) {  // an evaluation engine takes no step and makes no gradients
+        u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel);
+        u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel);
+        if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
+        if (p.solo) u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
+      }
       largest_shard = std::max(largest_shard, p.shard_numel);
     }
     units_.push_back(std::move(u));
@@ -237,6 +240,7 @@ double ShardedModel::host_sum(double v, bool over_replicas) {
 
 StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<model::Batch>& micro,
                                    const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
+  SHARDLM_CHECK(use_ == EngineUse::Train, "an engine built for evaluation (EngineUse::Evaluate) takes no optimizer step");
   comm::set_activity({step, "token count"});
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
   int64_t local_tokens = 0;

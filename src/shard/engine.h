@@ -54,9 +54,14 @@ struct StepStats {
   bool weights_nonfinite = false;
 };
 
+// What an engine is built for. Evaluate: forward passes only (`shardlm eval`), so no optimizer
+// state (AdamW moments) or gradient shards are allocated, which leaves a rank the f32 master shard
+// and the units it gathers; train_step is refused.
+enum class EngineUse { Train, Evaluate };
+
 class ShardedModel {
  public:
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh);
+  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, EngineUse use = EngineUse::Train);
   ~ShardedModel();
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
@@ -144,6 +149,7 @@ class ShardedModel {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> reducing_;  // units whose gradient reduction is in flight, oldest first
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
+  EngineUse use_ = EngineUse::Train;
 };
 
 }  // namespace shardlm::shard

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "core/device.h"
@@ -156,7 +157,8 @@ void init_random(ShardedModel& engine, uint64_t seed) {
   engine.master_weights_changed();
 }
 
-void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const std::string& source, uint64_t seed) {
+void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const std::string& source, uint64_t seed,
+                  const AdapterLookup& adapter) {
   const ModelConfig& cfg = engine.config();
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states (none in any other directory). QLoRA keeps them as stored, which needs the chunk
@@ -185,9 +187,15 @@ void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const s
     layouts.push_back(cfg.lora ? &p.frozen : &p.layout);
     layouts.push_back(&p.quantized);
     fill.master([&](int64_t begin, int64_t end, float* out) {
-      if (cfg.lora)
+      if (cfg.lora && adapter) {
+        std::fill(out, out + (end - begin), 0.0f);  // the padding after the tensors stays zero
+        for_each_overlap(p.layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+          const Tensor t = adapter(e.info.name);
+          std::copy(t.f32() + (lo - e.offset), t.f32() + (hi - e.offset), out + (lo - begin));
+        });
+      } else if (cfg.lora) {
         init_flat_range(p.layout, begin, end, seed, float(cfg.initializer_range), out);
-      else
+      } else
         load_dense_range(p.layout, begin, end, weights, stored, source, out);
     });
   }

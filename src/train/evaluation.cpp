@@ -65,16 +65,28 @@ EvalResult task_accuracy(shard::ShardedModel& engine, model::LlamaCompute& m, co
   return r;
 }
 
+EvalResult eval_loss(shard::ShardedModel& engine, model::LlamaCompute& m, const RunInputs& in, int64_t max_rows,
+                     comm::Communicator& world) {
+  const data::EvalSums part = data::eval_loss_sums(
+      [&](const model::Batch& b) { return engine.forward_loss(m, b); }, *in.data.eval, in.data.packing, in.B, in.T,
+      max_rows, in.tok->eos_id(), world.rank(), world.size());
+  const double sum = world.all_reduce_sum(part.loss_sum), count = world.all_reduce_sum(double(part.tokens));
+  EvalResult r;
+  r.loss = count > 0 ? sum / count : NAN;
+  r.tokens = int64_t(count);
+  r.rows = int64_t(world.all_reduce_sum(double(part.rows)));
+  return r;
+}
+
 EvalResult evaluate(shard::ShardedModel& engine, model::LlamaCompute& m, const RunInputs& in, const TrainConfig& c,
                     comm::Communicator& world) {
-  const ops::CrossEntropyResult part = data::eval_loss_sums(
-      [&](const model::Batch& b) { return engine.forward_loss(m, b); }, *in.data.eval, in.data.packing, in.B, in.T,
-      c.eval_batches, in.tok->eos_id(), world.rank(), world.size());
-  const double sum = world.all_reduce_sum(part.loss_sum), count = world.all_reduce_sum(double(part.count));
+  const EvalResult l = eval_loss(engine, m, in, c.eval_batches * in.B * world.size(), world);
   EvalResult r;
   if (in.data.task && c.accuracy_examples > 0)
     r = task_accuracy(engine, m, *in.data.task, *in.tok, c.accuracy_examples, in.B, in.T, world);
-  r.loss = count > 0 ? sum / count : NAN;
+  r.loss = l.loss;
+  r.tokens = l.tokens;
+  r.rows = l.rows;
   return r;
 }
 

@@ -19,12 +19,20 @@ namespace shardlm::train {
 
 struct EvalResult {
   double loss = NAN;       // mean over the held-out targets of up to eval_batches global batches
+  int64_t tokens = 0;      // targets in that mean, over every rank
+  int64_t rows = 0;        // rows (of at most seq_len positions) they came from, over every rank
   double accuracy = -1;    // built-in tasks with accuracy_examples > 0; -1 otherwise
   int64_t correct = 0;     // answers that matched,
   int64_t problems = 0;    // of this many held-out problems
 };
 
-// The held-out loss, the same rows for any world size (each rank evaluates its slice of each global
+// The mean loss over the first max_rows rows of the run's evaluation data (all of them when
+// max_rows < 0), the same rows for any world size (each rank evaluates its slice of each global
+// batch): the trainer's held-out loss and `shardlm eval` both. Collective.
+EvalResult eval_loss(shard::ShardedModel& engine, model::LlamaCompute& m, const RunInputs& in, int64_t max_rows,
+                     comm::Communicator& world);
+
+// The held-out loss of up to eval_batches global batches, the same rows for any world size (each rank evaluates its slice of each global
 // batch), and the task accuracy where the run has a task.
 EvalResult evaluate(shard::ShardedModel& engine, model::LlamaCompute& m, const RunInputs& in, const TrainConfig& c,
                     comm::Communicator& world);

@@ -87,10 +87,15 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
   print(fmt::format("data ({}; tokenizer: {}):", in_.data.type, in_.tok->name()));
   for (const std::string& line : in_.data.report) print("  " + line);
   const int64_t rows = int64_t(sampler.epoch_rows(0).size()), truncated = sampler.truncated_in_epoch(0);
-  print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows", rows,
-                    in_.data.packing ? "packed rows" : "padded rows", in_.T, in_.data.train->size(),
-                    truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, in_.T) : "",
-                    sampler.steps_in_epoch(0), sampler.rows_per_step()));
+  if (in_.data.type == "text" || in_.data.type == "tokens")  // a token stream: full windows, nothing padded
+    print(fmt::format("  rows: {} windows of seq_len + 1 = {} tokens, one every {} tokens of the stream (each "
+                      "overlaps the next by one token); {} steps per epoch of {} rows",
+                      rows, in_.T + 1, in_.T, sampler.steps_in_epoch(0), sampler.rows_per_step()));
+  else
+    print(fmt::format("  rows: {} {} of {} tokens from {} examples{}; {} steps per epoch of {} rows", rows,
+                      in_.data.packing ? "packed rows" : "padded rows", in_.T, in_.data.train->size(),
+                      truncated ? fmt::format(" ({} truncated to {} tokens)", truncated, in_.T) : "",
+                      sampler.steps_in_epoch(0), sampler.rows_per_step()));
   for (const std::string& note : resume_notes) print(note);
   print(fmt::format("batch: {} x {} tokens x {} accumulation x {} rank{} = {} tokens per step; {} steps", in_.B, in_.T,
                     c_.gradient_accumulation_steps, W, W > 1 ? "s" : "",
@@ -198,10 +203,10 @@ int64_t Reporter::done(const TrainResult& r, double total_seconds) {
       "the final save, {} one unit at a time: up to {} for the largest)",
       c_.saves_checkpoints() ? "streamed from the last checkpoint by rank 0, read" : "gathered from the shards",
       format_bytes(mem_.estimate.save_gather_bytes)));
-  print(fmt::format("saved the trained {} to {} ({} total {:.1f}s)",
+  print(fmt::format("saved the trained {} to {} ({}) in {:.2f}s; the run took {:.1f}s",
                     in_.model.lora ? "LoRA adapter (PEFT format)" : "model",
                     in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir,
-                    dtype_name(c_.save_dtype), total_seconds));
+                    dtype_name(c_.save_dtype), r.save_seconds, total_seconds));
   return gpu_peak;
 }
 

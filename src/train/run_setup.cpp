@@ -56,6 +56,10 @@ static void check_outputs(const TrainConfig& c) {
 
 RunInputs load_inputs(const TrainConfig& c) {
   check_outputs(c);
+  return read_inputs(c);
+}
+
+RunInputs read_inputs(const TrainConfig& c) {
   RunInputs in;
   in.model = load_hf_config(c.model);
   apply_run_to_model(c, in.model);

@@ -29,7 +29,10 @@ struct RunInputs {
 
 // Reads config.json, the tokenizer and every data file as training reads them; an Error names
 // what does not fit (a tokenizer for another vocabulary, rows beyond the model's positions, ...).
+// load_inputs first refuses a run whose output directories are its model directory;
+// read_inputs, for `shardlm eval`, which writes no run directory, does not look at output_dir.
 RunInputs load_inputs(const TrainConfig& c);
+RunInputs read_inputs(const TrainConfig& c);
 
 // The strategy (`sharding_strategy: auto` picks it by memory) and what the estimator expects this
 // run to hold per rank (docs/memory.md).

@@ -216,7 +216,9 @@ TrainResult Trainer::run() {
   result_.tokens_per_s = double(tokens_seen_) / result_.seconds;
   out_.progress().finish();
   out_.communication();
+  const auto t_save = Clock::now();
   save_model();
+  result_.save_seconds = seconds_since(t_save);
   result_.gpu_peak_reserved_bytes = out_.done(result_, seconds_since(t_start_));
   out_.finish(result_);
   return result_;

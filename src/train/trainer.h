@@ -22,6 +22,7 @@ struct TrainResult {
   double initial_eval_loss = 0, eval_loss = 0;  // held-out loss before and after training
   double initial_accuracy = -1, accuracy = -1;  // built-in tasks only; -1 otherwise
   double seconds = 0, tokens_per_s = 0;
+  double save_seconds = 0;                 // the final save: the model or adapter (and merge_on_save's merge)
   std::vector<double> losses;              // training loss of every step, in order
   std::vector<double> grad_norms;          // global gradient norm of every step (before clipping)
   int64_t skipped_steps = 0;               // on_nonfinite: skip: steps without an optimizer step

@@ -7,7 +7,9 @@
 #     max_new_tokens says "length"; every field of the output is there;
 #  3. --chat renders the prompt in the chat format (the JSON "prompt" shows the rendering);
 #  4. bad rows fail in one line naming FILE:LINE and the field, with a non-zero exit;
-#  5. --load-in-4bit generates from the NF4 round trip of the weights and says so.
+#  5. --load-in-4bit generates from the NF4 round trip of the weights and says so;
+#  4d. generation_config.json's eos_token_id stops generation; --stop-token-ids replaces the set
+#     (none: no stop token); bad ids and a malformed generation_config.json are refused in one line.
 # Usage: generate_batch_cli.sh SHARDLM PYTHON WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -130,6 +132,48 @@ grep -Eq "^generate: [0-9]+ prompt tokens in [0-9.]+ s \([0-9.]+ tok/s prefill\)
 "$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 3 --temperature 0 --quiet > /dev/null 2> "$work/quiet.err"
 ! grep -q "tok/s" "$work/quiet.err" || fail "--quiet still printed the timing line"
 echo "4c. $(cat "$work/timing.err")"
+
+# ---- 4d. stop tokens: generation_config.json's eos_token_id, --stop-token-ids (issue 36) ----
+# A copy of the model whose generation_config.json lists every id of the vocabulary: the first new
+# token stops the completion (not counted), so it is empty with finish_reason "stop"; --stop-token-ids
+# none replaces the default set with nothing, and the same prompt runs to max_new_tokens.
+cp -r "$m" "$work/m_eos"
+"$py" - "$work/m_eos" <<'PY'
+import json, sys
+d = sys.argv[1]
+vocab = json.load(open(f"{d}/config.json"))["vocab_size"]
+json.dump({"eos_token_id": list(range(vocab))}, open(f"{d}/generation_config.json", "w"))
+PY
+printf 'hello\n' > "$work/one.txt"
+"$shardlm" generate --model "$work/m_eos" --prompts "$work/one.txt" --max-new-tokens 8 --temperature 0 \
+  > "$work/eos_all.jsonl" 2> "$work/eos_all.err" || fail "generate with every id as EOS failed: $(cat "$work/eos_all.err")"
+"$shardlm" generate --model "$work/m_eos" --prompts "$work/one.txt" --max-new-tokens 8 --temperature 0 \
+  --stop-token-ids none > "$work/eos_none.jsonl" 2> "$work/eos_none.err" || fail "--stop-token-ids none failed: $(cat "$work/eos_none.err")"
+"$py" - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+r = json.loads(open(f"{work}/eos_all.jsonl").read())
+assert r["completion_tokens"] == 0 and r["finish_reason"] == "stop", ("generation_config.json eos ignored", r)
+r = json.loads(open(f"{work}/eos_none.jsonl").read())
+assert r["completion_tokens"] == 8 and r["finish_reason"] == "length", ("--stop-token-ids none did not run to length", r)
+print("4d. generation_config.json eos_token_id (every id): stops at the first new token; --stop-token-ids none: 8 tokens, length")
+PY
+# Refusals: an id outside the vocabulary, a value that is no id list, a malformed eos_token_id.
+for bad in 99999 "1,x" "-1"; do
+  if "$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 2 --stop-token-ids "$bad" > /dev/null 2> "$work/stopbad.err"; then
+    fail "--stop-token-ids $bad was accepted"
+  fi
+  [[ $(wc -l < "$work/stopbad.err") -eq 1 ]] && grep -q -- "--stop-token-ids" "$work/stopbad.err" ||
+    fail "--stop-token-ids $bad: expected one line naming the flag, got: $(cat "$work/stopbad.err")"
+  echo "   --stop-token-ids $bad: $(cat "$work/stopbad.err")"
+done
+echo '{"eos_token_id": "2"}' > "$work/m_eos/generation_config.json"
+if "$shardlm" generate --model "$work/m_eos" --prompt "hello" --max-new-tokens 2 > /dev/null 2> "$work/gencfg.err"; then
+  fail "a string eos_token_id in generation_config.json was accepted"
+fi
+[[ $(wc -l < "$work/gencfg.err") -eq 1 ]] && grep -q "generation_config.json" "$work/gencfg.err" &&
+  grep -q "eos_token_id" "$work/gencfg.err" || fail "expected one line naming generation_config.json and eos_token_id: $(cat "$work/gencfg.err")"
+echo "   bad generation_config.json: $(cat "$work/gencfg.err")"
 
 # ---- 5. --load-in-4bit ----
 "$shardlm" generate --model "$m" --prompt "hello" --max-new-tokens 4 --temperature 0 --load-in-4bit \

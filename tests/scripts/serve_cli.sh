@@ -7,7 +7,8 @@
 #     not, to a server with 4 slots: each text equals what `shardlm generate --temperature 0` gives
 #     the same prompt offline, with the same token count and finish_reason;
 #  4. bad requests are HTTP 400 with OpenAI's error object naming the field;
-#  5. SIGTERM shuts it down cleanly (exit 0);
+#  5. SIGTERM shuts it down cleanly (exit 0); 5b. generation_config.json's eos_token_id ends a
+#     completion, --stop-token-ids none runs it to max_tokens, a bad id is refused naming the flag;
 #  6. with Llama 2's SentencePiece tokenizer (byte fallback: characters split over tokens), streamed
 #     chat pieces add up to the text the same request gets unstreamed.
 # Usage: serve_cli.sh SHARDLM PYTHON WORKDIR SHARED_DATA
@@ -236,6 +237,45 @@ pid=
 [[ $rc -eq 0 ]] || fail "serve exited $rc after SIGTERM"
 grep -q "SIGTERM: shutting down" "$work/serve.err" || fail "serve did not say it was shutting down"
 echo "5. SIGTERM: $(tail -1 "$work/serve.err"), exit 0"
+
+# ---- 5b. stop tokens (issue 36): generation_config.json's eos_token_id, --stop-token-ids ----
+# A copy of the model whose generation_config.json lists every id: a completion stops at its first
+# token (none counted, "stop"); --stop-token-ids none replaces that set and it runs to max_tokens.
+cp -r "$m" "$work/m_eos"
+"$py" - "$work/m_eos" <<'PY'
+import json, sys
+vocab = json.load(open(f"{sys.argv[1]}/config.json"))["vocab_size"]
+json.dump({"eos_token_id": list(range(vocab))}, open(f"{sys.argv[1]}/generation_config.json", "w"))
+PY
+one_line_error stop_token_ids "key '--stop-token-ids'" --model "$m" --stop-token-ids 100000
+stop_case() {  # stop_case WANT_TOKENS WANT_REASON SERVE-ARGS...
+  local want_n=$1 want_reason=$2
+  shift 2
+  "$shardlm" serve --port 0 --max-batch 1 "$@" 2> "$work/serve.err" &
+  pid=$!
+  port=
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
+    [[ -n "$port" ]] && break
+    kill -0 "$pid" 2>/dev/null || fail "serve $* exited before listening"
+    sleep 0.1
+  done
+  [[ -n "$port" ]] || fail "serve $* did not say where it listens"
+  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "hello", "max_tokens": 5, "temperature": 0}' > "$work/stop.json" || fail "serve $*: the completion failed"
+  kill -TERM "$pid"
+  wait "$pid" || fail "serve $* did not exit cleanly"
+  pid=
+  "$py" - "$work/stop.json" "$want_n" "$want_reason" "$*" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+got = (r["usage"]["completion_tokens"], r["choices"][0]["finish_reason"])
+assert got == (int(sys.argv[2]), sys.argv[3]), (sys.argv[4], got, r)
+print(f"5b. serve {sys.argv[4].split('/')[-1]}: {got[0]} tokens, finish_reason {got[1]}")
+PY
+}
+stop_case 0 stop --model "$work/m_eos"
+stop_case 5 length --model "$work/m_eos" --stop-token-ids none
 
 # ---- 6. streaming with a SentencePiece tokenizer ----
 "$shardlm" init --preset tiny --set vocab_size=32000 --set max_position_embeddings=256 --seed 3 --out "$work/sp" >/dev/null
