@@ -125,7 +125,8 @@ TEST(Placement, MoreRanksThanPartsLeavesSomeEmpty) {
 TEST(Placement, APartThatFitsNowhereNamesTheFlag) {
   const PartSizes s = five_by_100();
   try {
-    place_parts(s, DeviceMap::Sequential, 2, 250);  // rank 0: E (150 after 100 kept); rank 1: 0-1
+    // rank 0: E (150 after 100 kept); rank 1: 0-1. The caller names its flag.
+    place_parts(s, DeviceMap::Sequential, 2, 250, "--max-memory-per-rank");
     FAIL() << "placed 600 bytes on 2 ranks of 250";
   } catch (const Error& e) {
     const std::string what = e.what();

@@ -110,7 +110,7 @@ void run_eval(const Opts& o) {
   const train::MemoryPlan mem = train::plan_memory(c, in, w.size(), node_ranks);
   shard::Mesh mesh = shard::make_mesh(w, mem.sharding, node_ranks, c.device);
   shard::ShardedModel engine(in.model, mem.sharding, mesh, shard::EngineUse::Evaluate);
-  model::LlamaCompute m(in.model, c.compute_dtype, engine.device());
+  model::LlamaCompute m(in.model, c.compute_dtype(), engine.device());
   shard::AdapterLookup lookup;
   if (adapter) lookup = [&](const std::string& name) { return adapter->tensors.at(name).t; };
   shard::load_weights(engine, io::ModelWeights(c.model), c.model, c.seed, lookup);
@@ -136,7 +136,7 @@ void run_eval(const Opts& o) {
             {"split", c.data.evaluate_whole_file && in.data.type != "builtin:addition" ? "whole file" : "held out"},
             {"data_type", in.data.type}, {"packing", in.data.packing}, {"seq_len", in.T},
             {"micro_batch_size", in.B}, {"max_rows", o.max_rows < 0 ? json(nullptr) : json(o.max_rows)},
-            {"world_size", w.size()}, {"compute_dtype", dtype_name(c.compute_dtype)}, {"seconds", seconds}};
+            {"world_size", w.size()}, {"compute_dtype", dtype_name(c.compute_dtype())}, {"seconds", seconds}};
   io::write_text_atomic(o.output, j.dump(2) + "\n");
 }
 

@@ -228,13 +228,8 @@ void run_generate(const Opts& o) {
   if (!o.device_map.empty()) {
     const infer::DeviceMap map = device_map_flag(o.device_map);
     const uint64_t max_memory = max_memory_per_rank(o);
-    pipeline.comm = &w;
-    try {
-      pipeline.shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory);
-    } catch (Error& e) {
-      e.set_key("--max-memory-per-rank");  // what does not fit
-      throw;
-    }
+    pipeline = {.comm = &w,
+                .shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory, "--max-memory-per-rank")};
     if (writer) {
       std::fprintf(stderr, "generate: device map %s over %d rank%s (max memory per rank %s):\n", infer::device_map_name(map),
                    w.size(), w.size() == 1 ? "" : "s",

@@ -60,7 +60,8 @@ PartSizes part_sizes(const ModelConfig& cfg) {
   return s;
 }
 
-std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ranks, uint64_t max_memory) {
+std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ranks, uint64_t max_memory,
+                                   const std::string& role) {
   SHARDLM_CHECK(ranks >= 1, "a placement needs at least one rank, got {}", ranks);
   constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
   std::vector<uint64_t> cap(size_t(ranks), max_memory == 0 ? kUnlimited : max_memory);
@@ -113,7 +114,8 @@ std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ra
       if (r + 1 == ranks)
         throw Error(fmt::format("{} needs {} and no rank has that much left (device map {}, {} rank{}, {} per rank)",
                                 name, format_bytes(int64_t(need())), device_map_name(map), ranks, ranks == 1 ? "" : "s",
-                                max_memory ? format_bytes(int64_t(max_memory)) : std::string("unlimited")));
+                                max_memory ? format_bytes(int64_t(max_memory)) : std::string("unlimited")),
+                    {.key = role});
       ++r;
       used = 0;
     }

@@ -18,7 +18,7 @@
 // In each, rank 0 also keeps room for the largest part still to place, as accelerate's
 // infer_auto_device_map keeps it on its first device.
 // max memory per rank: --max-memory-per-rank, the same for every rank; 0 = unlimited. A part
-// that fits no rank left is an error (the caller names its option; accelerate would offload it to
+// that fits no rank left is an error naming the caller's role for the limit (accelerate would offload it to
 // the CPU or disk; there is nowhere else here). Ranks beyond the last part get nothing and only
 // follow along (more ranks than layers is allowed).
 #pragma once
@@ -57,8 +57,10 @@ struct RankShare {
   bool empty() const { return !embed && !head && layer_begin == layer_end; }
 };
 
-// The share of each of `ranks` ranks. max_memory: bytes per rank, 0 = unlimited.
-std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ranks, uint64_t max_memory);
+// The share of each of `ranks` ranks. max_memory: bytes per rank, 0 = unlimited; `role` is what
+// the caller calls that limit (a flag), named when a part fits nowhere.
+std::vector<RankShare> place_parts(const PartSizes& sizes, DeviceMap map, int ranks, uint64_t max_memory,
+                                   const std::string& role = "max memory per rank");
 
 // "rank 1: layers 4-7, head; 1.2 MB" for the placement log.
 std::string describe_share(int rank, const RankShare& s);
