@@ -31,17 +31,23 @@ trap '[[ -n "$pid" ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
 "$shardlm" init --preset tiny --set max_position_embeddings=96 --seed 1 --out "$work/m" >/dev/null
 m=$work/m
 
+# wait_listening WHAT: sets port from serve's "listening on" line in $work/serve.err, once the
+# server started as $pid says it; fails naming WHAT if it exits first or never says.
+wait_listening() {
+  port=
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
+    [[ -n "$port" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "$1 exited before listening"
+    sleep 0.1
+  done
+  fail "$1 did not say where it listens"
+}
+
 # ---- 1. start, /health, /v1/models ----
 "$shardlm" serve --model "$m" --port 0 --max-batch 4 --max-len 96 --chat-format llama2 2> "$work/serve.err" &
 pid=$!
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-  [[ -n "$port" ]] && break
-  kill -0 "$pid" 2>/dev/null || fail "serve exited before listening"
-  sleep 0.1
-done
-[[ -n "$port" ]] || fail "serve did not say where it listens"
+wait_listening serve
 url=http://127.0.0.1:$port
 for _ in $(seq 1 100); do curl -sf "$url/health" > "$work/health.json" && break; sleep 0.1; done
 grep -q '"status":"ok"' "$work/health.json" || fail "/health: $(cat "$work/health.json")"
@@ -253,14 +259,7 @@ stop_case() {  # stop_case WANT_TOKENS WANT_REASON SERVE-ARGS...
   shift 2
   "$shardlm" serve --port 0 --max-batch 1 "$@" 2> "$work/serve.err" &
   pid=$!
-  port=
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-    [[ -n "$port" ]] && break
-    kill -0 "$pid" 2>/dev/null || fail "serve $* exited before listening"
-    sleep 0.1
-  done
-  [[ -n "$port" ]] || fail "serve $* did not say where it listens"
+  wait_listening "serve $*"
   curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt": "hello", "max_tokens": 5, "temperature": 0}' > "$work/stop.json" || fail "serve $*: the completion failed"
   kill -TERM "$pid"
@@ -282,14 +281,7 @@ stop_case 5 length --model "$work/m_eos" --stop-token-ids none
 cp "$shared/llama2_tokenizer.model" "$work/sp/tokenizer.model"
 "$shardlm" serve --model "$work/sp" --port 0 --max-batch 4 2> "$work/serve.err" &
 pid=$!
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-  [[ -n "$port" ]] && break
-  kill -0 "$pid" 2>/dev/null || fail "serve (SentencePiece) exited before listening"
-  sleep 0.1
-done
-[[ -n "$port" ]] || fail "serve (SentencePiece) did not say where it listens"
+wait_listening "serve (SentencePiece)"
 "$py" - "http://127.0.0.1:$port" <<'PY'
 import json, sys, threading, urllib.request
 url = sys.argv[1]
