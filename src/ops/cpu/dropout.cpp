@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -18,11 +19,13 @@ void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t
   void* od = out.data;
   const DType xt = x.dtype, ot = out.dtype;
   // Element i reads x[i] before writing out[i], so out may be x itself.
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    const float m = rng_uniform(key, stream, uint64_t(i)) >= p ? s : 0.0f;
-    store(od, ot, i, load(xd, xt, i) * m);
-  }
+  parallel_region(n > 16384, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = rng_uniform(key, stream, uint64_t(i)) >= p ? s : 0.0f;
+      store(od, ot, i, load(xd, xt, i) * m);
+    }
+  });
 }
 
 }  // namespace shardlm::ops::cpu

@@ -2,6 +2,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -19,13 +20,15 @@ void cast(const Tensor& dst, const Tensor& src) {
   if (src.dtype == DType::F16 && dst.dtype == DType::F32) return convert_f16_to_f32(static_cast<const f16_t*>(s), static_cast<float*>(d), n);
   // bf16 <-> f16 go through f32, which holds both exactly, so there is a single rounding.
   const bool from_bf16 = src.dtype == DType::BF16;
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (size_t i = 0; i < n; ++i) {
-    if (from_bf16)
-      static_cast<f16_t*>(d)[i] = f32_to_f16(bf16_to_f32(static_cast<const bf16_t*>(s)[i]));
-    else
-      static_cast<bf16_t*>(d)[i] = f32_to_bf16(f16_to_f32(static_cast<const f16_t*>(s)[i]));
-  }
+  parallel_region(n > 65536, [&] {
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      if (from_bf16)
+        static_cast<f16_t*>(d)[i] = f32_to_f16(bf16_to_f32(static_cast<const bf16_t*>(s)[i]));
+      else
+        static_cast<bf16_t*>(d)[i] = f32_to_bf16(f16_to_f32(static_cast<const f16_t*>(s)[i]));
+    }
+  });
 }
 
 void add_inplace(const Tensor& dst, const Tensor& src) {
@@ -33,19 +36,25 @@ void add_inplace(const Tensor& dst, const Tensor& src) {
   if (dst.dtype == DType::F32 && src.dtype == DType::F32) {
     float* d = static_cast<float*>(dst.data);
     const float* s = static_cast<const float*>(src.data);
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    parallel_region(n > 65536, [&] {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i)
-    store(dst.data, dst.dtype, i, load(dst.data, dst.dtype, i) + load(src.data, src.dtype, i));
+  parallel_region(n > 65536, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      store(dst.data, dst.dtype, i, load(dst.data, dst.dtype, i) + load(src.data, src.dtype, i));
+  });
 }
 
 void scale_inplace(const Tensor& x, float s) {
   const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) store(x.data, x.dtype, i, load(x.data, x.dtype, i) * s);
+  parallel_region(n > 65536, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) store(x.data, x.dtype, i, load(x.data, x.dtype, i) * s);
+  });
 }
 
 void zero(const Tensor& x) { std::memset(x.data, 0, x.nbytes()); }  // all-zero bits are 0 in every dtype shardlm has
@@ -56,22 +65,26 @@ namespace shardlm::ops::cpu {
 
 void add_bias(const Tensor& y, const Tensor& b) {
   const int64_t M = y.size(-1), N = y.numel() / M;
-#pragma omp parallel for schedule(static) if (N * M > 65536)
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t j = 0; j < M; ++j)
-      store(y.data, y.dtype, i * M + j, load(y.data, y.dtype, i * M + j) + load(b.data, b.dtype, j));
+  parallel_region(N * M > 65536, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < M; ++j)
+        store(y.data, y.dtype, i * M + j, load(y.data, y.dtype, i * M + j) + load(b.data, b.dtype, j));
+  });
 }
 
 void bias_backward(const Tensor& db, const Tensor& dy) {
   // Columns are independent: threads split the columns and sum rows in order (deterministic).
   const int64_t M = dy.size(-1), N = dy.numel() / M;
   float* g = static_cast<float*>(db.data);
-#pragma omp parallel for schedule(static) if (N * M > 65536)
-  for (int64_t j = 0; j < M; ++j) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < N; ++i) s += load(dy.data, dy.dtype, i * M + j);
-    g[j] += s;
-  }
+  parallel_region(N * M > 65536, [&] {
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < M; ++j) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < N; ++i) s += load(dy.data, dy.dtype, i * M + j);
+      g[j] += s;
+    }
+  });
 }
 
 }  // namespace shardlm::ops::cpu

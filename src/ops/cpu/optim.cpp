@@ -4,6 +4,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
+#include "ops/cpu/parallel.h"
 
 namespace shardlm::ops::cpu {
 
@@ -24,15 +25,17 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   const float w1 = float(1.0 - cfg.beta1);  // lerp weight of the new gradient
   const float b2 = float(cfg.beta2), w2 = float(1.0 - cfg.beta2);
   const float eps = float(cfg.eps);
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * grad_scale;
-    p[i] *= decay;
-    mm[i] += w1 * (gi - mm[i]);  // torch's lerp for weights < 0.5
-    vv[i] = vv[i] * b2 + w2 * gi * gi;
-    const float denom = std::sqrt(vv[i]) / bias2_sqrt + eps;
-    p[i] += -step_size * (mm[i] / denom);
-  }
+  parallel_region(n > 16384, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = g[i] * grad_scale;
+      p[i] *= decay;
+      mm[i] += w1 * (gi - mm[i]);  // torch's lerp for weights < 0.5
+      vv[i] = vv[i] * b2 + w2 * gi * gi;
+      const float denom = std::sqrt(vv[i]) / bias2_sqrt + eps;
+      p[i] += -step_size * (mm[i] / denom);
+    }
+  });
 }
 
 double sum_squares(const Tensor& x) {
@@ -41,24 +44,26 @@ double sum_squares(const Tensor& x) {
   const int64_t n = x.numel();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(size_t(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0.0;
-    const int64_t begin = c * kChunk, end = std::min(n, (c + 1) * kChunk);
-    if (x.dtype == DType::F32) {
-      // The f32 case (every gradient buffer) in its own loop, so that it vectorizes: in double
-      // lanes, summed in a fixed order, so the result is still the same for any thread count.
-      const float* p = x.f32();
+  parallel_region(chunks > 4, [&] {
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0.0;
+      const int64_t begin = c * kChunk, end = std::min(n, (c + 1) * kChunk);
+      if (x.dtype == DType::F32) {
+        // The f32 case (every gradient buffer) in its own loop, so that it vectorizes: in double
+        // lanes, summed in a fixed order, so the result is still the same for any thread count.
+        const float* p = x.f32();
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = begin; i < end; ++i) s += double(p[i]) * double(p[i]);
-    } else {
-      for (int64_t i = begin; i < end; ++i) {
-        const double e = load(x.data, x.dtype, i);
-        s += e * e;
+        for (int64_t i = begin; i < end; ++i) s += double(p[i]) * double(p[i]);
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          const double e = load(x.data, x.dtype, i);
+          s += e * e;
+        }
       }
+      partial[size_t(c)] = s;
     }
-    partial[size_t(c)] = s;
-  }
+  });
   double total = 0.0;
   for (double s : partial) total += s;
   return total;

@@ -2,6 +2,10 @@
 // region's end) even when the region runs on one thread or its `if` clause is false: a few
 // microseconds, which was most of a decode step of a small model (about 66 regions per token;
 // bench/RESULTS.md, 2026-11-26). So small work runs on the calling thread without entering one.
+// The kernels whose shapes can be small (the forwards, the elementwise, dropout, NF4 and
+// optimizer ops) decide through parallel_region rather than an `if` clause, which still enters
+// the region. The backwards, which only training calls on large shapes, keep plain regions; the
+// cross-entropy keeps its `if` for its reduction.
 #pragma once
 
 #include <cstdint>

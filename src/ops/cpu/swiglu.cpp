@@ -54,17 +54,21 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
     const float* d = dout.f32();
     const float* g = gate.f32();
     const float* u = up.f32();
-#pragma omp parallel for simd schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) swiglu_grads(g[i], u[i], d[i], dg[i], du[i]);
+    parallel_region(n > 16384, [&] {
+#pragma omp for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) swiglu_grads(g[i], u[i], d[i], dg[i], du[i]);
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    float dg = 0.0f, du = 0.0f;
-    swiglu_grads(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i), load(dout.data, dout.dtype, i), dg, du);
-    store(dgate.data, dgate.dtype, i, dg);
-    store(dup.data, dup.dtype, i, du);
-  }
+  parallel_region(n > 16384, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float dg = 0.0f, du = 0.0f;
+      swiglu_grads(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i), load(dout.data, dout.dtype, i), dg, du);
+      store(dgate.data, dgate.dtype, i, dg);
+      store(dup.data, dup.dtype, i, du);
+    }
+  });
 }
 
 }  // namespace shardlm::ops::cpu
