@@ -164,6 +164,11 @@ std::vector<int64_t> parse_token_ids(const json& v, const std::string& key, cons
 
 bool is_llama3(const ops::RopeScaling& s) { return s.kind == ops::RopeScaling::Kind::Llama3; }
 
+void check_token_id(int64_t id, int64_t vocab_size, const std::string& key) {
+  if (id < 0 || id >= vocab_size)
+    throw key_error(key, fmt::format("token id {} outside the vocabulary [0, {})", id, vocab_size));
+}
+
 }  // namespace
 
 const char* architecture_name(Architecture arch) {
@@ -285,13 +290,17 @@ void validate_model_config(const ModelConfig& c) {
                     fmt::format("unsupported dtype '{}'; supported: float32, bfloat16, float16", c.torch_dtype));
   if (!(c.initializer_range >= 0) || !std::isfinite(c.initializer_range))
     throw key_error("initializer_range", fmt::format("must be non-negative, got {}", c.initializer_range));
-  auto token = [&](int64_t id, const std::string& key) {
-    if (id < 0 || id >= c.vocab_size)
-      throw key_error(key, fmt::format("token id {} outside the vocabulary [0, {})", id, c.vocab_size));
-  };
-  if (c.bos_token_id) token(*c.bos_token_id, "bos_token_id");
-  for (int64_t id : c.eos_token_ids) token(id, "eos_token_id");
+  if (c.bos_token_id) check_token_id(*c.bos_token_id, c.vocab_size, "bos_token_id");
+  for (int64_t id : c.eos_token_ids) check_token_id(id, c.vocab_size, "eos_token_id");
   // pad_token_id is not checked: some published configs point it past the vocabulary.
+}
+
+std::vector<int64_t> eos_token_ids_from_json(const json& v, int64_t vocab_size) {
+  if (v.is_null()) return {};
+  static const json kNoObject = json::object();  // only Fields' integer reading is used
+  std::vector<int64_t> ids = parse_token_ids(v, "eos_token_id", Fields(kNoObject, ""));
+  for (int64_t id : ids) check_token_id(id, vocab_size, "eos_token_id");
+  return ids;
 }
 
 ModelConfig model_config_from_json(const json& j) {

@@ -109,6 +109,9 @@ void validate_model_config(const ModelConfig& config);
 // `path` is a config.json or a directory that contains one. Errors carry the file.
 ModelConfig load_model_config(const std::string& path);
 ModelConfig model_config_from_json(const nlohmann::json& json);
+// An eos_token_id value as transformers writes it (config.json, generation_config.json): one id,
+// a list of ids, or null (none), each in [0, vocab_size). Errors name the key (without a file).
+std::vector<int64_t> eos_token_ids_from_json(const nlohmann::json& value, int64_t vocab_size);
 // The "quantization_config" object alone (key names in errors are prefixed "quantization_config.").
 QuantizationConfig quantization_config_from_json(const nlohmann::json& json);
 // A config.json that transformers loads into the same model (AutoConfig / AutoModelForCausalLM).

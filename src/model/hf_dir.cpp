@@ -71,24 +71,13 @@ std::vector<int64_t> read_generation_eos_ids(const std::string& dir, int64_t voc
   }
   if (!j.is_object()) throw Error("expected a JSON object", {.file = path});
   const auto it = j.find("eos_token_id");
-  if (it == j.end() || it->is_null()) return {};
-  std::vector<int64_t> ids;
-  auto add = [&](const nlohmann::json& v, const std::string& key) {
-    if (!v.is_number_integer())
-      throw Error(fmt::format("expected an integer or a list of integers, got {}", v.dump().substr(0, 40)),
-                  {.file = path, .key = key});
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= vocab_size)
-      throw Error(fmt::format("token id {} is outside the model's vocabulary [0, {})", id, vocab_size),
-                  {.file = path, .key = key});
-    ids.push_back(id);
-  };
-  if (it->is_array()) {
-    for (size_t i = 0; i < it->size(); ++i) add((*it)[i], fmt::format("eos_token_id[{}]", i));
-  } else {
-    add(*it, "eos_token_id");
+  if (it == j.end()) return {};
+  try {
+    return eos_token_ids_from_json(*it, vocab_size);
+  } catch (Error& e) {
+    e.set_file(path);
+    throw;
   }
-  return ids;
 }
 
 ModelConfig load_hf_config(const std::string& dir) {
