@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "io/atomic_file.h"
+#include "io/staged_dir.h"
 #include "io/model_files.h"
 #include "model/llama.h"
 #include "model/peft_adapter.h"
@@ -70,24 +71,22 @@ train::TrainConfig eval_config(const Opts& o) {
   return c;
 }
 
-// The JSON written by --output must not replace a file the evaluation reads.
+// The JSON written by --output must not replace a file the evaluation reads, nor go into a
+// directory it reads (io::refuse_output_over_input compares resolved paths, files too).
 void check_output(const Opts& o, const train::TrainConfig& c) {
   if (o.output.empty()) return;
-  std::error_code ec;
+  io::refuse_output_over_input(o.output, "--output", c.data.train, "data file");
+  io::refuse_output_over_input(o.output, "--output", c.data.eval, "held-out data file");
+  io::refuse_output_over_input(o.output, "--output", o.config, "config file");
   const fs::path out(o.output);
-  for (const std::string& input : {c.data.train, c.data.eval, o.config})
-    if (!input.empty() && fs::exists(out, ec) && fs::equivalent(out, input, ec))
-      throw Error(fmt::format("--output {} is an input of this evaluation", o.output), {.file = input, .key = "--output"});
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::error_code ec;
   // Found now, not after the evaluation has run.
   if (!fs::is_directory(parent, ec))
     throw Error(fmt::format("--output {}: the directory {} does not exist", o.output, parent.string()),
                 {.key = "--output"});
-  for (const std::string& dir : {c.model, o.adapter})
-    if (!dir.empty() && fs::exists(parent, ec) && fs::equivalent(parent, dir, ec))
-      throw Error(fmt::format("--output {} is inside the directory {} that this evaluation reads; write it elsewhere",
-                              o.output, dir),
-                  {.key = "--output"});
+  io::refuse_output_over_input(parent.string(), "--output's directory", c.model, "model directory");
+  io::refuse_output_over_input(parent.string(), "--output's directory", o.adapter, "adapter directory");
 }
 
 void run_eval(const Opts& o) {
