@@ -18,6 +18,7 @@ struct BenchArgs {
   ModelConfig cfg;
   int64_t seq, batch, steps, warmup, rounds = 1;
   DType dtype = DType::F32;
+  model::FinetuneSpec finetune = {};  // --lora-rank, --qlora
 };
 
 // Defaults in `d`; exits with a usage line on an unknown option.
@@ -37,14 +38,14 @@ inline BenchArgs parse_bench_args(int argc, char** argv, BenchArgs d) {
     else if (k == "--warmup") d.warmup = v;
     else if (k == "--rounds") d.rounds = v;
     else if (k == "--dtype") d.dtype = parse_dtype(argv[i + 1]);
-    else if (k == "--lora-rank") d.cfg.lora = model::LoraSpec{.rank = v, .alpha = 2.0 * double(v), .target_modules = {"all-linear"}};
-    else if (k == "--qlora") d.cfg.nf4_base = v != 0;
+    else if (k == "--lora-rank") d.finetune.lora = model::LoraSpec{.rank = v, .alpha = 2.0 * double(v), .target_modules = {"all-linear"}};
+    else if (k == "--qlora") d.finetune.nf4_base = v != 0;
     else {
       fmt::print(stderr, "unknown option {} (see the comment at the top of bench/bench_args.h)\n", k);
       std::exit(2);
     }
   }
-  if (d.cfg.nf4_base && !d.cfg.lora) {
+  if (d.finetune.nf4_base && !d.finetune.lora) {
     fmt::print(stderr, "--qlora needs --lora-rank\n");
     std::exit(2);
   }

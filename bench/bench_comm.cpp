@@ -125,7 +125,7 @@ std::vector<Size> message_sizes(const Args& a, int rank, int ranks) {
       // The engine's messages: each unit's flat buffer, padded to a multiple of the shard group.
       ModelConfig cfg = preset(a.model);
       cfg.num_hidden_layers = a.layers;
-      const shard::UnitPlan plan = shard::make_plan(cfg, shard::ShardingConfig{}, rank, ranks);
+      const shard::UnitPlan plan = shard::make_plan(cfg, {}, shard::ShardingConfig{}, rank, ranks);
       for (const shard::PlannedUnit& u : plan.units) {
         const int64_t n = u.layout.padded_numel;
         const bool seen = std::any_of(out.begin(), out.end(), [&](const Size& s) { return s.elems == n; });

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       comm::CommStats comm_bytes;
       MemStats mem;
       {
-        shard::ShardedModel engine(cfg, c, mesh);
+        shard::ShardedModel engine(cfg, {}, c, mesh);
         shard::init_random(engine, 1);
         model::LlamaCompute compute(cfg, DType::F32);
         for (int64_t i = 0; i < warmup + steps; ++i) {

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   bench::BenchArgs defaults{preset("tiny"), 256, 8, 10, 2};
   const bench::BenchArgs args = bench::parse_bench_args(argc, argv, defaults);
   const ModelConfig& cfg = args.cfg;
+  const model::FinetuneSpec& ft = args.finetune;
   const int64_t seq = args.seq, batch = args.batch, steps = args.steps, warmup = args.warmup;
   const DType dtype = args.dtype;
 
@@ -32,9 +33,9 @@ int main(int argc, char** argv) {
   shard::ShardingConfig sc;
   sc.param_dtype = dtype;
   shard::Mesh mesh = shard::make_mesh(*local, sc, 1);
-  shard::ShardedModel engine(cfg, sc, mesh);
+  shard::ShardedModel engine(cfg, ft, sc, mesh);
   shard::init_random(engine, 0);
-  model::LlamaCompute model(cfg, dtype);
+  model::LlamaCompute model(cfg, dtype, Device::CPU, ft.lora);
 
   auto random_batch = [&](int64_t s) {
     data::Example e;
@@ -66,17 +67,17 @@ int main(int argc, char** argv) {
     peaks += fmt::format("{}\"{}\": {}", i ? ", " : "", mem_category_name(MemCategory(i)), mem.peak[size_t(i)]);
   int64_t trainable = 0;
   for (const shard::PlannedUnit& u : engine.plan().units) trainable += u.layout.numel;
-  const std::string mode = cfg.lora ? fmt::format("{} r{}", cfg.nf4_base ? "qlora" : "lora", cfg.lora->rank) : "full";
+  const std::string mode = ft.lora ? fmt::format("{} r{}", ft.nf4_base ? "qlora" : "lora", ft.lora->rank) : "full";
   // Model FLOP rate the way issue 19 counts it: 6 FLOPs per non-embedding parameter per token
   // (the lm_head counts, the input embedding, a lookup, does not; attention's T^2 term is left out).
   // A tied matrix is counted once, as the lm_head.
   const double nonembedding =
-      double(parameter_count(cfg) - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size));
+      double(parameter_count(cfg, ft) - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size));
   const double model_gflops = 6.0 * nonembedding * tokens / seconds * 1e-9;
   fmt::print("{{\"impl\": \"shardlm\", \"mode\": \"{}\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, "
              "\"params\": {}, \"trainable\": {}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", "
              "\"last_loss\": {:.4f}, \"nonembedding_params\": {:.0f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
-             mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg), trainable,
+             mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg, ft), trainable,
              batch, seq, steps, dtype_name(dtype), last_loss, nonembedding, model_gflops, mem.peak_total, peaks);
   return 0;
 }

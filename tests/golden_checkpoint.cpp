@@ -31,7 +31,7 @@ TEST(GoldenCheckpoint, ConvertedModelIsWrittenWithTheEngineLogits) {
   const std::unique_ptr<comm::Communicator> world = comm::make_local_communicator();
   shard::ShardingConfig sc;
   shard::Mesh mesh = shard::make_mesh(*world, sc, 1);
-  shard::ShardedModel engine(cfg, sc, mesh);
+  shard::ShardedModel engine(cfg, {}, sc, mesh);
   shard::load_weights(engine, io::ModelWeights(model_dir), model_dir);
   model::LlamaCompute compute(cfg, DType::F32);
   // Batch s of the golden reference (ids and targets are kept in the caller's vectors).

@@ -57,6 +57,7 @@ data::BatchBuffers load_batch(const LoraCase& c, int s) { return load_reference_
 // The base model with the adapter, as `shardlm train` with a LoRA section runs it in one process.
 struct Loaded {
   ModelConfig cfg;
+  model::FinetuneSpec ft;
   std::vector<std::string> lora_names;  // the adapter's tensors, in its order
   std::unique_ptr<LocalEngine> run;
   std::unique_ptr<model::LlamaCompute> model;
@@ -66,20 +67,20 @@ struct Loaded {
 // throwing) when the engine's trainable tensors are not exactly the adapter's.
 ::testing::AssertionResult load(const LoraCase& c, Loaded& l) {
   l.cfg = load_hf_config(c.base_dir);
-  l.cfg.lora = read_peft_config(c.adapter_dir);
+  l.ft.lora = read_peft_config(c.adapter_dir);
   const PeftAdapter adapter = read_peft_adapter(c.adapter_dir, l.cfg);
   std::map<std::string, std::vector<float>> values;
   for (const auto& [name, t] : adapter.tensors) {
     const float* p = t.t.f32();
     values[name].assign(p, p + t.t.numel());
   }
-  for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(l.cfg, *l.cfg.lora)) l.lora_names.push_back(t.name);
+  for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(l.cfg, *l.ft.lora)) l.lora_names.push_back(t.name);
   const std::vector<std::string> want = c.golden["lora_names"];
   if (want != l.lora_names)
     return ::testing::AssertionFailure() << c.name << ": shardlm's adapter tensors (" << l.lora_names.size()
                                          << ") differ from the reference's (" << want.size() << ")";
 
-  l.run = std::make_unique<LocalEngine>(l.cfg);
+  l.run = std::make_unique<LocalEngine>(l.cfg, shard::ShardingConfig{}, l.ft);
   shard::load_weights(l.run->engine, io::ModelWeights(c.base_dir), c.base_dir);
 
   // The engine must train exactly A and B of every target.
@@ -101,7 +102,7 @@ struct Loaded {
   const auto got = gather_weights(l.run->engine);
   for (const auto& [name, v] : values)
     if (got.at(name) != v) return ::testing::AssertionFailure() << name << ": the engine did not keep the adapter's values";
-  l.model = std::make_unique<model::LlamaCompute>(l.cfg, DType::F32);
+  l.model = std::make_unique<model::LlamaCompute>(l.cfg, DType::F32, Device::CPU, l.ft.lora);
   return ::testing::AssertionSuccess();
 }
 

@@ -52,7 +52,7 @@ struct Trained {
   std::unique_ptr<shard::ShardedModel> engine;
   explicit Trained(const ModelConfig& c, shard::ShardingConfig sc = {}) : cfg(c) {
     mesh = shard::make_mesh(*world, sc, 1);
-    engine = std::make_unique<shard::ShardedModel>(cfg, sc, mesh);
+    engine = std::make_unique<shard::ShardedModel>(cfg, model::FinetuneSpec{}, sc, mesh);
   }
   void train(int steps) {
     shard::init_random(*engine, 11);

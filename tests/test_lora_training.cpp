@@ -12,12 +12,14 @@ using namespace shardlm::testing;
 
 namespace {
 
-ModelConfig lora_config(double dropout) {
+ModelConfig lora_config() {
   ModelConfig c = preset("tiny");
   c.num_hidden_layers = 2;
   c.initializer_range = 0.1;
-  c.lora = model::LoraSpec{.rank = 4, .alpha = 8, .dropout = dropout, .target_modules = {"all-linear"}};
   return c;
+}
+model::FinetuneSpec lora_spec(double dropout) {
+  return {.lora = model::LoraSpec{.rank = 4, .alpha = 8, .dropout = dropout, .target_modules = {"all-linear"}}};
 }
 
 data::BatchBuffers batch(int s) {
@@ -51,12 +53,13 @@ double step_loss(LocalEngine& eng, model::LlamaCompute& m, const data::BatchBuff
 }  // namespace
 
 TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
-  const ModelConfig cfg = lora_config(0.3);
+  const ModelConfig cfg = lora_config();
+  const model::FinetuneSpec ft = lora_spec(0.3), ft0 = lora_spec(0.0);
   auto run = [&](uint64_t key) {
-    LocalEngine eng(cfg);
+    LocalEngine eng(cfg, {}, ft);
     shard::init_random(eng.engine, 1);
     randomize_b(eng);
-    model::LlamaCompute m(cfg, DType::F32);
+    model::LlamaCompute m(cfg, DType::F32, Device::CPU, ft.lora);
     std::vector<double> losses;
     for (int s = 0; s < 3; ++s) losses.push_back(step_loss(eng, m, batch(s), key + uint64_t(s), 1e-2, s + 1));
     return std::make_pair(losses, gather_weights(eng.engine));
@@ -67,12 +70,12 @@ TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
   EXPECT_NE(a.first[0], c.first[0]);  // other keys: other masks
 
   // Evaluation (no key) ignores dropout: the same weights give the same loss as with dropout 0.
-  LocalEngine with(cfg), without(lora_config(0.0));
+  LocalEngine with(cfg, {}, ft), without(cfg, {}, ft0);
   shard::init_random(with.engine, 1);
   shard::init_random(without.engine, 1);
   randomize_b(with);
   randomize_b(without);
-  model::LlamaCompute mw(cfg, DType::F32), mo(lora_config(0.0), DType::F32);
+  model::LlamaCompute mw(cfg, DType::F32, Device::CPU, ft.lora), mo(cfg, DType::F32, Device::CPU, ft0.lora);
   const data::BatchBuffers b0 = batch(7);
   EXPECT_EQ(with.engine.forward_loss(mw, b0.batch()).loss_sum, without.engine.forward_loss(mo, b0.batch()).loss_sum);
   // ... while a training forward with a key does drop.
@@ -82,11 +85,12 @@ TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
 TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
   // The loss of one training forward with a fixed mask key, as a function of one adapter's A and
   // B (lr 0: the step changes nothing), against the gradients the backward computed.
-  const ModelConfig cfg = lora_config(0.25);
-  LocalEngine eng(cfg);
+  const ModelConfig cfg = lora_config();
+  const model::FinetuneSpec ft = lora_spec(0.25);
+  LocalEngine eng(cfg, {}, ft);
   shard::init_random(eng.engine, 2);
   randomize_b(eng);
-  model::LlamaCompute m(cfg, DType::F32);
+  model::LlamaCompute m(cfg, DType::F32, Device::CPU, ft.lora);
   const data::BatchBuffers b = batch(1);
   constexpr uint64_t kKey = 77;
   step_loss(eng, m, b, kKey, 0.0, 1);

@@ -41,7 +41,7 @@ struct TinyModel {
   shard::ShardedModel engine;
   model::LlamaCompute model;
   TinyModel()
-      : cfg(make_cfg()), mesh(shard::make_mesh(*local, {}, 1)), engine(cfg, {}, mesh), model(cfg, DType::F32) {
+      : cfg(make_cfg()), mesh(shard::make_mesh(*local, {}, 1)), engine(cfg, {}, {}, mesh), model(cfg, DType::F32) {
     shard::init_random(engine, 21);
   }
   static ModelConfig make_cfg() {

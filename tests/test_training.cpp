@@ -76,13 +76,14 @@ TEST(Flops, TrainingFlopsPerTokenFollowsPalmsAccounting) {
   ModelConfig c = preset("llama2-7b");
   const double matmul = 32.0 * (4 * 4096.0 * 4096 + 3 * 4096.0 * 11008) + 32000.0 * 4096;
   const double attention = 12.0 * 32 * 4096 * 4096;
-  EXPECT_NEAR(training_flops_per_token(c, 4096), 6 * matmul + attention, 1e3);
-  EXPECT_NEAR(training_flops_per_token(c, 4096) / 1e9, 46.09, 0.01);
+  model::FinetuneSpec ft;
+  EXPECT_NEAR(training_flops_per_token(c, ft, 4096), 6 * matmul + attention, 1e3);
+  EXPECT_NEAR(training_flops_per_token(c, ft, 4096) / 1e9, 46.09, 0.01);
   model::LoraSpec lora;
   lora.rank = 8;
   lora.target_modules = {"q_proj", "v_proj"};
-  c.lora = lora;
-  EXPECT_NEAR(training_flops_per_token(c, 4096), 4 * matmul + 6 * (32.0 * 2 * 8 * (4096 + 4096)) + attention, 1e3);
+  ft.lora = lora;
+  EXPECT_NEAR(training_flops_per_token(c, ft, 4096), 4 * matmul + 6 * (32.0 * 2 * 8 * (4096 + 4096)) + attention, 1e3);
 }
 
 TEST(Data, TokenStreamWindowsAndBatches) {

@@ -38,8 +38,8 @@ std::vector<std::string> TempDir::list() const {
   return out;
 }
 
-LocalEngine::LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc)
-    : local(comm::make_local_communicator()), mesh(shard::make_mesh(*local, sc, 1)), engine(cfg, sc, mesh) {}
+LocalEngine::LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc, const model::FinetuneSpec& finetune)
+    : local(comm::make_local_communicator()), mesh(shard::make_mesh(*local, sc, 1)), engine(cfg, finetune, sc, mesh) {}
 
 shard::StepStats LocalEngine::step(model::StagedModel& m, const std::vector<data::BatchBuffers>& micro,
                                    const ops::AdamWConfig& opt, int64_t s, double max_grad_norm) {

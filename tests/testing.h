@@ -43,7 +43,8 @@ struct LocalEngine {
   std::unique_ptr<comm::Communicator> local;
   shard::Mesh mesh;
   shard::ShardedModel engine;
-  explicit LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc = {});
+  explicit LocalEngine(const ModelConfig& cfg, const shard::ShardingConfig& sc = {},
+                       const model::FinetuneSpec& finetune = {});
   shard::StepStats step(model::StagedModel& m, const std::vector<data::BatchBuffers>& micro,
                         const ops::AdamWConfig& opt, int64_t step, double max_grad_norm = 1.0);
   std::vector<float> weight(const std::string& name);  // f32 master values

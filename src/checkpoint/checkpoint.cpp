@@ -290,7 +290,7 @@ SaveReport CheckpointSaver::finish(comm::Communicator& world) {
                        {"run", p->opt.run}};
     // A LoRA run's checkpoint holds only the adapters' state; the frozen base is identified by
     // its config (above) and where it came from, and is read from there again on resume.
-    if (p->cfg->lora) meta["lora"] = peft_config_json(*p->cfg->lora);
+    if (const auto& lora = p->engine->finetune().lora) meta["lora"] = peft_config_json(*lora);
     write_json(dir / kMetadataName, meta);
     write_hf_side_files(dir.string(), *p->cfg, DType::F32, p->opt.tokenizer_source);
     // Last: the marker that makes this a checkpoint.
@@ -418,7 +418,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
       throw bad("unsupported checksum block size");
     step_ = integer(meta_, "step");
     model_ = model_config_from_json(meta_.at("model"));
-    if (meta_.contains("lora")) model_.lora = lora_spec_from_peft_json(meta_.at("lora"), meta_path);
+    if (meta_.contains("lora")) lora_ = lora_spec_from_peft_json(meta_.at("lora"), meta_path);
     for (const json& u : meta_.at("units")) {
       const int unit = int(integer(u, "unit", 0, kMaxInt));
       for (const json& t : u.at("tensors")) {
@@ -589,24 +589,24 @@ uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) 
 
 namespace {
 // A LoRA run's adapters, all of them in host memory (they are small), as a PEFT adapter directory.
-void write_adapter(const ModelConfig& cfg, const ConvertOptions& opt,
+void write_adapter(const ModelConfig& cfg, const model::LoraSpec& lora, const ConvertOptions& opt,
                    const std::function<void(const std::string& name, float* out)>& read) {
   std::map<std::string, OwnedTensor> owned;
   std::map<std::string, Tensor> views;
-  for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(cfg, *cfg.lora)) {
+  for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(cfg, lora)) {
     OwnedTensor x(DType::F32, t.shape.data(), int(t.shape.size()), MemCategory::Workspace, false);
     read(t.name, x.t.f32());
     views[t.name] = x.t;
     owned[t.name] = std::move(x);
   }
   io::publish_dir(opt.out, opt.publish, opt.role,
-                  [&](const std::string& out) { write_peft_adapter(out, *cfg.lora, cfg, views, opt.dtype); });
+                  [&](const std::string& out) { write_peft_adapter(out, lora, cfg, views, opt.dtype); });
 }
 }  // namespace
 
 void convert_checkpoint(CheckpointReader& reader, const ConvertOptions& opt) {
-  if (reader.model().lora) {
-    write_adapter(reader.model(), opt, [&](const std::string& name, float* out) {
+  if (reader.lora()) {
+    write_adapter(reader.model(), *reader.lora(), opt, [&](const std::string& name, float* out) {
       reader.read(name, Field::Master, 0, reader.tensor(name).numel(), out);
     });
     return;
@@ -655,7 +655,7 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
     world.barrier();
     return;
   }
-  if (cfg.lora) {  // the adapters, gathered unit by unit, as a PEFT adapter directory
+  if (const auto& lora = engine.finetune().lora) {  // the adapters, gathered unit by unit, as a PEFT adapter directory
     std::map<std::string, std::vector<float>> values;
     for (int k = 0; k < engine.num_units(); ++k) {
       gather(k);
@@ -665,7 +665,7 @@ void export_model(shard::ShardedModel& engine, const ModelConfig& cfg, const Con
       }
     }
     unit = OwnedTensor();
-    write_adapter(cfg, opt, [&](const std::string& name, float* out) {
+    write_adapter(cfg, *lora, opt, [&](const std::string& name, float* out) {
       const std::vector<float>& v = values.at(name);
       std::copy(v.begin(), v.end(), out);
     });

@@ -152,6 +152,8 @@ class CheckpointReader {
   const std::string& dir() const { return dir_; }
   int64_t step() const { return step_; }
   const ModelConfig& model() const { return model_; }
+  // A LoRA run's checkpoint: its adapters' spec (the checkpoint then holds only the adapters).
+  const std::optional<model::LoraSpec>& lora() const { return lora_; }
   const nlohmann::json& metadata() const { return meta_; }
   const std::vector<StoredTensor>& tensors() const { return tensors_; }
   const StoredTensor& tensor(const std::string& name) const;  // throws naming the checkpoint and tensor
@@ -169,6 +171,7 @@ class CheckpointReader {
   nlohmann::json meta_;
   int64_t step_ = 0;
   ModelConfig model_;
+  std::optional<model::LoraSpec> lora_;
   std::vector<StoredTensor> tensors_;
   std::map<std::string, size_t> tensor_index_;
   std::vector<std::unique_ptr<File>> files_;

@@ -62,7 +62,7 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
   for (int i = 0; i < memory::kNumTerms; ++i) {
     const memory::Term t = memory::Term(i);
     const bool on_host = host && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard || t == memory::Term::Optimizer);
-    const char* name = t == memory::Term::ParamsAtRest && in.model.lora ? "parameters at rest (f32 LoRA master)"
+    const char* name = t == memory::Term::ParamsAtRest && in.finetune.lora ? "parameters at rest (f32 LoRA master)"
                                                                          : memory::term_name(t);
     fmt::print("  {:<44} {:>12} {:>12}  {}\n", name, format_bytes(e.at_peak[size_t(i)]),
                format_bytes(e.peak[size_t(i)]), host ? (on_host ? "host" : "device") : mem_category_name(memory::term_category(t)));
@@ -88,15 +88,15 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
   for (const std::string& n : e.notes) fmt::print("note: {}\n", n);
 }
 
-void print_accelerate(const ModelConfig& cfg) {
+void print_accelerate(const ModelConfig& cfg, const model::FinetuneSpec& ft) {
   fmt::print("\naccelerate estimate-memory's table, computed for this engine (model states only, one process):\n");
   fmt::print("  {:<17}| {:>13} | {:>11} | {:>26} | {:>15}\n", "dtype", "Largest Layer", "Total Size",
              "Training using Adam", "accelerate says");
-  for (const memory::AccelerateRow& r : memory::accelerate_table(cfg)) {
+  for (const memory::AccelerateRow& r : memory::accelerate_table(cfg, ft)) {
     const std::string adam = r.adam_training < 0
                                  ? std::string("n/a (see --qlora)")
                                  : fmt::format("{} ({} B/param)", format_bytes(r.adam_training),
-                                               r.adam_training / std::max<int64_t>(1, parameter_count(cfg)));
+                                               r.adam_training / std::max<int64_t>(1, parameter_count(cfg, ft)));
     fmt::print("  {:<17}| {:>13} | {:>11} | {:>26} | {:>15}\n", r.dtype, format_bytes(r.largest_layer),
                format_bytes(r.total_size), adam, format_bytes(r.accelerate_says));
   }
@@ -142,9 +142,9 @@ void run(const Opts& o) {
     } catch (const Error& e) {
       throw Error(fmt::format("--target-modules: {}", e.message()));
     }
-    in.model.lora = spec;
+    in.finetune.lora = spec;
   }
-  in.model.nf4_base = o.qlora;
+  in.finetune.nf4_base = o.qlora;
   int64_t budget = 0;
   if (!o.device_memory.empty()) {
     try {
@@ -158,7 +158,7 @@ void run(const Opts& o) {
   // Printed once the inputs are known to be possible, so a refused mesh is one line, not a header
   // and then an error.
   auto print_header = [&] {
-    const double params = double(parameter_count(m));
+    const double params = double(parameter_count(m, in.finetune));
     fmt::print("shardlm estimate-memory: {} ({} parameters, {} layers, hidden {}, vocab {})\n", o.model,
                params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
                m.num_hidden_layers, m.hidden_size, m.vocab_size);
@@ -221,7 +221,7 @@ void run(const Opts& o) {
              e.num_units, dtype_name(in.sharding.param_dtype), dtype_name(in.sharding.reduce_dtype),
              in.micro_batch_size, in.seq_len, in.grad_accum, in.grad_accum > 1 ? "s" : "", ckpt);
   print_estimate(in, e, budget);
-  print_accelerate(m);
+  print_accelerate(m, in.finetune);
 }
 
 }  // namespace

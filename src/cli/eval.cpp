@@ -108,8 +108,8 @@ void run_eval(const Opts& o) {
                                                                        : w.size();
   const train::MemoryPlan mem = train::plan_memory(c, in, w.size(), node_ranks);
   shard::Mesh mesh = shard::make_mesh(w, mem.sharding, node_ranks, c.device);
-  shard::ShardedModel engine(in.model, mem.sharding, mesh, shard::EngineUse::Evaluate);
-  model::LlamaCompute m(in.model, c.compute_dtype(), engine.device());
+  shard::ShardedModel engine(in.model, in.finetune, mem.sharding, mesh, shard::EngineUse::Evaluate);
+  model::LlamaCompute m(in.model, c.compute_dtype(), engine.device(), in.finetune.lora);
   shard::AdapterLookup lookup;
   if (adapter) lookup = [&](const std::string& name) { return adapter->tensors.at(name).t; };
   shard::load_weights(engine, io::ModelWeights(c.model), c.model, c.seed, lookup);

@@ -111,6 +111,7 @@ struct Tracker final : MetaObserver {
 
 Estimate estimate(const EstimateInput& in) {
   const ModelConfig& cfg = in.model;
+  const model::FinetuneSpec& ft = in.finetune;
   const shard::ShardingConfig& sc = in.sharding;
   SHARDLM_CHECK(in.world_size >= 1, "world size must be >= 1, got {}", in.world_size);
   SHARDLM_CHECK(in.micro_batch_size >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
@@ -123,7 +124,7 @@ Estimate estimate(const EstimateInput& in) {
 
   Estimate est;
   est.shard_group = S;
-  est.parameters = parameter_count(cfg);
+  est.parameters = parameter_count(cfg, ft);
 
   // ---- the engine and the model themselves, run on the meta device on the same plan: rank 0's
   // buffers, allocated and freed in the order a real run allocates and frees them ----
@@ -134,12 +135,12 @@ Estimate estimate(const EstimateInput& in) {
   const int64_t N = in.micro_batch_size * in.seq_len;
   const std::vector<int32_t> ids(size_t(N), 0);
   model::Batch batch{.B = in.micro_batch_size, .T = in.seq_len, .ids = ids.data(), .targets = ids.data()};
-  if (cfg.lora && cfg.lora->dropout > 0) batch.dropout_key = 1;  // training draws LoRA dropout masks
+  if (ft.lora && ft.lora->dropout > 0) batch.dropout_key = 1;  // training draws LoRA dropout masks
   const std::vector<model::Batch> micro(size_t(in.grad_accum), batch);
   Tracker tr;
   {
     const ObserveMeta observe(tr);
-    shard::ShardedModel engine(cfg, dry, mesh);
+    shard::ShardedModel engine(cfg, ft, dry, mesh);
     shard::init_random(engine, 0);
     est.num_units = engine.num_units();
     est.padded_params = engine.plan().padded_numel();
@@ -150,7 +151,7 @@ Estimate estimate(const EstimateInput& in) {
     }
     // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
     est.save_gather_bytes = largest_unit * 4;
-    model::LlamaCompute model(cfg, act, engine.device());  // the trainer computes in the parameter dtype
+    model::LlamaCompute model(cfg, act, engine.device(), ft.lora);  // the trainer computes in the parameter dtype
     model.set_checkpointing(in.checkpoint_every);
     // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
     // step starts with more live memory than the first did; later steps repeat the second, whose
@@ -177,16 +178,16 @@ Estimate estimate(const EstimateInput& in) {
     est.comm_bytes_per_step = shard_bytes + replica_bytes;
     est.inter_node_bytes_per_step = (shard_crosses ? shard_bytes : 0) + (multi_node ? replica_bytes : 0);
   }
-  if (cfg.lora) {
+  if (ft.lora) {
     est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}{}",
-                                    cfg.lora->rank, fmt::join(model::expand_lora_targets(cfg.lora->target_modules), " "),
+                                    ft.lora->rank, fmt::join(model::expand_lora_targets(ft.lora->target_modules), " "),
                                     est.trainable_params, 100.0 * double(est.trainable_params) / double(est.parameters),
-                                    est.parameters, cfg.nf4_base ? "NF4 (its Linear weights) and " : "",
+                                    est.parameters, ft.nf4_base ? "NF4 (its Linear weights) and " : "",
                                     dtype_name(sc.param_dtype)));
-    if (cfg.nf4_base)
+    if (ft.nf4_base)
       est.notes.push_back(fmt::format("QLoRA: the frozen Linear weights at rest in NF4 ({}); each unit's are "
                                       "dequantized to {} for its visits",
-                                      cfg.nf4_double_quant ? "double quantization" : "f32 absmax per 64 weights",
+                                      ft.nf4_double_quant ? "double quantization" : "f32 absmax per 64 weights",
                                       dtype_name(sc.param_dtype)));
   }
   est.device_bytes = est.peak_total;
@@ -203,14 +204,14 @@ Estimate estimate(const EstimateInput& in) {
   return est;
 }
 
-std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg) {
+std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg, const model::FinetuneSpec& ft) {
   // accelerate's "largest layer" is its largest residual group: for these models a decoder layer,
   // or the embedding (or the untied lm_head) when the vocabulary is large.
   int64_t largest = 0;
-  for (const model::ModelPart& part : model::llama_parts(cfg))
+  for (const model::ModelPart& part : model::llama_parts(cfg, ft))
     for (const model::ParamInfo& p : part.params)
       largest = std::max(largest, part.kind == model::PartKind::Layer ? part.numel() : p.numel());
-  const int64_t total = parameter_count(cfg);
+  const int64_t total = parameter_count(cfg, ft);
   struct Kind {
     const char* name;
     double bytes;

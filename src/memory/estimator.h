@@ -12,7 +12,7 @@
 // says how large that usually is. Communication per step is what the dry run's communicators
 // counted. The meta device stands for a CPU rank: activations and scratch are a CPU rank's.
 //
-// LoRA and QLoRA (a model with ModelConfig::lora, and nf4_base) are the engine's own too: the
+// LoRA and QLoRA (EstimateInput::finetune) are the engine's own too: the
 // frozen base (in the param dtype or NF4), the adapters and their optimizer state are what the dry
 // run allocates. Offload (device: cuda) is the engine's own: its host bytes are counted.
 #pragma once
@@ -46,7 +46,8 @@ const char* term_name(Term t);
 MemCategory term_category(Term t);
 
 struct EstimateInput {
-  ModelConfig model;  // with model.lora set: a LoRA fine-tune (QLoRA with model.nf4_base)
+  ModelConfig model;
+  model::FinetuneSpec finetune;  // a full fine-tune ({}), LoRA (finetune.lora) or QLoRA (with nf4_base)
   shard::ShardingConfig sharding;  // strategy, wrap, prefetch, param/reduce dtype, shard group, no_sync
   int world_size = 1;
   int ranks_per_node = 0;  // 0: every rank on one node. Hybrid shard groups default to this.
@@ -87,7 +88,8 @@ struct AccelerateRow {
   int64_t adam_training = -1; // model states for Adam training in this engine; -1: not trainable so
   int64_t accelerate_says = 0;  // what accelerate prints: 4 x total_size
 };
-std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg);
+// Of the model with a fine-tune's adapters, when it has them (their parameters count as the model's).
+std::vector<AccelerateRow> accelerate_table(const ModelConfig& cfg, const model::FinetuneSpec& finetune = {});
 
 // Strategies `auto` may choose for this world, in the order that breaks ties in communication
 // volume (least sharding first). Hybrid ones only when the world spans several nodes.

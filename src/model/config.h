@@ -83,22 +83,12 @@ struct ModelConfig {
 
   std::optional<QuantizationConfig> quantization;  // "quantization_config", when present
 
-  // LoRA adapters on the decoder's Linear layers (a fine-tune's choice, not config.json's: never
-  // read from or written to it). With one, the model's parameters are the frozen base weights plus
-  // the adapters' A and B (model::llama_parts), and only the adapters train.
-  std::optional<model::LoraSpec> lora;
-  // QLoRA (with lora): the frozen base's Linear weights (q/k/v/o/gate/up/down of every layer) kept
-  // in NF4 as bitsandbytes stores them (ops/nf4.h), with double quantization of the absmax values
-  // when nf4_double_quant, dequantized to the compute dtype around each use. Not config.json's.
-  bool nf4_base = false;
-  bool nf4_double_quant = true;
-
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 };
 
 // Field-by-field equality of the model's shape (ops::RopeScaling has no operator==, so it cannot be
-// defaulted). `lora` is not compared (it is no part of config.json); `quantization` is not compared: it describes how a checkpoint stores the weights, and
+// defaulted). `quantization` is not compared: it describes how a checkpoint stores the weights, and
 // to_hf_json does not write it, so a saved config must equal the quantized one it came from.
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 
@@ -122,14 +112,15 @@ std::vector<std::string> preset_names();
 ModelConfig preset(const std::string& name);  // unknown name: Error listing the presets
 
 // Number of parameters: the sum over model::llama_parts (defined in model/llama.cpp, from the one
-// table of Llama tensors). Matches sum(p.numel() for p in model.parameters()).
-int64_t parameter_count(const ModelConfig& config);
+// table of Llama tensors), with a fine-tune's adapters when it has them. Matches
+// sum(p.numel() for p in model.parameters()) (of the PEFT model with adapters).
+int64_t parameter_count(const ModelConfig& config, const model::FinetuneSpec& finetune = {});
 
 // Model FLOPs of one trained token in rows of seq_len tokens, the numerator of MFU (PaLM's
 // accounting, its appendix B): 6 per matmul weight that trains (forward, input and weight
 // gradients), 4 per frozen one the backward passes through (a LoRA base: forward and input
 // gradient), 6 per adapter parameter, and 12 * layers * q_dim * seq_len for attention's two matmuls.
 // The embedding lookup is no matmul; the head is (tied or not). Norms and element-wise ops are left out.
-double training_flops_per_token(const ModelConfig& config, int64_t seq_len);
+double training_flops_per_token(const ModelConfig& config, const model::FinetuneSpec& finetune, int64_t seq_len);
 
 }  // namespace shardlm

@@ -65,7 +65,7 @@ bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info) {
   return part.kind == PartKind::Layer && info.shape.size() == 2;
 }
 
-std::vector<ModelPart> llama_parts(const ModelConfig& c) {
+std::vector<ModelPart> llama_parts(const ModelConfig& c, const FinetuneSpec& ft) {
   std::vector<ModelPart> parts;
   parts.push_back({PartKind::Embedding, -1, "model.embed_tokens", {param_info(c, kEmbeddingTensor.spec, "")}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -78,19 +78,20 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c) {
   for (const TopTensorSpec& t : kHeadTensors)
     if (present(c, t.spec.presence)) head.params.push_back(param_info(c, t.spec, ""));
   parts.push_back(std::move(head));
-  SHARDLM_CHECK(!c.nf4_base || c.lora, "an NF4 base (QLoRA) needs LoRA adapters to train");
-  if (c.lora) {
+  SHARDLM_CHECK(!ft.nf4_base || ft.lora, "an NF4 base (QLoRA) needs LoRA adapters to train");
+  if (ft.lora) {
     // LoRA: the base is frozen; each layer's adapters follow its base tensors, A then B per module.
     for (ModelPart& p : parts)
       for (ParamInfo& info : p.params) {
         info.trainable = false;
-        info.nf4 = c.nf4_base && quantized_by_qlora(p, info);
+        info.nf4 = ft.nf4_base && quantized_by_qlora(p, info);
       }
-    const Init a_init = c.lora->init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
-    for (const LoraTarget& t : lora_targets(c, *c.lora)) {
+    const LoraSpec& lora = *ft.lora;
+    const Init a_init = lora.init == LoraInit::Gaussian ? Init::LoraGaussian : Init::LoraKaiming;
+    for (const LoraTarget& t : lora_targets(c, lora)) {
       ModelPart& layer = parts[size_t(1 + t.layer)];
-      layer.params.push_back({t.a_name, {c.lora->rank, t.in_features}, a_init, true, true});
-      layer.params.push_back({t.b_name, {t.out_features, c.lora->rank}, Init::Zeros, true, true});
+      layer.params.push_back({t.a_name, {lora.rank, t.in_features}, a_init, true, true});
+      layer.params.push_back({t.b_name, {t.out_features, lora.rank}, Init::Zeros, true, true});
       layer.lora.push_back({lora_module_index(t.module), t.a_name, t.b_name});
     }
   }
@@ -126,19 +127,19 @@ void bind_part(const ModelConfig& c, const ModelPart& part, LlamaWeights& w, con
 }  // namespace shardlm::model
 
 namespace shardlm {
-int64_t parameter_count(const ModelConfig& c) {
+int64_t parameter_count(const ModelConfig& c, const model::FinetuneSpec& ft) {
   int64_t n = 0;
-  for (const model::ModelPart& p : model::llama_parts(c)) n += p.numel();
+  for (const model::ModelPart& p : model::llama_parts(c, ft)) n += p.numel();
   return n;
 }
 
-double training_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+double training_flops_per_token(const ModelConfig& c, const model::FinetuneSpec& ft, int64_t seq_len) {
   const double d = double(c.hidden_size), L = double(c.num_hidden_layers);
   const double per_layer = d * double(c.q_dim()) * 2 + d * double(c.kv_dim()) * 2 + 3 * d * double(c.intermediate_size);
   const double matmul = L * per_layer + double(c.vocab_size) * d;  // the decoder layers' projections and the head
   const double attention = 12 * L * double(c.q_dim()) * double(seq_len);
-  if (!c.lora) return 6 * matmul + attention;
-  return 4 * matmul + 6 * double(model::lora_parameter_count(c, *c.lora)) + attention;
+  if (!ft.lora) return 6 * matmul + attention;
+  return 4 * matmul + 6 * double(model::lora_parameter_count(c, *ft.lora)) + attention;
 }
 }  // namespace shardlm
 
@@ -169,27 +170,27 @@ uint64_t dropout_stream(int64_t layer, int module) { return uint64_t(layer) * kN
 //   u = dropout(x) A^T  [N, r] (saved for the backward),   y += scale * u B^T.
 // x [N, in]; A [r, in]; B [out, r]. Nothing when the module has no adapter; only u when y is
 // undefined (a recomputed forward that does not rewrite the block's output).
-void lora_forward(const ModelConfig& c, const LayerWeights& w, int m, const Tensor& y, const Tensor& x,
-                  const Tensor& u, int64_t layer, const LoraDropout& drop) {
+void lora_forward(const LayerWeights& w, int m, const Tensor& y, const Tensor& x, const Tensor& u, int64_t layer,
+                  const LoraForward& lf) {
   if (!w.lora_a[m].defined()) return;
   Tensor in = x;
-  if (drop.key != 0 && c.lora->dropout > 0) {
-    in = Tensor::view(drop.scratch.data, DType::F32, {x.shape[0], x.shape[1]}, drop.scratch.device);
-    ops::dropout(in, x, float(c.lora->dropout), drop.key, dropout_stream(layer, m));
+  if (lf.key != 0 && lf.dropout > 0) {
+    in = Tensor::view(lf.scratch.data, DType::F32, {x.shape[0], x.shape[1]}, lf.scratch.device);
+    ops::dropout(in, x, lf.dropout, lf.key, dropout_stream(layer, m));
   }
   ops::matmul(u, in, w.lora_a[m], false, true);
-  if (y.defined()) ops::matmul(y, u, w.lora_b[m], false, true, float(c.lora->scale()), 1.0f);
+  if (y.defined()) ops::matmul(y, u, w.lora_b[m], false, true, lf.scale, 1.0f);
 }
 }  // namespace
 
 void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const BlockActivations& a,
                            const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
                            const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer,
-                           const LoraDropout& drop) {
+                           const LoraForward& lf) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   using M = LoraModule;
-  auto lora = [&](M m, const Tensor& y, const Tensor& x) { lora_forward(c, w, int(m), y, x, a.lora_u[int(m)], layer, drop); };
+  auto lora = [&](M m, const Tensor& y, const Tensor& x) { lora_forward(w, int(m), y, x, a.lora_u[int(m)], layer, lf); };
   ops::rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, eps);
   linear(a.q, a.xn1, w.wq, w.bq);
   lora(M::Q, a.q, a.xn1);
@@ -347,31 +348,31 @@ constexpr ArenaSlot<ArenaViews> kWorkspaceBuffers[] = {
 };
 
 // The LoraModule indices a layer adapts (every layer adapts the same), ascending.
-std::vector<int> lora_layer_modules(const ModelConfig& c) {
+std::vector<int> lora_layer_modules(const LoraSpec& lora) {
   std::vector<int> out;
-  for (const std::string& m : expand_lora_targets(c.lora->target_modules)) out.push_back(lora_module_index(m));
+  for (const std::string& m : expand_lora_targets(lora.target_modules)) out.push_back(lora_module_index(m));
   std::sort(out.begin(), out.end());
   return out;
 }
 // The widest input of an adapted module (the dropout scratch's width).
-int64_t lora_widest_input(const ModelConfig& c) {
+int64_t lora_widest_input(const ModelConfig& c, const LoraSpec& lora) {
   int64_t w = 0;
-  for (const LoraTarget& t : lora_targets(c, *c.lora)) w = std::max(w, t.in_features);
+  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.in_features);
   return w;
 }
 
-bool needed(Needs n, const ModelConfig& c, Device device) {
+bool needed(Needs n, const std::optional<LoraSpec>& lora, Device device) {
   switch (n) {
     case Needs::Always: return true;
     case Needs::Device: return device == Device::CUDA;  // the meta device stands for a CPU rank
-    case Needs::Lora: return c.lora.has_value();
-    case Needs::LoraDropout: return c.lora && c.lora->dropout > 0;
+    case Needs::Lora: return lora.has_value();
+    case Needs::LoraDropout: return lora && lora->dropout > 0;
   }
   return false;
 }
 
 template <class Owner>
-ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, DType act) {
+ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, const std::optional<LoraSpec>& lora, DType act) {
   int64_t w = 1;
   switch (s.width) {
     case Width::One: w = 1; break;
@@ -380,8 +381,8 @@ ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, DType act
     case Width::KvDim: w = c.kv_dim(); break;
     case Width::Heads: w = c.num_attention_heads; break;
     case Width::Intermediate: w = c.intermediate_size; break;
-    case Width::LoraRank: w = c.lora->rank; break;
-    case Width::LoraWidest: w = lora_widest_input(c); break;
+    case Width::LoraRank: w = lora->rank; break;
+    case Width::LoraWidest: w = lora_widest_input(c, *lora); break;
   }
   return {s.elem == Elem::Act ? act : s.elem == Elem::F32 ? DType::F32 : DType::I32, w};
 }
@@ -399,22 +400,22 @@ Tensor view_of(const ArenaSlot<Owner>& s, const OwnedTensor& t, int64_t B, int64
   return rows;
 }
 
-ArenaWidths arena_widths(const ModelConfig& c, DType a, Device device) {
+ArenaWidths arena_widths(const ModelConfig& c, const std::optional<LoraSpec>& lora, DType a, Device device) {
   ArenaWidths w;
-  for (const auto& s : kBlockBuffers) w.layer.push_back(buffer_of(s, c, a));
-  if (c.lora)
-    for (size_t i = 0; i < lora_layer_modules(c).size(); ++i) w.layer.push_back({a, c.lora->rank});  // lora_u
+  for (const auto& s : kBlockBuffers) w.layer.push_back(buffer_of(s, c, lora, a));
+  if (lora)
+    for (size_t i = 0; i < lora_layer_modules(*lora).size(); ++i) w.layer.push_back({a, lora->rank});  // lora_u
   for (const auto& s : kTopBuffers)
-    if (needed(s.needs, c, device)) w.top.push_back(buffer_of(s, c, a));
+    if (needed(s.needs, lora, device)) w.top.push_back(buffer_of(s, c, lora, a));
   for (const auto& s : kWorkspaceBuffers)
-    if (needed(s.needs, c, device)) w.workspace.push_back(buffer_of(s, c, a));
+    if (needed(s.needs, lora, device)) w.workspace.push_back(buffer_of(s, c, lora, a));
   return w;
 }
 
 }  // namespace
 
-LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device)
-    : cfg_(cfg), act_dtype_(act_dtype), device_(device) {
+LlamaCompute::LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device, const std::optional<LoraSpec>& lora)
+    : cfg_(cfg), lora_(lora), act_dtype_(act_dtype), device_(device) {
   SHARDLM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16,
                 "activations must be f32 or bf16, got {}", dtype_name(act_dtype));
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
@@ -434,7 +435,7 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   arena_.reset();  // free the old arena before allocating the larger one
   const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
   const Device dev = device_;
-  const ArenaWidths widths = arena_widths(cfg_, act_dtype_, device_);
+  const ArenaWidths widths = arena_widths(cfg_, lora_, act_dtype_, device_);
   auto make = [&](const ArenaBuffer& b, MemCategory c) {
     return OwnedTensor(b.dtype, std::initializer_list<int64_t>{N, b.width}, c, false, dev);
   };
@@ -471,7 +472,7 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   const int64_t N = B * T, H = cfg_.num_attention_heads;
   Arena& r = *arena_;
   acts_.assign(size_t(cfg_.num_hidden_layers), {});
-  const std::vector<int> lora_modules = cfg_.lora ? lora_layer_modules(cfg_) : std::vector<int>{};
+  const std::vector<int> lora_modules = lora_ ? lora_layer_modules(*lora_) : std::vector<int>{};
   const size_t block = std::size(kBlockBuffers);
   for (size_t l = 0; l < acts_.size(); ++l) {
     // A checkpointed layer: its own input, the shared recompute set for the rest.
@@ -483,7 +484,7 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   auto bind = [&](const auto& table, const std::vector<OwnedTensor>& buffers) {
     size_t next = 0;
     for (const auto& s : table)
-      if (needed(s.needs, cfg_, device_)) r.*s.view = view_of(s, buffers.at(next++), B, T, H);
+      if (needed(s.needs, lora_, device_)) r.*s.view = view_of(s, buffers.at(next++), B, T, H);
   };
   bind(kTopBuffers, r.top);
   bind(kWorkspaceBuffers, r.workspace);
@@ -529,8 +530,10 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   Tensor out;
   if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
+  const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key, arena_->v_drop_x}
+                              : LoraForward{};
   decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, kv, arena_->v_positions, seg, inv_freq_t_, B_, T_, out,
-                        layer, {batch_.dropout_key, arena_->v_drop_x});
+                        layer, lf);
 }
 
 void LlamaCompute::set_checkpointing(int every) {
@@ -573,17 +576,17 @@ void LlamaCompute::lora_backward(int layer, int m, const Tensor& dx, const Tenso
   const LayerWeights& g = g_.layers[size_t(layer)];
   if (!w.lora_a[m].defined() || !g.lora_a[m].defined()) return;
   const Arena& r = *arena_;
-  const float scale = float(cfg_.lora->scale());
+  const float scale = float(lora_->scale());
   const Tensor& u = acts_[size_t(layer)].lora_u[m];
   ops::matmul(g.lora_b[m], dy, u, true, false, scale, 1.0f);
   ops::matmul(r.v_du, dy, w.lora_b[m], false, false, scale, 0.0f);
-  const bool drop = batch_.dropout_key != 0 && cfg_.lora->dropout > 0;
+  const bool drop = batch_.dropout_key != 0 && lora_->dropout > 0;
   if (!drop) {
     ops::matmul(g.lora_a[m], r.v_du, x, true, false, 1.0f, 1.0f);
     ops::matmul(dx, r.v_du, w.lora_a[m], false, false, 1.0f, 1.0f);
     return;
   }
-  const float p = float(cfg_.lora->dropout);
+  const float p = float(lora_->dropout);
   const uint64_t stream = dropout_stream(layer, m);
   const int64_t N = x.shape[0], in = x.shape[1];
   const Tensor xd = Tensor::view(r.v_drop_x.data, DType::F32, {N, in}, device_);

@@ -38,7 +38,7 @@ struct ParamInfo {
   // False for a LoRA run's base weights: no gradient, no optimizer state, kept in the compute dtype
   // in a flat buffer of their own (shard/plan.h).
   bool trainable = true;
-  // QLoRA: a frozen Linear weight stored in NF4 (ModelConfig::nf4_base).
+  // QLoRA: a frozen Linear weight stored in NF4 (FinetuneSpec::nf4_base).
   bool nf4 = false;
   int64_t numel() const;
 };
@@ -119,12 +119,14 @@ struct ModelPart {
   int64_t layer = -1;  // PartKind::Layer only
   std::string name;    // "model.embed_tokens", "model.layers.N", "lm_head"
   std::vector<ParamInfo> params;
-  std::vector<LoraSlot> lora = {};  // a layer's adapters (ModelConfig::lora), which bind_part binds
+  std::vector<LoraSlot> lora = {};  // a layer's adapters (FinetuneSpec::lora), which bind_part binds
   int64_t numel() const;
 };
 // Part 0 = the embedding, part 1 + l = layer l, the last part = the head (final norm, and lm_head
 // unless the embeddings are tied: then the head computes with the embedding part's tensor).
-std::vector<ModelPart> llama_parts(const ModelConfig& cfg);
+// With a fine-tune's adapters (finetune.lora) the base is frozen and each layer's A and B follow its
+// base tensors; with finetune.nf4_base the frozen Linear weights are marked NF4 (ParamInfo::nf4).
+std::vector<ModelPart> llama_parts(const ModelConfig& cfg, const FinetuneSpec& finetune = {});
 // Whether QLoRA keeps `info` of `part` in NF4, as bitsandbytes' Linear4bit does: the decoder's
 // Linear weights; norms, biases, the embedding and lm_head stay in the compute dtype.
 bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info);
@@ -198,7 +200,11 @@ class LlamaCompute final : public StagedModel {
   // uploaded into the arena (Batch holds host pointers), and nothing here reads device memory
   // from the host except the loss sums the ops return. On the meta device (core/alloc.h) it
   // allocates what it would on the CPU and computes nothing: the memory estimator's dry run.
-  LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device = Device::CPU);
+  // lora: the adapters' spec when the parts bound to it have adapters (FinetuneSpec::lora; none:
+  // the model config.json describes. NF4 is the engine's alone: the weights bound here are
+  // already dequantized).
+  LlamaCompute(const ModelConfig& cfg, DType act_dtype, Device device = Device::CPU,
+               const std::optional<LoraSpec>& lora = std::nullopt);
   ~LlamaCompute() override;
 
   const ModelConfig& config() const { return cfg_; }
@@ -239,6 +245,7 @@ class LlamaCompute final : public StagedModel {
   void lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
   ModelConfig cfg_;
+  std::optional<LoraSpec> lora_;
   DType act_dtype_;
   Device device_;
   std::vector<float> inv_freq_;
@@ -251,9 +258,12 @@ class LlamaCompute final : public StagedModel {
   Batch batch_;
 };
 
-// LoRA dropout in a block's forward: the micro-batch's mask key (0: none, as in evaluation) and
-// f32 scratch for a dropped input (at least rows x the widest adapted input).
-struct LoraDropout {
+// How the adapters bound in a block's weights apply in its forward: PEFT's scale (LoraSpec::scale)
+// and dropout: its probability, the micro-batch's mask key (0: none, as in evaluation) and f32
+// scratch for a dropped input (at least rows x the widest adapted input).
+struct LoraForward {
+  float scale = 1;
+  float dropout = 0;
   uint64_t key = 0;
   Tensor scratch;
 };
@@ -278,11 +288,11 @@ struct AttentionKv {
 // must already be sized) and, when `out` is defined, the block's output out = h1 + down(act)
 // [B*Tq, D] (a recomputing backward leaves it undefined). `kv` says where attention reads keys and
 // values (above); positions [B, Tq] are the new rows' positions (RoPE).
-// Adapters bound in `w` (w.lora_a) are applied as PEFT does, their u saved in a.lora_u.
+// Adapters bound in `w` (w.lora_a) are applied as PEFT does, as `lora` says, their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.
 void decoder_block_forward(const ModelConfig& cfg, const LayerWeights& w, const BlockActivations& a,
                            const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
                            const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer = 0,
-                           const LoraDropout& dropout = {});
+                           const LoraForward& lora = {});
 
 }  // namespace shardlm::model

@@ -1,10 +1,10 @@
-// A LoRA adapter's hyperparameters, as Hugging Face PEFT's LoraConfig names them. Kept apart from
-// model/lora.h (the adapter's math and names) so that ModelConfig can carry one: a model with LoRA
-// is a different model (more parameters, a different forward), as torchtune's lora_llama2_* builders
-// make it.
+// A LoRA adapter's hyperparameters, as Hugging Face PEFT's LoraConfig names them, and the
+// FinetuneSpec that the model builder takes beside the ModelConfig. Kept apart from model/lora.h
+// (the adapter's math and names) so that headers naming a fine-tune need not include that.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +27,23 @@ struct LoraSpec {
 
   // alpha / rank, or alpha / sqrt(rank) with use_rslora.
   double scale() const;
+};
+
+// How a fine-tune changes the model that config.json describes (a ModelConfig, which stays exactly
+// config.json's): nothing (a full fine-tune, the default), LoRA adapters on the decoder's Linear
+// layers, or LoRA over a frozen base kept in NF4 (QLoRA). A model with LoRA is a different model,
+// with more parameters and a different forward, as torchtune's lora_llama2_* builders make it: so
+// the spec goes to what builds and runs the model (llama_parts, LlamaCompute, the engine's plan,
+// the estimator) beside the ModelConfig, and the engine keeps the one copy a run has.
+struct FinetuneSpec {
+  // With adapters, the model's parameters are the frozen base weights plus the adapters' A and B
+  // (model::llama_parts), and only the adapters train.
+  std::optional<LoraSpec> lora;
+  // QLoRA (with lora): the frozen base's Linear weights (q/k/v/o/gate/up/down of every layer) kept
+  // in NF4 as bitsandbytes stores them (ops/nf4.h), with double quantization of the absmax values
+  // when nf4_double_quant, dequantized to the compute dtype around each use.
+  bool nf4_base = false;
+  bool nf4_double_quant = true;
 };
 
 }  // namespace shardlm::model

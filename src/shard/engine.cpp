@@ -44,9 +44,11 @@ struct ShardedModel::Unit {
   std::unique_ptr<GradReduction> reducing;
 };
 
-ShardedModel::ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, EngineUse use)
+ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& finetune, const ShardingConfig& sharding,
+                           Mesh& mesh, EngineUse use)
     : cfg_(cfg),
-      plan_(make_plan(cfg, sharding, mesh.tensor_shard().rank(), mesh.tensor_shard().size())),
+      finetune_(finetune),
+      plan_(make_plan(cfg, finetune, sharding, mesh.tensor_shard().rank(), mesh.tensor_shard().size())),
       mesh_(mesh),
       device_(mesh.device()),
       make_{device_},

@@ -61,7 +61,9 @@ enum class EngineUse { Train, Evaluate };
 
 class ShardedModel {
  public:
-  ShardedModel(const ModelConfig& cfg, const ShardingConfig& sharding, Mesh& mesh, EngineUse use = EngineUse::Train);
+  // finetune: a full fine-tune ({}), LoRA or QLoRA (model/lora_spec.h); the engine keeps the run's one copy.
+  ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& finetune, const ShardingConfig& sharding, Mesh& mesh,
+               EngineUse use = EngineUse::Train);
   ~ShardedModel();
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
@@ -111,6 +113,7 @@ class ShardedModel {
   const BufferMaker& buffers() const { return make_; }
   Mesh& mesh() const { return mesh_; }
   const ModelConfig& config() const { return cfg_; }
+  const model::FinetuneSpec& finetune() const { return finetune_; }
   // Call after the master weights were changed outside train_step (loaded, or a checkpoint was
   // read): the persistent full parameters are refreshed (collective for ZERO1).
   void master_weights_changed();
@@ -140,6 +143,7 @@ class ShardedModel {
   double host_sum(double v, bool over_replicas);
 
   ModelConfig cfg_;
+  model::FinetuneSpec finetune_;
   UnitPlan plan_;
   Mesh& mesh_;
   Device device_;

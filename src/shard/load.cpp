@@ -160,6 +160,7 @@ void init_random(ShardedModel& engine, uint64_t seed) {
 void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const std::string& source, uint64_t seed,
                   const AdapterLookup& adapter) {
   const ModelConfig& cfg = engine.config();
+  const bool lora = engine.finetune().lora.has_value();
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states (none in any other directory). QLoRA keeps them as stored, which needs the chunk
   // layout's double quantization to be the file's: checked for every weight before any reading.
@@ -184,16 +185,16 @@ void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const s
     fill.frozen([&](int64_t begin, int64_t end, float* out) { load_dense_range(p.frozen, begin, end, weights, stored, source, out); });
     fill.nf4([&](int64_t begin, int64_t end, float* out) { load_dense_range(p.quantized, begin, end, weights, stored, source, out); },
              &stored);
-    layouts.push_back(cfg.lora ? &p.frozen : &p.layout);
+    layouts.push_back(lora ? &p.frozen : &p.layout);
     layouts.push_back(&p.quantized);
     fill.master([&](int64_t begin, int64_t end, float* out) {
-      if (cfg.lora && adapter) {
+      if (lora && adapter) {
         std::fill(out, out + (end - begin), 0.0f);  // the padding after the tensors stays zero
         for_each_overlap(p.layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
           const Tensor t = adapter(e.info.name);
           std::copy(t.f32() + (lo - e.offset), t.f32() + (hi - e.offset), out + (lo - begin));
         });
-      } else if (cfg.lora) {
+      } else if (lora) {
         init_flat_range(p.layout, begin, end, seed, float(cfg.initializer_range), out);
       } else
         load_dense_range(p.layout, begin, end, weights, stored, source, out);

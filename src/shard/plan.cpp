@@ -141,7 +141,8 @@ void plan_segments(PlannedUnit& u, DType param_dtype, int64_t S) {
 
 }  // namespace
 
-UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_rank, int shard_size) {
+UnitPlan make_plan(const ModelConfig& cfg, const model::FinetuneSpec& ft, const ShardingConfig& sc, int shard_rank,
+                   int shard_size) {
   SHARDLM_CHECK(shard_size >= 1 && shard_rank >= 0 && shard_rank < shard_size, "shard rank {} of a group of {}",
                 shard_rank, shard_size);
   UnitPlan p;
@@ -150,7 +151,7 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
   p.offload = {sc.offload_params};
   p.shard_rank = shard_rank;
   p.shard_size = shard_size;
-  p.parts = model::llama_parts(cfg);
+  p.parts = model::llama_parts(cfg, ft);
   const int S = shard_size;
   std::vector<int> part_unit(p.parts.size(), 0);
   for (const std::vector<int>& g : wrap_parts(p.parts, cfg, sc)) {
@@ -181,7 +182,7 @@ UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sc, int shard_r
       constexpr int64_t kGroup = ops::kNf4BlockSize * ops::kNf4NestedBlockSize;
       const int64_t n = e.info.numel(), groups = (n + kGroup - 1) / kGroup;
       Nf4Piece piece{e, u.nf4_chunks == 1 ? n : (groups + u.nf4_chunks - 1) / u.nf4_chunks * kGroup};
-      piece.chunk = ops::Nf4Layout::of(std::min(n, piece.chunk_elems), cfg.nf4_double_quant);
+      piece.chunk = ops::Nf4Layout::of(std::min(n, piece.chunk_elems), ft.nf4_double_quant);
       piece.offset = size_t(u.nf4_store_bytes);
       u.nf4_store_bytes += int64_t(piece.chunk.total_bytes);
       u.nf4.push_back(piece);

@@ -155,6 +155,8 @@ struct UnitPlan {
 };
 
 // Throws an Error for impossible layouts (a shard rank outside the group).
-UnitPlan make_plan(const ModelConfig& cfg, const ShardingConfig& sharding, int shard_rank, int shard_size);
+// The parts are model::llama_parts(cfg, finetune): a LoRA fine-tune's units carry its adapters.
+UnitPlan make_plan(const ModelConfig& cfg, const model::FinetuneSpec& finetune, const ShardingConfig& sharding,
+                   int shard_rank, int shard_size);
 
 }  // namespace shardlm::shard

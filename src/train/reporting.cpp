@@ -22,7 +22,7 @@ Reporter::Reporter(const TrainConfig& c, comm::Communicator& world, const RunInp
       in_(in),
       mem_(mem),
       lead_(world.rank() == 0),
-      flops_per_token_(training_flops_per_token(in.model, in.T)),
+      flops_per_token_(training_flops_per_token(in.model, in.finetune, in.T)),
       progress_(lead_ ? c.progress : ProgressMode::None, c.log_every),
       metrics_path_((fs::path(c.output_dir) / c.metrics_file).string()),
       report_path_((fs::path(c.output_dir) / "report.html").string()),
@@ -50,26 +50,26 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
   const shard::ShardingConfig& sc = mem_.sharding;
   const int W = world_.size();
   print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c_.model, m.num_hidden_layers,
-                    m.hidden_size, double(parameter_count(m)) / 1e6, dtype_name(c_.compute_dtype())));
+                    m.hidden_size, double(parameter_count(m, in_.finetune)) / 1e6, dtype_name(c_.compute_dtype())));
   print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
                     shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", shard_group_size, units,
                     units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
   if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
     print("ranks: started by " + launcher);
-  if (m.lora) {
-    const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m);
+  if (const model::FinetuneSpec& ft = in_.finetune; ft.lora) {
+    const int64_t trainable = mem_.estimate.trainable_params, all = parameter_count(m, ft);
     print(
         fmt::format("{}: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
                     "params: {} || trainable%: {:.4f}",
-                    m.nf4_base ? "QLoRA" : "LoRA", m.lora->rank, m.lora->alpha, m.lora->scale(),
-                    m.lora->use_rslora ? ", rsLoRA" : "", m.lora->dropout,
-                    fmt::join(model::expand_lora_targets(m.lora->target_modules), " "), trainable, all,
+                    ft.nf4_base ? "QLoRA" : "LoRA", ft.lora->rank, ft.lora->alpha, ft.lora->scale(),
+                    ft.lora->use_rslora ? ", rsLoRA" : "", ft.lora->dropout,
+                    fmt::join(model::expand_lora_targets(ft.lora->target_modules), " "), trainable, all,
                     100.0 * double(trainable) / double(all)));
-    if (m.nf4_base)
+    if (ft.nf4_base)
       print(
           fmt::format("base: Linear weights in NF4 (bitsandbytes' layout{}), dequantized to {} for each use; "
                       "norms, embedding and lm_head in {}",
-                      m.nf4_double_quant ? ", double quantization" : "", dtype_name(mem_.sharding.param_dtype),
+                      ft.nf4_double_quant ? ", double quantization" : "", dtype_name(mem_.sharding.param_dtype),
                       dtype_name(mem_.sharding.param_dtype)));
   }
   if (!in_.base_note.empty()) print(in_.base_note);
@@ -204,8 +204,8 @@ int64_t Reporter::done(const TrainResult& r, double total_seconds) {
       c_.saves_checkpoints() ? "streamed from the last checkpoint by rank 0, read" : "gathered from the shards",
       format_bytes(mem_.estimate.save_gather_bytes)));
   print(fmt::format("saved the trained {} to {} ({}) in {:.2f}s; the run took {:.1f}s",
-                    in_.model.lora ? "LoRA adapter (PEFT format)" : "model",
-                    in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir,
+                    in_.finetune.lora ? "LoRA adapter (PEFT format)" : "model",
+                    in_.finetune.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir,
                     dtype_name(c_.save_dtype), r.save_seconds, total_seconds));
   return gpu_peak;
 }
@@ -224,7 +224,7 @@ std::vector<std::string> Reporter::notes(const TrainResult& r) const {
   std::vector<std::string> notes = {
       fmt::format(
           "model {} ({:.2f}M parameters{}), {} on {} rank{}, {} x {} tokens x {} accumulation per rank and step",
-          c_.model, double(parameter_count(in_.model)) / 1e6, in_.model.lora ? ", LoRA" : "",
+          c_.model, double(parameter_count(in_.model, in_.finetune)) / 1e6, in_.finetune.lora ? ", LoRA" : "",
           shard::strategy_name(mem_.sharding.strategy), W, W > 1 ? "s" : "", in_.B, in_.T,
           c_.gradient_accumulation_steps),
       fmt::format("{} steps{} in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}; held-out loss {:.4f} -> {:.4f}", r.steps,

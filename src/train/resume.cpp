@@ -55,14 +55,14 @@ std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig
     dir = *found;
   }
   auto reader = std::make_unique<ckpt::CheckpointReader>(dir);
-  if (reader->model().lora.has_value() != mcfg.lora.has_value())
-    throw Error(reader->model().lora ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
+  if (reader->lora().has_value() != c.lora.has_value())
+    throw Error(reader->lora() ? "a LoRA run's checkpoint (adapters only), but this config has no lora: section"
                                      : "a full fine-tune's checkpoint, but this config trains LoRA adapters",
                 {.file = dir, .key = "lora"});
-  if (const auto& saved_lora = reader->model().lora; saved_lora && mcfg.lora) {
+  if (const auto& saved_lora = reader->lora(); saved_lora && c.lora) {
     // Adapters trained at one scale do not continue at another (rank and targets differ in shape,
     // and load_checkpoint names the tensor).
-    const model::LoraSpec& now = *mcfg.lora;
+    const model::LoraSpec& now = *c.lora;
     if (saved_lora->alpha != now.alpha || saved_lora->use_rslora != now.use_rslora)
       throw Error(fmt::format("the checkpoint's adapters were trained with lora_alpha {}{}, this config has {}{}",
                               saved_lora->alpha, saved_lora->use_rslora ? " (rsLoRA)" : "", now.alpha,

@@ -25,11 +25,9 @@ void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
                 {.file = c.source, .key = "seq_len"});
 }
 
-// The model config with the run's LoRA / QLoRA settings, as the estimator and the engine see it.
-void apply_run_to_model(const TrainConfig& c, ModelConfig& m) {
-  m.lora = c.lora;
-  m.nf4_base = c.lora && c.lora_quantize_base;
-  m.nf4_double_quant = c.lora_double_quant;
+// The run's LoRA / QLoRA settings as the model builder, the estimator and the engine take them.
+model::FinetuneSpec finetune_of(const TrainConfig& c) {
+  return {.lora = c.lora, .nf4_base = c.lora && c.lora_quantize_base, .nf4_double_quant = c.lora_double_quant};
 }
 
 }  // namespace
@@ -62,13 +60,13 @@ RunInputs load_inputs(const TrainConfig& c) {
 RunInputs read_inputs(const TrainConfig& c) {
   RunInputs in;
   in.model = load_hf_config(c.model);
-  apply_run_to_model(c, in.model);
+  in.finetune = finetune_of(c);
   if (in.model.quantization && in.model.quantization->is_bnb_nf4()) {
     // A directory saved by transformers from a bitsandbytes 4-bit model. QLoRA keeps its NF4
     // weights as stored (not re-quantized), so their double quantization is the file's whatever
     // lora.double_quant says; LoRA and full fine-tuning read them as bitsandbytes dequantizes them.
     const std::optional<bool> stored = model::Nf4ModelReader(c.model).double_quant_as_stored();
-    if (in.model.nf4_base && stored) {
+    if (in.finetune.nf4_base && stored) {
       std::string why;  // why the run's double quantization is not lora.double_quant's, if it is not
       if (*stored != c.lora_double_quant)
         why = *stored ? "the file is double-quantized"
@@ -78,7 +76,7 @@ RunInputs read_inputs(const TrainConfig& c) {
       in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) kept as stored, not re-quantized{}",
                                  c.model,
                                  why.empty() ? "" : fmt::format("; lora.double_quant: {} overridden: {}", c.lora_double_quant, why));
-      in.model.nf4_double_quant = *stored;
+      in.finetune.nf4_double_quant = *stored;
     } else if (stored) {
       in.base_note = fmt::format("base: {}'s NF4 weights (bitsandbytes 4-bit) dequantized as bitsandbytes does{}",
                                  c.model, c.lora ? " (lora.quantize_base: nf4 would keep them as stored)" : "");
@@ -97,7 +95,7 @@ RunInputs read_inputs(const TrainConfig& c) {
 MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks) {
   MemoryPlan p;
   p.sharding = c.sharding;
-  memory::EstimateInput est{.model = in.model, .sharding = p.sharding, .world_size = world_size,
+  memory::EstimateInput est{.model = in.model, .finetune = in.finetune, .sharding = p.sharding, .world_size = world_size,
                             .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
                             .grad_accum = c.gradient_accumulation_steps,
                             .checkpoint_every = c.activation_checkpointing,
@@ -124,7 +122,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
   RunInputs in;
   if (shape) {
     in.model = *shape;
-    apply_run_to_model(c, in.model);
+    in.finetune = finetune_of(c);
     in.B = c.micro_batch_size;
     in.T = c.seq_len;
     check_row_length(c, in.model, in.T);
@@ -133,7 +131,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
     out.push_back(fmt::format("tokenizer: {} ({} ids)", in.tok->name(), in.tok->vocab_size()));
     for (const std::string& line : in.data.report) out.push_back("data: " + line);
   }
-  const double params = double(parameter_count(in.model));
+  const double params = double(parameter_count(in.model, in.finetune));
   out.insert(out.begin(), fmt::format("model: {} ({}, {} layers, hidden {}, vocab {}){}", c.model,
                                       params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
                                                     : fmt::format("{:.2f}M parameters", params / 1e6),

@@ -21,6 +21,7 @@ namespace shardlm::train {
 // The model, its tokenizer and the data, checked against each other.
 struct RunInputs {
   ModelConfig model;
+  model::FinetuneSpec finetune;  // the run's LoRA / QLoRA (QLoRA's double quantization as the base stores it)
   std::unique_ptr<data::Tokenizer> tok;
   data::RunData data;
   int64_t B = 0, T = 0;  // micro-batch rows and row length

@@ -138,8 +138,8 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
           throw Error(e.message(), {.file = c.source, .key = "device"});
         }
       }()),
-      engine_(in_.model, mem_.sharding, mesh_),
-      model_(in_.model, c.compute_dtype(), engine_.device()),
+      engine_(in_.model, in_.finetune, mem_.sharding, mesh_),
+      model_(in_.model, c.compute_dtype(), engine_.device(), in_.finetune.lora),
       saver_(c.async_checkpoint),
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
@@ -155,7 +155,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
 void Trainer::load_or_resume() {
   resume_ = open_resume_checkpoint(c_, in_.model, resume_notes_);
   // A LoRA run's checkpoint holds only the adapters: the frozen base always comes from the model.
-  if (!resume_ || in_.model.lora) {
+  if (!resume_ || in_.finetune.lora) {
     const io::ModelWeights weights(c_.model);
     shard::load_weights(engine_, weights, c_.model, c_.seed);
   }
@@ -189,7 +189,7 @@ TrainResult Trainer::run() {
     }();
     std::vector<model::Batch> micro;
     for (const data::BatchBuffers& mb : sb.micro) micro.push_back(mb.batch());
-    if (in_.model.lora && in_.model.lora->dropout > 0)  // LoRA dropout: a mask stream per micro-batch and rank
+    if (in_.finetune.lora && in_.finetune.lora->dropout > 0)  // LoRA dropout: a mask stream per micro-batch and rank
       for (size_t i = 0; i < micro.size(); ++i)
         micro[i].dropout_key = stream_id(fmt::format("lora_dropout/{}/{}/{}/{}", c_.seed, step, i, world_.rank())) | 1;
     ops::AdamWConfig opt = c_.optimizer;
@@ -341,12 +341,12 @@ void Trainer::save_model() {
   // also the merged model, output_dir/merged.
   // The adapter and merged directories are the run's alone and appear whole; output_dir itself
   // also holds checkpoints and metrics, so a full model is written into it file by file.
-  const std::string out = in_.model.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir;
+  const std::string out = in_.finetune.lora ? (fs::path(c_.output_dir) / "adapter").string() : c_.output_dir;
   const ckpt::ConvertOptions opt{.out = out,
                                  .dtype = c_.save_dtype,
                                  .max_shard_bytes = io::parse_size(c_.max_shard_size),
-                                 .publish = in_.model.lora ? io::Publish::Replace : io::Publish::InPlace,
-                                 .role = in_.model.lora ? "output_dir/adapter" : "output_dir"};
+                                 .publish = in_.finetune.lora ? io::Publish::Replace : io::Publish::InPlace,
+                                 .role = in_.finetune.lora ? "output_dir/adapter" : "output_dir"};
   if (c_.saves_checkpoints()) {
     if (lead_) {
       ckpt::CheckpointReader final_ckpt((fs::path(c_.checkpoint_root()) / ckpt::step_dir_name(c_.max_steps)).string());
@@ -356,7 +356,7 @@ void Trainer::save_model() {
   } else {
     ckpt::export_model(engine_, in_.model, opt, c_.model, world_);
   }
-  if (in_.model.lora && c_.merge_on_save) {
+  if (in_.finetune.lora && c_.merge_on_save) {
     if (lead_) {
       const MergeReport r = merge_peft_adapter({.base = c_.model, .adapter = out,
                                                 .out = (fs::path(c_.output_dir) / "merged").string(),
@@ -366,7 +366,7 @@ void Trainer::save_model() {
                              r.spec.scale(), c_.output_dir,
                              r.dequantized > 0 ? " (merged into the dequantized NF4 weights of the bitsandbytes 4-bit "
                                                  "base, as training saw them; a plain model)"
-                             : in_.model.nf4_base ? " (into the base as stored in the model directory, not its NF4 "
+                             : in_.finetune.nf4_base ? " (into the base as stored in the model directory, not its NF4 "
                                                     "rounding that training saw)"
                                                   : ""));
     }

@@ -93,7 +93,7 @@ std::vector<Case> cases() {
 }  // namespace
 
 // Trains `cfg` under every strategy and compares with the single-process run.
-static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
+static void expect_every_strategy_matches_one_process(const ModelConfig& cfg, const model::FinetuneSpec& ft = {}) {
   const int W = g_world->size(), R = g_world->rank();
   ASSERT_EQ(kRowsPerMicro % W, 0);
   ops::AdamWConfig opt;
@@ -111,9 +111,9 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
   const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
   const shard::ShardingConfig one_process;
   shard::Mesh ref_mesh = shard::make_mesh(*local, one_process, 1);
-  shard::ShardedModel ref(cfg, one_process, ref_mesh);
+  shard::ShardedModel ref(cfg, ft, one_process, ref_mesh);
   shard::init_random(ref, 5);
-  model::LlamaCompute ref_model(cfg, DType::F32);
+  model::LlamaCompute ref_model(cfg, DType::F32, Device::CPU, ft.lora);
   std::vector<shard::StepStats> ref_steps;
   for (int s = 0; s < kSteps; ++s) {
     std::vector<data::BatchBuffers> bufs;
@@ -131,9 +131,9 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg) {
   for (const Case& tc : cases()) {
     SCOPED_TRACE(tc.name);
     shard::Mesh mesh = shard::make_mesh(*g_world, tc.cfg, std::min(W, 2));
-    shard::ShardedModel engine(cfg, tc.cfg, mesh);
+    shard::ShardedModel engine(cfg, ft, tc.cfg, mesh);
     shard::init_random(engine, 5);
-    model::LlamaCompute compute(cfg, DType::F32);
+    model::LlamaCompute compute(cfg, DType::F32, Device::CPU, ft.lora);
     compute.set_checkpointing(tc.checkpoint_every);
     for (int s = 0; s < kSteps; ++s) {
       std::vector<data::BatchBuffers> bufs;
@@ -174,50 +174,50 @@ TEST(Engine, EveryStrategyMatchesTheSingleProcessRun) { expect_every_strategy_ma
 // LoRA: the frozen base in its own buffers (sharded where parameters are), only the adapters
 // trained; every strategy, checkpointing and no_sync included, equals one process.
 TEST(Engine, LoraUnderEveryStrategyMatchesTheSingleProcessRun) {
-  ModelConfig cfg = test_config();
-  cfg.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
-  expect_every_strategy_matches_one_process(cfg);
-  cfg.lora = model::LoraSpec{.rank = 2, .alpha = 3, .target_modules = {"q_proj", "v_proj", "down_proj"}, .use_rslora = true};
-  expect_every_strategy_matches_one_process(cfg);
+  const ModelConfig cfg = test_config();
+  model::FinetuneSpec ft;
+  ft.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
+  expect_every_strategy_matches_one_process(cfg, ft);
+  ft.lora = model::LoraSpec{.rank = 2, .alpha = 3, .target_modules = {"q_proj", "v_proj", "down_proj"}, .use_rslora = true};
+  expect_every_strategy_matches_one_process(cfg, ft);
 }
 
 // A model whose Linear weights span several NF4 groups of 16384 (so their chunks are spread over
 // the ranks), for QLoRA.
-static ModelConfig qlora_config(bool double_quant) {
+static ModelConfig qlora_config() {
   ModelConfig c = test_config();
   c.hidden_size = 128;
   c.intermediate_size = 384;  // gate/up/down: 49152 weights, 3 groups
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 32;
-  c.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}};
-  c.nf4_base = true;
-  c.nf4_double_quant = double_quant;
   return c;
+}
+// QLoRA (nf4_base) or, without it, LoRA on a dense base; the same adapters either way.
+static model::FinetuneSpec qlora_spec(bool double_quant, bool nf4_base = true) {
+  return {.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}},
+          .nf4_base = nf4_base,
+          .nf4_double_quant = double_quant};
 }
 
 // QLoRA: each rank quantizes its chunks, the offset is summed over the group, chunks are gathered
 // and dequantized per visit: every strategy equals one process.
 TEST(Engine, QloraUnderEveryStrategyMatchesTheSingleProcessRun) {
-  expect_every_strategy_matches_one_process(qlora_config(true));
-  expect_every_strategy_matches_one_process(qlora_config(false));
+  expect_every_strategy_matches_one_process(qlora_config(), qlora_spec(true));
+  expect_every_strategy_matches_one_process(qlora_config(), qlora_spec(false));
 }
 
 // QLoRA trains on exactly the NF4 rounding of the base: its losses equal those of LoRA on a base
 // that was quantized and dequantized whole by the NF4 ops (in one process).
 TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
-  const ModelConfig qcfg = qlora_config(true);
-  ModelConfig lcfg = qcfg;
-  lcfg.nf4_base = false;
+  const ModelConfig cfg = qlora_config();
+  const model::FinetuneSpec qlora = qlora_spec(true), lora = qlora_spec(true, false);
   const std::string dir = ::testing::TempDir() + "qlora_base", rounded = ::testing::TempDir() + "qlora_rounded";
   if (g_world->rank() == 0) {
-    ModelConfig plain = qcfg;
-    plain.lora.reset();
-    plain.nf4_base = false;
-    infer::ParamStore store(plain, DType::F32);
+    infer::ParamStore store(cfg, DType::F32);
     store.init_random(11);
     store.save(dir, DType::F32, 1 << 30, "");
-    for (const model::ModelPart& part : model::llama_parts(qcfg))
+    for (const model::ModelPart& part : model::llama_parts(cfg, qlora))
       for (const model::ParamInfo& info : part.params) {
         if (!info.nf4) continue;
         const Tensor w = store.master(info.name);
@@ -232,13 +232,13 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
   g_world->barrier();
   ops::AdamWConfig opt;
   opt.lr = 1e-2;
-  auto losses = [&](const ModelConfig& cfg, const std::string& model_dir, comm::Communicator& world) {
+  auto losses = [&](const model::FinetuneSpec& ft, const std::string& model_dir, comm::Communicator& world) {
     shard::ShardingConfig sc;
     sc.strategy = shard::Strategy::FullShard;
     shard::Mesh mesh = shard::make_mesh(world, sc, 1);
-    shard::ShardedModel engine(cfg, sc, mesh);
+    shard::ShardedModel engine(cfg, ft, sc, mesh);
     shard::load_weights(engine, io::ModelWeights(model_dir), model_dir, 3);
-    model::LlamaCompute compute(cfg, DType::F32);
+    model::LlamaCompute compute(cfg, DType::F32, Device::CPU, ft.lora);
     std::vector<double> out;
     const int W = world.size(), R = world.rank(), per = kRowsPerMicro / W;
     for (int s = 0; s < 4; ++s) {
@@ -250,7 +250,7 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
     return out;
   };
   const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
-  const std::vector<double> want = losses(lcfg, rounded, *local), got = losses(qcfg, dir, *g_world);
+  const std::vector<double> want = losses(lora, rounded, *local), got = losses(qlora, dir, *g_world);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
 }
 
@@ -264,14 +264,15 @@ struct LoadedRun {
   std::vector<float> logits;
   std::vector<double> losses;
 };
-LoadedRun run_loaded(const ModelConfig& cfg, const std::string& dir, comm::Communicator& world,
+LoadedRun run_loaded(const model::FinetuneSpec& ft, const std::string& dir, comm::Communicator& world,
                      shard::Strategy strategy = shard::Strategy::FullShard) {
+  const ModelConfig cfg = qlora_config();
   shard::ShardingConfig sc;
   sc.strategy = strategy;
   shard::Mesh mesh = shard::make_mesh(world, sc, 1);
-  shard::ShardedModel engine(cfg, sc, mesh);
+  shard::ShardedModel engine(cfg, ft, sc, mesh);
   shard::load_weights(engine, io::ModelWeights(dir), dir, 3);
-  model::LlamaCompute compute(cfg, DType::F32);
+  model::LlamaCompute compute(cfg, DType::F32, Device::CPU, ft.lora);
   ops::AdamWConfig opt;
   opt.lr = 1e-2;
   const int W = world.size(), R = world.rank(), per = kRowsPerMicro / W;
@@ -298,9 +299,7 @@ BnbDirs write_bnb_dirs(const std::string& name, const shardlm::testing::BnbDirOp
   const std::string base = ::testing::TempDir() + fmt::format("bnb_np{}_{}", g_world->size(), name);
   BnbDirs d{base + "/bnb", base + "/dense"};
   if (g_world->rank() == 0) {
-    ModelConfig plain = qlora_config(o.double_quant);
-    plain.lora.reset();
-    plain.nf4_base = false;
+    const ModelConfig plain = qlora_config();
     infer::ParamStore store(plain, DType::F32);
     store.init_random(11);
     shardlm::testing::write_bnb_dir(d.bnb, plain, store, o);
@@ -363,12 +362,10 @@ TEST(Engine, QloraKeepsABitsandbytesDirectoryAsStored) {
                            Variant{"odd_map", {.double_quant = true, .standard_nested_map = false}, false}}) {
     SCOPED_TRACE(v.name);
     const BnbDirs d = write_bnb_dirs(v.name, v.o);
-    const ModelConfig qcfg = qlora_config(v.double_quant);
-    ModelConfig lcfg = qcfg;
-    lcfg.nf4_base = false;
+    const model::FinetuneSpec qlora = qlora_spec(v.double_quant), lora = qlora_spec(v.double_quant, false);
     for (shard::Strategy s : {shard::Strategy::FullShard, shard::Strategy::NoShard}) {
       SCOPED_TRACE(shard::strategy_name(s));
-      const LoadedRun got = run_loaded(qcfg, d.bnb, *g_world, s), want = run_loaded(lcfg, d.dense, *g_world, s);
+      const LoadedRun got = run_loaded(qlora, d.bnb, *g_world, s), want = run_loaded(lora, d.dense, *g_world, s);
       ASSERT_EQ(got.logits.size(), want.logits.size());
       EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), got.logits.size() * 4), 0);
       EXPECT_EQ(got.losses, want.losses);
@@ -385,7 +382,7 @@ TEST(Engine, QloraRefusesALayoutABitsandbytesDirectoryCannotKeep) {
     SCOPED_TRACE(name);
     const BnbDirs d = write_bnb_dirs(name, o);
     try {
-      run_loaded(qlora_config(true), d.bnb, *g_world);
+      run_loaded(qlora_spec(true), d.bnb, *g_world);
       ADD_FAILURE() << "loaded";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("lora.double_quant"), std::string::npos) << e.what();
@@ -399,18 +396,16 @@ TEST(Engine, QloraRefusesALayoutABitsandbytesDirectoryCannotKeep) {
 // dense directory of that dequantization, and full fine-tuning starts from its values.
 TEST(Engine, LoraAndFullFineTuningReadABitsandbytesDirectoryDequantized) {
   const BnbDirs d = write_bnb_dirs("dense_runs", {.double_quant = true});
-  ModelConfig lcfg = qlora_config(true);
-  lcfg.nf4_base = false;
-  const LoadedRun want = run_loaded(lcfg, d.dense, *g_world), got = run_loaded(lcfg, d.bnb, *g_world);
+  const model::FinetuneSpec lora = qlora_spec(true, false);
+  const LoadedRun want = run_loaded(lora, d.dense, *g_world), got = run_loaded(lora, d.bnb, *g_world);
   EXPECT_EQ(got.logits, want.logits);
   EXPECT_EQ(got.losses, want.losses);
 
-  ModelConfig full = lcfg;
-  full.lora.reset();
+  const ModelConfig full = qlora_config();
   shard::ShardingConfig sc;
   sc.strategy = shard::Strategy::FullShard;
   shard::Mesh mesh = shard::make_mesh(*g_world, sc, 1);
-  shard::ShardedModel engine(full, sc, mesh);
+  shard::ShardedModel engine(full, {}, sc, mesh);
   shard::load_weights(engine, io::ModelWeights(d.bnb), d.bnb);
   const auto weights = shardlm::testing::gather_weights(engine);
   const std::map<std::string, OwnedTensor> dense = model::load_dequantized_f32(d.bnb);
@@ -428,7 +423,7 @@ TEST(Engine, OptimizerBytesFallWithTheShardCount) {
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Optimizer)];
-    shard::ShardedModel engine(cfg, c, mesh);
+    shard::ShardedModel engine(cfg, {}, c, mesh);
     return MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Optimizer)] - before;
   };
   const double full = double(optimizer_bytes(shard::Strategy::NoShard));
@@ -469,7 +464,7 @@ TEST(Engine, BytesPerStepMatchZeroTheory) {
     shard::ShardingConfig c;
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
-    shard::ShardedModel engine(cfg, c, mesh);
+    shard::ShardedModel engine(cfg, {}, c, mesh);
     shard::init_random(engine, 1);
     model::LlamaCompute compute(cfg, DType::F32);
     mesh.shard->reset_stats();
@@ -507,7 +502,7 @@ TEST(Engine, GradientBytesFallWithTheShardCount) {
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
     const int64_t before = MemoryTracker::for_device(Device::CPU).stats().live[int(MemCategory::Gradients)];
-    shard::ShardedModel engine(cfg, c, mesh);
+    shard::ShardedModel engine(cfg, {}, c, mesh);
     shard::init_random(engine, 1);
     model::LlamaCompute compute(cfg, DType::F32);
     one_step(engine, compute, 0, 1, {});
@@ -526,7 +521,7 @@ TEST(Engine, TwoMicroBatchesEqualOneBatchTwiceTheSize) {
     c.strategy = shard::Strategy::FullShard;
     c.reduce_every_microbatch = !no_sync;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
-    shard::ShardedModel one(cfg, c, mesh), two(cfg, c, mesh);
+    shard::ShardedModel one(cfg, {}, c, mesh), two(cfg, {}, c, mesh);
     shard::init_random(one, 9);
     shard::init_random(two, 9);
     model::LlamaCompute compute(cfg, DType::F32);
@@ -555,7 +550,7 @@ TEST(Engine, EachRankLoadsItsShardOfAHuggingFaceDirectory) {
     shard::ShardingConfig c;
     c.strategy = s;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
-    shard::ShardedModel engine(cfg, c, mesh);
+    shard::ShardedModel engine(cfg, {}, c, mesh);
     shard::load_weights(engine, io::ModelWeights(dir), dir);
     const auto weights = shardlm::testing::gather_weights(engine);
     for (const std::string& name : engine.names()) {
@@ -579,7 +574,7 @@ TEST(Engine, Bf16MixedPrecisionTracksF32) {
     c.strategy = shard::Strategy::FullShard;
     if (mixed) c.param_dtype = c.reduce_dtype = DType::BF16;
     shard::Mesh mesh = shard::make_mesh(*g_world, c, 1);
-    shard::ShardedModel engine(cfg, c, mesh);
+    shard::ShardedModel engine(cfg, {}, c, mesh);
     shard::init_random(engine, 4);
     model::LlamaCompute compute(cfg, c.param_dtype);
     for (int s = 0; s < 4; ++s) losses[mixed].push_back(one_step(engine, compute, s, 1, opt).loss);

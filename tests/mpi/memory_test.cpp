@@ -66,14 +66,12 @@ Measured run_case(const Case& c) {
   const MemStats before = tracker.stats();
   tracker.reset_peaks();
   {
-    ModelConfig cfg = test_config();
-    cfg.lora = c.lora;
-    cfg.nf4_base = c.nf4;
-    cfg.nf4_double_quant = c.nf4_double_quant;
+    const ModelConfig cfg = test_config();
+    const model::FinetuneSpec ft{.lora = c.lora, .nf4_base = c.nf4, .nf4_double_quant = c.nf4_double_quant};
     shard::Mesh mesh = shard::make_mesh(*g_world, c.sc, 2);
-    shard::ShardedModel engine(cfg, c.sc, mesh);
+    shard::ShardedModel engine(cfg, ft, c.sc, mesh);
     shard::init_random(engine, 3);
-    model::LlamaCompute compute(cfg, c.sc.param_dtype);
+    model::LlamaCompute compute(cfg, c.sc.param_dtype, Device::CPU, ft.lora);
     compute.set_checkpointing(c.ckpt);
     ops::AdamWConfig opt;
     opt.lr = 1e-3;
@@ -103,9 +101,7 @@ Measured run_case(const Case& c) {
 memory::Estimate estimate_case(const Case& c) {
   memory::EstimateInput in;
   in.model = test_config();
-  in.model.lora = c.lora;
-  in.model.nf4_base = c.nf4;
-  in.model.nf4_double_quant = c.nf4_double_quant;
+  in.finetune = {.lora = c.lora, .nf4_base = c.nf4, .nf4_double_quant = c.nf4_double_quant};
   in.sharding = c.sc;
   in.world_size = g_world->size();
   in.ranks_per_node = 2;  // as make_mesh above is told
@@ -257,7 +253,7 @@ TEST(MemoryEstimate, FinalSaveStaysWithinOneUnitOfTheTrainingPeak) {
   shard::ShardingConfig sc;
   sc.strategy = shard::Strategy::FullShard;
   shard::Mesh mesh = shard::make_mesh(*g_world, sc, 2);
-  shard::ShardedModel engine(cfg, sc, mesh);
+  shard::ShardedModel engine(cfg, {}, sc, mesh);
   shard::init_random(engine, 3);
   model::LlamaCompute compute(cfg, DType::F32);
   tracker.reset_peaks();
