@@ -38,8 +38,9 @@ struct BnbDirOptions {
 inline void write_bnb_dir(const std::string& dir, const ModelConfig& cfg, const infer::ParamStore& store,
                           const BnbDirOptions& o = {}) {
   store.save(dir, o.dtype, uint64_t(1) << 40, "");  // config.json (and a model.safetensors replaced below)
-  model::FinetuneSpec qlora{.nf4_base = true};  // which tensors QLoRA keeps in NF4
+  model::FinetuneSpec qlora;  // which tensors QLoRA keeps in NF4
   qlora.lora.emplace().target_modules = {"all-linear"};
+  qlora.nf4_base = true;
   std::vector<std::string> nf4_names;
   for (const model::ModelPart& part : model::llama_parts(cfg, qlora))
     for (const model::ParamInfo& info : part.params)

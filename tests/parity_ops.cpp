@@ -118,6 +118,41 @@ TEST(Parity, AdamW) {
   }
 }
 
+// AdamW with bf16 moments (optimizer_state_dtype: bf16) against the torch implementation in
+// ref_adamw_bf16.py: the stochastically rounded moments bit for bit, the weights to an ulp. The
+// buffer is updated in two calls split at an odd element, as two ranks or two tensors' pieces
+// would be: the draws follow the element's position, not the call.
+TEST(Parity, AdamwBf16Moments) {
+  for (const RefCase& c : load_ref_cases("adamw_bf16")) {
+    const int64_t n = c.params["n"], steps = c.params["steps"], first = c.params["first"];
+    const uint64_t stream = c.params["stream"];
+    std::vector<float> p = c.f32("p0"), grads = c.f32("grads");
+    std::vector<bf16_t> m(size_t(n), bf16_t{0}), v(size_t(n), bf16_t{0});
+    ops::AdamWConfig cfg;
+    cfg.lr = c.params["lr"];
+    cfg.beta1 = c.params["beta1"];
+    cfg.beta2 = c.params["beta2"];
+    cfg.eps = c.params["eps"];
+    cfg.weight_decay = c.params["weight_decay"];
+    const int64_t split = n / 3 | 1;
+    for (int64_t s = 0; s < steps; ++s)
+      for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, split}, {split, n}}) {
+        auto part = [&](void* base, DType t) { return Tensor::view(static_cast<char*>(base) + lo * dtype_size(t), t, {hi - lo}); };
+        ops::adamw_step(part(p.data(), DType::F32), part(grads.data() + s * n, DType::F32), part(m.data(), DType::BF16),
+                        part(v.data(), DType::BF16), cfg, s + 1, c.params["grad_scale"], {stream, first + lo});
+      }
+    EXPECT_TRUE(all_close(p, c.f32("p"), 1e-7, 1e-6, c.name + " param"));
+    const std::vector<int32_t> want_m = c.i32("m_bits"), want_v = c.i32("v_bits");
+    int64_t m_diff = 0, v_diff = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      m_diff += m[size_t(i)].bits != uint16_t(want_m[size_t(i)]);
+      v_diff += v[size_t(i)].bits != uint16_t(want_v[size_t(i)]);
+    }
+    EXPECT_EQ(m_diff, 0) << c.name << ": exp_avg elements whose bf16 bits differ";
+    EXPECT_EQ(v_diff, 0) << c.name << ": exp_avg_sq elements whose bf16 bits differ";
+  }
+}
+
 // The global norm over several buffers, and the clipped gradients, as clip_grad_norm_.
 TEST(Parity, GlobalNorm) {
   for (const RefCase& c : load_ref_cases("global_norm")) {

@@ -5,12 +5,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
+#include "core/float_bits.h"
 #include "core/rng.h"
 #include "io/model_files.h"
+#include "ops/ops.h"
 #include "shard/engine.h"
 #include "shard/load.h"
 #include "testing.h"
@@ -138,6 +142,108 @@ TEST(Checkpoint, ReloadsEveryStateBitwiseIntoAnotherUnitLayout) {
         EXPECT_TRUE(std::any_of(va.begin(), va.end(), [](float x) { return x != 0.0f; }))
             << e.info.name << ": moments should be non-zero after training";
       }
+    }
+  }
+}
+
+namespace {
+// One tensor's AdamW moment (exp_avg or exp_avg_sq) of a one-process engine, widened to f32
+// whatever the engine keeps (f32 or bf16).
+std::vector<float> moment(shard::ShardedModel& engine, const std::string& name, bool second) {
+  for (int k = 0; k < engine.num_units(); ++k)
+    for (const shard::FlatEntry& e : engine.layout(k).entries) {
+      if (e.info.name != name) continue;
+      const Tensor t = second ? engine.owned_state(k).exp_avg_sq : engine.owned_state(k).exp_avg;
+      std::vector<float> out(size_t(e.info.numel()));
+      ops::cast(Tensor::view(out.data(), DType::F32, {e.info.numel()}), t.slice(e.offset, e.offset + e.info.numel()));
+      return out;
+    }
+  ADD_FAILURE() << "no tensor " << name;
+  return {};
+}
+std::vector<float> rounded_to_bf16(std::vector<float> v) {
+  for (float& x : v) x = std::bit_cast<float>(bits::bf16_to_f32(bits::f32_to_bf16(std::bit_cast<uint32_t>(x))));
+  return v;
+}
+}  // namespace
+
+// optimizer_state_dtype: bf16. The moments are stored as bf16 (format version 2) and resume bit
+// for bit into another unit layout; a run keeping f32 moments resumes from them widened exactly,
+// and a bf16 run from f32 moments rounded to nearest once. Training continues from a resumed bf16
+// state exactly as without the interruption. The async save's staged copy holds the bf16 bytes.
+TEST(Checkpoint, Bf16MomentsResumeExactlyAndConvertToAndFromF32) {
+  shard::ShardingConfig bf16;
+  bf16.state_dtype = DType::BF16;
+  Trained a(small_config(), bf16);
+  a.train(3);
+  const std::string dir = fresh_dir("bf16"), async_dir = fresh_dir("bf16_async");
+  a.save(dir, 3);
+  ckpt::CheckpointReader reader(dir);
+  EXPECT_EQ(reader.metadata().at("format_version"), 2);
+  {
+    ckpt::CheckpointSaver saver(true);
+    ckpt::SaveOptions o;
+    o.dir = async_dir;
+    o.step = 3;
+    o.training = {{"step", 3}};
+    saver.start(o, *a.engine, a.cfg, *a.world);
+    saver.finish(*a.world);
+    auto bytes = [](const fs::path& p) {
+      std::ifstream in(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_TRUE(bytes(fs::path(dir) / "rank_00000.safetensors") == bytes(fs::path(async_dir) / "rank_00000.safetensors"));
+  }
+
+  shard::ShardingConfig bf16_nowrap = bf16;
+  bf16_nowrap.wrap = shard::WrapPolicy::NoWrap;
+  Trained b(small_config(), bf16_nowrap), c(small_config());
+  ckpt::load_checkpoint(reader, *b.engine);
+  ckpt::load_checkpoint(reader, *c.engine);
+  for (const std::string& name : a.engine->names())
+    for (bool second : {false, true}) {
+      const std::vector<float> want = moment(*a.engine, name, second);
+      EXPECT_EQ(moment(*b.engine, name, second), want) << name;
+      EXPECT_EQ(moment(*c.engine, name, second), want) << name << " (an f32 run)";
+      EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; })) << name;
+    }
+  // One more step of the resumed run and of the uninterrupted one: the same weights, bit for bit.
+  std::vector<int32_t> ids, targets;
+  model::LlamaCompute compute(small_config(), DType::F32);
+  for (Trained* t : {&a, &b}) t->engine->train_step(compute, {make_batch(ids, targets, 2, 8, 4)}, ops::AdamWConfig{.lr = 1e-2}, 4, 1.0);
+  const auto wa = shardlm::testing::gather_weights(*a.engine), wb = shardlm::testing::gather_weights(*b.engine);
+  for (const std::string& name : a.engine->names()) EXPECT_EQ(wa.at(name), wb.at(name)) << name;
+
+  // f32 moments into a bf16 run: rounded to nearest once.
+  Trained d(small_config());
+  d.train(3);
+  const std::string f32_dir = fresh_dir("f32_for_bf16");
+  d.save(f32_dir, 3);
+  ckpt::CheckpointReader f32_reader(f32_dir);
+  EXPECT_EQ(f32_reader.metadata().at("format_version"), 1);
+  Trained e(small_config(), bf16);
+  ckpt::load_checkpoint(f32_reader, *e.engine);
+  for (const std::string& name : d.engine->names())
+    for (bool second : {false, true})
+      EXPECT_EQ(moment(*e.engine, name, second), rounded_to_bf16(moment(*d.engine, name, second))) << name;
+}
+
+// The moments' stochastic rounding follows each element's place in its tensor, not its offset in
+// a unit: one process trained with one unit per layer and with one unit for the whole model
+// computes the same gradients (checked with f32 moments first), and so the same bf16 moments.
+TEST(Checkpoint, Bf16MomentsRoundTheSameInAnyUnitLayout) {
+  for (DType state : {DType::F32, DType::BF16}) {
+    shard::ShardingConfig per_layer, whole;
+    per_layer.state_dtype = whole.state_dtype = state;
+    whole.wrap = shard::WrapPolicy::NoWrap;
+    Trained a(small_config(), per_layer), b(small_config(), whole);
+    a.train(3);
+    b.train(3);
+    const auto wa = shardlm::testing::gather_weights(*a.engine), wb = shardlm::testing::gather_weights(*b.engine);
+    for (const std::string& name : a.engine->names()) {
+      EXPECT_EQ(wa.at(name), wb.at(name)) << name << " (" << dtype_name(state) << " moments)";
+      for (bool second : {false, true})
+        EXPECT_EQ(moment(*a.engine, name, second), moment(*b.engine, name, second)) << name;
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/float_bits.h"
 #include "io/atomic_file.h"
 #include "io/json_integer.h"
 #include "io/json_parse.h"
@@ -185,40 +187,39 @@ void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine,
   }
   world.barrier();
 
-  // This rank's file: three f32 tensors per unit it writes.
+  // This rank's file: three tensors per unit it writes: the f32 master and the moments in the
+  // engine's state dtype (f32 or bf16; the reader converts either to what the resuming engine keeps).
   p->path = (dir / rank_file_name(world.rank())).string();
   p->header = {{"format", "shardlm-checkpoint-shard"}, {"rank", std::to_string(world.rank())}};
   std::vector<std::pair<int, shard::ShardedModel::StateRange>> written;
-  int64_t elements = 0;
+  int64_t staged_bytes = 0;
   for (int k = 0; k < engine.num_units(); ++k) {
     shard::ShardedModel::StateRange s = written_state(engine, k);
     if (s.numel == 0) continue;
-    elements += s.numel * int64_t(std::size(kFields));
+    for (Field f : kFields) staged_bytes += field_of(s, f).nbytes();
     written.emplace_back(k, std::move(s));
   }
   // Async: the staging buffer holds a copy, since the engine's buffers change with the next step.
   // Its size is the same at every save of a run, so it is allocated once.
-  if (async_ && elements > 0 && staging_.t.numel() != elements)
-    staging_ = OwnedTensor(DType::F32, {elements}, MemCategory::Other, false);
-  int64_t at = 0;
+  if (async_ && staged_bytes > 0 && staging_.t.numel() != staged_bytes)
+    staging_ = OwnedTensor(DType::U8, {staged_bytes}, MemCategory::Other, false);
+  int64_t at = 0;  // bytes of staging_ used
   for (const auto& [k, s] : written) {
     p->header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
     for (Field f : kFields) {
       Tensor t = field_of(s, f);
       if (async_) {
-        const Tensor copy = staging_.t.slice(at, at + s.numel);
-        at += s.numel;
-        const float* from = t.f32();
-        float* to = copy.f32();
-        const int64_t n = s.numel;  // clang before 16 cannot capture a structured binding in the parallel region
-        constexpr int64_t kPiece = int64_t(1) << 20;
+        const int64_t n = int64_t(t.nbytes());
+        const uint8_t* from = static_cast<const uint8_t*>(t.data);
+        uint8_t* to = static_cast<uint8_t*>(staging_.t.data) + at;
+        at += n;
+        constexpr int64_t kPiece = int64_t(4) << 20;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i += kPiece)
-          std::memcpy(to + i, from + i, size_t(std::min(kPiece, n - i)) * sizeof(float));
-        t = copy;
+        for (int64_t i = 0; i < n; i += kPiece) std::memcpy(to + i, from + i, size_t(std::min(kPiece, n - i)));
+        t = Tensor::view(to, t.dtype, {s.numel});
       }
       const std::string name = unit_tensor(k, f);
-      p->plan.emplace_back(name, DType::F32, std::vector<int64_t>{s.numel});
+      p->plan.emplace_back(name, t.dtype, std::vector<int64_t>{s.numel});
       p->data.emplace_back(name, t);
       p->bytes += t.nbytes();
     }
@@ -280,7 +281,8 @@ SaveReport CheckpointSaver::finish(comm::Communicator& world) {
       units.push_back({{"unit", k}, {"name", l.unit_name}, {"padded_numel", l.padded_numel}, {"tensors", tensors}});
     }
     json meta = {{"format", kFormat},
-                       {"format_version", kFormatVersion},
+                       // Version 2 only where it matters: moments in bf16, which version-1 readers refuse.
+                       {"format_version", p->engine->plan().sharding.state_dtype == DType::F32 ? 1 : kFormatVersion},
                        {"step", p->opt.step},
                        {"model", to_hf_json(*p->cfg)},
                        {"checksum", {{"algorithm", "crc32"}, {"block_bytes", kChecksumBlockBytes}}},
@@ -485,11 +487,16 @@ CheckpointReader::File& CheckpointReader::open_file(size_t i) {
                     {.file = f.path});
       for (Field fl : kFields) {
         const std::string name = unit_tensor(r.unit, fl);
-        if (!st->has(name) || st->info(name).numel() != r.numel || st->info(name).dtype != DType::F32)
-          throw Error(fmt::format("does not hold the f32 [{}] tensor the metadata lists", r.numel),
+        // The master is f32; the moments f32 or bf16 (the saving run's optimizer_state_dtype).
+        const bool dtype_ok = st->has(name) && (st->info(name).dtype == DType::F32 ||
+                                                (fl != Field::Master && st->info(name).dtype == DType::BF16));
+        if (!dtype_ok || st->info(name).numel() != r.numel)
+          throw Error(fmt::format("does not hold the {}[{}] tensor the metadata lists",
+                                  fl == Field::Master ? "f32 " : "f32 or bf16 ", r.numel),
                       {.file = f.path, .tensor = name});
         auto crc = f.crc.find(name);
-        const uint64_t blocks = (uint64_t(r.numel) * 4 + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+        const uint64_t esize = st->info(name).element_size();
+        const uint64_t blocks = (uint64_t(r.numel) * esize + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
         if (crc == f.crc.end() || crc->second.size() != blocks)
           throw Error("the metadata has no checksums for this tensor", {.file = f.path, .tensor = name});
         verified[name].assign(size_t(blocks), 0);
@@ -515,12 +522,14 @@ void CheckpointReader::read(const std::string& name, Field field, int64_t begin,
       if (a >= b) continue;
       File& f = open_file(i);
       const std::string stored = unit_tensor(r.unit, field);
-      // Verify each checksum block the bytes [a, b) touch, once per reader.
+      // Verify each checksum block the bytes of elements [a, b) touch, once per reader.
       const std::span<const uint8_t> bytes = f.st->bytes(stored);
+      const DType dtype = *f.st->info(stored).dtype;  // F32 or BF16, as open_file checked
+      const uint64_t esize = dtype_size(dtype);
       std::vector<uint8_t>& done = f.verified.at(stored);
       const std::vector<uint32_t>& want = f.crc.at(stored);
-      const uint64_t first = uint64_t(a - r.begin) * 4 / kChecksumBlockBytes;
-      const uint64_t last = (uint64_t(b - r.begin) * 4 - 1) / kChecksumBlockBytes;
+      const uint64_t first = uint64_t(a - r.begin) * esize / kChecksumBlockBytes;
+      const uint64_t last = (uint64_t(b - r.begin) * esize - 1) / kChecksumBlockBytes;
       for (uint64_t blk = first; blk <= last; ++blk) {
         if (done[blk]) continue;
         const uint64_t s = blk * kChecksumBlockBytes, e = std::min<uint64_t>(bytes.size(), s + kChecksumBlockBytes);
@@ -531,7 +540,17 @@ void CheckpointReader::read(const std::string& name, Field field, int64_t begin,
                       {.file = f.path, .tensor = stored});
         done[blk] = 1;
       }
-      f.st->read_range(stored, uint64_t(a - r.begin), uint64_t(b - a), dst + (a - lo));
+      float* out = dst + (a - lo);
+      if (dtype == DType::F32) {
+        f.st->read_range(stored, uint64_t(a - r.begin), uint64_t(b - a), out);
+      } else {  // bf16 moments: widened exactly
+        const uint8_t* from = bytes.data() + uint64_t(a - r.begin) * esize;
+        for (int64_t i = 0; i < b - a; ++i) {
+          uint16_t h;
+          std::memcpy(&h, from + i * 2, 2);
+          out[i] = std::bit_cast<float>(bits::bf16_to_f32(h));
+        }
+      }
       covered += b - a;
     }
   }
@@ -575,10 +594,16 @@ uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) 
     shard::for_each_overlap(engine.layout(k), s.begin, s.begin + s.numel,
                             [&](const shard::FlatEntry& e, int64_t lo, int64_t hi) {
                               for (Field f : kFields) {
-                                const Tensor& t = field_of(s, f);
-                                reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32() + (lo - s.begin));
+                                const Tensor t = field_of(s, f).slice(lo - s.begin, hi - s.begin);
+                                if (t.dtype == DType::F32) {
+                                  reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32());
+                                } else {  // moments kept in bf16: read as f32, rounded to nearest even once
+                                  std::vector<float> f32(size_t(hi - lo));
+                                  reader.read(e.info.name, f, lo - e.offset, hi - lo, f32.data());
+                                  ops::cast(t, Tensor::view(f32.data(), DType::F32, {hi - lo}, Device::CPU));
+                                }
+                                bytes += t.nbytes();
                               }
-                              bytes += uint64_t(hi - lo) * 4 * std::size(kFields);
                             });
   }
   engine.master_weights_changed();

@@ -45,7 +45,8 @@ class ShardedModel;
 
 namespace shardlm::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// 1: every field f32. 2: the moments may be bf16 (optimizer_state_dtype: bf16); written only then.
+inline constexpr int kFormatVersion = 2;
 inline constexpr const char* kMetadataName = "metadata.json";
 inline constexpr const char* kCompleteName = "COMPLETE";
 inline constexpr uint64_t kChecksumBlockBytes = 4u << 20;

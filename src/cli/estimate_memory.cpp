@@ -15,7 +15,7 @@ namespace shardlm::cli {
 namespace {
 
 struct Opts {
-  std::string model, strategy = "FULL_SHARD", param_dtype = "f32", reduce_dtype = "f32", ckpt = "false";
+  std::string model, strategy = "FULL_SHARD", param_dtype = "f32", reduce_dtype = "f32", state_dtype = "f32", ckpt = "false";
   std::string wrap = "TRANSFORMER_BASED_WRAP", backward_prefetch = "BACKWARD_PRE", device_memory;
   int world = 1, nproc = 0, shard_group = 0;
   int64_t micro_batch = 8, seq_len = 256, accum = 1, lora_rank = 0, min_num_params = 100000000;
@@ -114,6 +114,7 @@ void run(const Opts& o) {
   in.sharding.strategy = for_flag("--sharding-strategy", o.strategy, shard::parse_strategy);
   in.sharding.param_dtype = dtype_flag("--param-dtype", o.param_dtype, {DType::F32, DType::BF16});
   in.sharding.reduce_dtype = dtype_flag("--reduce-dtype", o.reduce_dtype, {DType::F32, DType::BF16});
+  in.sharding.state_dtype = dtype_flag("--optimizer-state-dtype", o.state_dtype, {DType::F32, DType::BF16});
   in.sharding.wrap = for_flag("--auto-wrap-policy", o.wrap, shard::parse_wrap_policy);
   in.sharding.min_num_params = o.min_num_params;
   in.sharding.forward_prefetch = o.forward_prefetch;
@@ -215,10 +216,11 @@ void run(const Opts& o) {
     throw Error(fmt::format("{} (--world-size {}, --nproc-per-node / --shard-group-size)", err.message(), in.world_size));
   }
   print_header();
-  fmt::print("{} on {} rank{} (shard groups of {}, {} units), param {}, reduce {}; micro-batch {} x {} tokens, {} "
+  fmt::print("{} on {} rank{} (shard groups of {}, {} units), param {}, reduce {}{}; micro-batch {} x {} tokens, {} "
              "accumulation step{}, {}\n",
              shard::strategy_name(in.sharding.strategy), in.world_size, in.world_size > 1 ? "s" : "", e.shard_group,
              e.num_units, dtype_name(in.sharding.param_dtype), dtype_name(in.sharding.reduce_dtype),
+             in.sharding.state_dtype == DType::F32 ? "" : fmt::format(", AdamW moments {}", dtype_name(in.sharding.state_dtype)),
              in.micro_batch_size, in.seq_len, in.grad_accum, in.grad_accum > 1 ? "s" : "", ckpt);
   print_estimate(in, e, budget);
   print_accelerate(m, in.finetune);
@@ -240,6 +242,7 @@ void register_estimate_memory(CLI::App& app) {
   cmd->add_option("--shard-group-size", o->shard_group, "Hybrid: ranks per shard group (default: the node)");
   cmd->add_option("--param-dtype", o->param_dtype, "Gathered parameters and compute: f32 or bf16")->capture_default_str();
   cmd->add_option("--reduce-dtype", o->reduce_dtype, "Gradient communication: f32 or bf16")->capture_default_str();
+  cmd->add_option("--optimizer-state-dtype", o->state_dtype, "AdamW's moments at rest: f32 or bf16")->capture_default_str();
   cmd->add_option("--micro-batch-size", o->micro_batch, "Sequences per rank per micro-batch")->capture_default_str();
   cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--gradient-accumulation-steps", o->accum, "Micro-batches per step (matters with --no-sync)")

@@ -24,6 +24,15 @@ SHARDLM_HOST_DEVICE uint16_t f32_to_bf16(uint32_t u) {
 
 SHARDLM_HOST_DEVICE uint32_t bf16_to_f32(uint16_t h) { return uint32_t(h) << 16; }
 
+// f32 -> bf16 with stochastic rounding: the low 16 bits that truncation drops are added to 16 random
+// bits before truncating, so the magnitude rounds up with probability (dropped bits) / 2^16 and the
+// expected result is x itself. A value just below the largest bf16 may round to Inf, as with any
+// stochastic rounding. NaN and Inf convert as f32_to_bf16 does.
+SHARDLM_HOST_DEVICE uint16_t f32_to_bf16_stochastic(uint32_t u, uint32_t random16) {
+  if ((u & 0x7f800000u) == 0x7f800000u) return f32_to_bf16(u);
+  return uint16_t((u + (random16 & 0xffffu)) >> 16);
+}
+
 SHARDLM_HOST_DEVICE uint32_t f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;

@@ -142,12 +142,25 @@ struct AdamWConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
 };
-// One AdamW step over flat f32 buffers of equal length, exactly as torch.optim.AdamW:
+// Where the elements of one adamw_step call sit in their tensor: element i of the call is element
+// first + i of the tensor whose name gives `stream` (rng's stream_id). Only moments stored in bf16
+// use it (their rounding draws), so that a tensor's result does not depend on how it is split
+// between calls or ranks.
+struct StatePosition {
+  uint64_t stream = 0;
+  int64_t first = 0;
+};
+// One AdamW step over flat buffers of equal length, exactly as torch.optim.AdamW:
 //   p *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // with g = grad_scale * grad (grad_scale carries gradient clipping) and t = step (1-based).
+// param and grad are f32. m and v are f32, or both bf16 (optimizer_state_dtype: bf16): then each is
+// read to f32, the step computed in f32 as above, and the new m and v stored with stochastic
+// rounding (core/float_bits.h). Round to nearest would stall v, whose per-step change (1 - b2 =
+// 1e-3 of it) is below half a bf16 ulp (2^-9). The random bits of tensor element j come from
+// rng_detail::draw(step, pos.stream, j / 4), word j % 4: its low 16 bits round m, its high 16 v.
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                const AdamWConfig& cfg, int64_t step, float grad_scale = 1.0f);
+                const AdamWConfig& cfg, int64_t step, float grad_scale = 1.0f, StatePosition pos = {});
 
 // ---- Bias (Qwen2's q/k/v projections, Llama's optional attention_bias) ------------------------
 // y[i, :] += b for every row.  y [N, M] f32|bf16; b [M] f32|bf16.

@@ -7,21 +7,25 @@
 namespace shardlm::ops {
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
-                int64_t step, float grad_scale) {
+                int64_t step, float grad_scale, StatePosition pos) {
   constexpr const char* op = "adamw_step";
   const Tensor* all[] = {&param, &grad, &m, &v};
   const char* names[] = {"param", "grad", "m", "v"};
   for (int i = 0; i < 4; ++i) {
     check_usable(op, names[i], *all[i]);
-    check_dtype(op, names[i], *all[i], {DType::F32});
+    if (i < 2) check_dtype(op, names[i], *all[i], {DType::F32});
+    else check_dtype(op, names[i], *all[i], {DType::F32, DType::BF16});  // the moments
     check_numel(op, names[i], *all[i], param.numel());
   }
+  SHARDLM_CHECK(m.dtype == v.dtype, "adamw_step: m is {} but v is {}; the moments share one dtype", dtype_name(m.dtype),
+                dtype_name(v.dtype));
+  SHARDLM_CHECK(pos.first >= 0, "adamw_step: the first element's position must be >= 0, got {}", pos.first);
   SHARDLM_CHECK(step >= 1, "adamw_step: step must be >= 1 (1-based), got {}", step);
   SHARDLM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1,
                 "adamw_step: betas must lie in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2);
   const Device dev = check_same_device(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
-  SHARDLM_DISPATCH(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale));
-  cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale);
+  SHARDLM_DISPATCH(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale, pos));
+  cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale, pos);
 }
 
 double sum_squares(const Tensor& x) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "core/rng.h"
 #include "core/timeline.h"
 
 namespace shardlm::shard {
@@ -33,7 +34,9 @@ struct ShardedModel::Unit {
   const PlannedUnit* plan;
   ShardedBuffer params;  // what a visit gathers: trained parameters, frozen base, NF4 store
   // Optimizer side (pinned host memory under offload, else the engine's device):
-  FlatBuffer master, exp_avg, exp_avg_sq;  // f32 [own_numel]: what this rank optimizes
+  // What this rank optimizes, [own_numel]: the f32 master, and AdamW's moments in the state dtype
+  // (ShardingConfig::state_dtype).
+  FlatBuffer master, exp_avg, exp_avg_sq;
   FlatBuffer grad_shard;                   // f32 [shard_numel]: reduced gradients (sharded optimizer)
   FlatBuffer full_grad;                    // f32 [padded]: the backward's accumulator
   // What the model binds as gradients: full_grad or, for a solo unit, the gradient shard.
@@ -55,21 +58,25 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
       shard_comm_(mesh.tensor_shard()),
       use_(use) {
   // A dry run (the meta device) may plan offload for a GPU it does not have.
+  SHARDLM_CHECK(sharding.state_dtype == DType::F32 || sharding.state_dtype == DType::BF16,
+                "optimizer state must be f32 or bf16, got {}", dtype_name(sharding.state_dtype));
   SHARDLM_CHECK(!plan_.offload.params || (device_ != Device::CPU && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
                 strategy_name(sharding.strategy), device_name(device_));
   const bool sharded = sharding.shard_optimizer();
   const bool offload = plan_.offload.params;
   // Optimizer-side state: pinned host memory under offload, else on the engine's device.
-  auto state_buffer = [&](BufferRole role, int64_t numel) { return make_(role, DType::F32, numel, true, offload); };
+  auto state_buffer = [&](BufferRole role, int64_t numel, DType dtype = DType::F32) {
+    return make_(role, dtype, numel, true, offload);
+  };
   int64_t largest_shard = 0;
   for (const PlannedUnit& p : plan_.units) {
     auto u = std::make_unique<Unit>(p, ShardedBuffer(p, plan_.precision.param, make_));
     if (p.trains()) {  // a frozen unit (LoRA) has no master, no optimizer state, no gradients
       u->master = state_buffer(BufferRole::Master, p.own_numel);
       if (use == EngineUse::Train) {  // an evaluation engine takes no step and makes no gradients
-        u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel);
-        u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel);
+        u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel, sharding.state_dtype);
+        u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel, sharding.state_dtype);
         if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
         if (p.solo) u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
       }
@@ -344,7 +351,8 @@ void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, flo
     for_each_overlap(p.layout, p.own_begin, p.own_begin + p.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
       const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
       ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), u.exp_avg.view().slice(a, z),
-                      u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip);
+                      u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip,
+                      {stream_id(e.info.name), lo - e.offset});
     });
   }
   master_weights_changed();

@@ -51,9 +51,10 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
   const int W = world_.size();
   print(fmt::format("shardlm train: {} ({} layers, hidden {}, {:.2f}M parameters) in {}", c_.model, m.num_hidden_layers,
                     m.hidden_size, double(parameter_count(m, in_.finetune)) / 1e6, dtype_name(c_.compute_dtype())));
-  print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}",
+  print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}{}",
                     shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", shard_group_size, units,
-                    units > 1 ? "s" : "", dtype_name(sc.reduce_dtype)));
+                    units > 1 ? "s" : "", dtype_name(sc.reduce_dtype),
+                    sc.state_dtype == DType::F32 ? "" : fmt::format(", AdamW moments in {}", dtype_name(sc.state_dtype))));
   if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
     print("ranks: started by " + launcher);
   if (const model::FinetuneSpec& ft = in_.finetune; ft.lora) {

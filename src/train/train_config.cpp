@@ -463,6 +463,11 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       },
       "f32 or bf16 (mixed_precision.param_dtype)",
       [](DType d) { return d == DType::F16 ? std::string("f16 compute is not supported (use bf16)") : ""; })});
+  add({F::parsed_set(
+      "optimizer_state_dtype", float_dtype,
+      [](const ConfigTree&, const std::string&, TrainConfig& c, DType d) { c.sharding.state_dtype = d; },
+      "AdamW's moments at rest: f32, or bf16 (half the bytes, stored with stochastic rounding)",
+      [](DType d) { return d == DType::F16 ? std::string("f16 moments are not supported (use bf16)") : ""; })});
   add({
       F::parsed(
           "max_memory_per_rank", &TrainConfig::max_memory_per_rank,

@@ -39,7 +39,7 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& dx,
                                         const Tensor& dw, float grad_scale, int64_t chunk_rows);
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
-                int64_t step, float grad_scale);
+                int64_t step, float grad_scale, StatePosition pos);
 double sum_squares(const Tensor& x);
 void add_bias(const Tensor& y, const Tensor& b);
 void bias_backward(const Tensor& db, const Tensor& dy);

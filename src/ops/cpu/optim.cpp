@@ -1,22 +1,54 @@
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/float_bits.h"
+#include "core/rng.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
 #include "ops/cpu/parallel.h"
 
+// AdamW's update is written as torch computes it, one rounded f32 operation at a time: no fused
+// multiply-add, so a bf16 moment's stochastic rounding starts from the value torch's would.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace shardlm::ops::cpu {
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
-                int64_t step, float grad_scale) {
+namespace {
+// The moments as stored: f32, or bf16 with stochastic rounding (ops.h, adamw_step).
+struct F32Moments {
+  float* m;
+  float* v;
+  float m_at(int64_t i) const { return m[i]; }
+  float v_at(int64_t i) const { return v[i]; }
+  void store(int64_t i, float mi, float vi, uint32_t) const {
+    m[i] = mi;
+    v[i] = vi;
+  }
+};
+struct Bf16Moments {
+  uint16_t* m;
+  uint16_t* v;
+  float m_at(int64_t i) const { return std::bit_cast<float>(bits::bf16_to_f32(m[i])); }
+  float v_at(int64_t i) const { return std::bit_cast<float>(bits::bf16_to_f32(v[i])); }
+  // word: the 32 random bits of this element (low half for m, high half for v).
+  void store(int64_t i, float mi, float vi, uint32_t word) const {
+    m[i] = bits::f32_to_bf16_stochastic(std::bit_cast<uint32_t>(mi), word);
+    v[i] = bits::f32_to_bf16_stochastic(std::bit_cast<uint32_t>(vi), word >> 16);
+  }
+};
+
+template <class Moments>
+void adamw_loop(float* p, const float* g, const Moments& st, const AdamWConfig& cfg, int64_t step, float grad_scale,
+                StatePosition pos, int64_t n) {
   // Follows torch.optim.AdamW (single-tensor path) operation by operation, including where
   // Python computes scalars in double before they meet f32 tensors, so results agree to ~1 ulp.
-  const int64_t n = param.numel();
-  float* p = static_cast<float*>(param.data);
-  const float* g = static_cast<const float*>(grad.data);
-  float* mm = static_cast<float*>(m.data);
-  float* vv = static_cast<float*>(v.data);
   const float decay = float(1.0 - cfg.lr * cfg.weight_decay);
   const double bias1 = 1.0 - std::pow(cfg.beta1, double(step));
   const double bias2 = 1.0 - std::pow(cfg.beta2, double(step));
@@ -25,17 +57,40 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   const float w1 = float(1.0 - cfg.beta1);  // lerp weight of the new gradient
   const float b2 = float(cfg.beta2), w2 = float(1.0 - cfg.beta2);
   const float eps = float(cfg.eps);
+  constexpr bool kDraws = std::is_same_v<Moments, Bf16Moments>;
   parallel_region(n > 16384, [&] {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float gi = g[i] * grad_scale;
       p[i] *= decay;
-      mm[i] += w1 * (gi - mm[i]);  // torch's lerp for weights < 0.5
-      vv[i] = vv[i] * b2 + w2 * gi * gi;
-      const float denom = std::sqrt(vv[i]) / bias2_sqrt + eps;
-      p[i] += -step_size * (mm[i] / denom);
+      float mi = st.m_at(i), vi = st.v_at(i);
+      mi += w1 * (gi - mi);  // torch's lerp for weights < 0.5
+      vi = vi * b2 + w2 * gi * gi;
+      const float denom = std::sqrt(vi) / bias2_sqrt + eps;
+      p[i] += -step_size * (mi / denom);
+      uint32_t word = 0;
+      if constexpr (kDraws) {
+        const uint64_t j = uint64_t(pos.first + i);  // the element's index in its tensor
+        uint32_t r[4];
+        rng_detail::draw(r, uint64_t(step), pos.stream, j / 4);
+        word = r[j % 4];
+      }
+      st.store(i, mi, vi, word);
     }
   });
+}
+}  // namespace
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
+                int64_t step, float grad_scale, StatePosition pos) {
+  float* p = static_cast<float*>(param.data);
+  const float* g = static_cast<const float*>(grad.data);
+  if (m.dtype == DType::BF16)
+    adamw_loop(p, g, Bf16Moments{static_cast<uint16_t*>(m.data), static_cast<uint16_t*>(v.data)}, cfg, step, grad_scale,
+               pos, param.numel());
+  else
+    adamw_loop(p, g, F32Moments{static_cast<float*>(m.data), static_cast<float*>(v.data)}, cfg, step, grad_scale, pos,
+               param.numel());
 }
 
 double sum_squares(const Tensor& x) {

@@ -5,9 +5,11 @@
 // operations are spelled with __fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn so nvcc cannot contract
 // them into fused multiply-adds: the GPU result is then the CPU's bit for bit, not just close.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
+#include "core/rng.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -69,17 +71,35 @@ struct AdamScalars {
   float decay, step_size, bias2_sqrt, w1, b2, w2, eps, grad_scale;
 };
 
-// The CPU's loop body (ops/cpu/optim.cpp), operation for operation, without contraction.
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, AdamScalars s, int64_t n) {
+// The CPU's loop body (ops/cpu/optim.cpp), operation for operation, without contraction. Moments
+// are float (f32) or uint16_t (bf16 bits, stored with stochastic rounding from the same draws as
+// the CPU's: rng_detail::draw(step, stream, j / 4), word j % 4, for tensor element j = first + i).
+__device__ __forceinline__ float moment_load(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float moment_load(const uint16_t* x, int64_t i) {
+  return bf16_bits_to_f32(x[i]);
+}
+template <class M>
+__global__ void adamw_kernel(float* p, const float* g, M* m, M* v, AdamScalars s, uint64_t step, StatePosition pos,
+                             int64_t n) {
   SHARDLM_GRID_STRIDE(i, n) {
     const float gi = __fmul_rn(g[i], s.grad_scale);
     const float pi = __fmul_rn(p[i], s.decay);
-    const float mi = __fadd_rn(m[i], __fmul_rn(s.w1, __fsub_rn(gi, m[i])));
-    const float vi = __fadd_rn(__fmul_rn(v[i], s.b2), __fmul_rn(__fmul_rn(s.w2, gi), gi));
+    const float m0 = moment_load(m, i), v0 = moment_load(v, i);
+    const float mi = __fadd_rn(m0, __fmul_rn(s.w1, __fsub_rn(gi, m0)));
+    const float vi = __fadd_rn(__fmul_rn(v0, s.b2), __fmul_rn(__fmul_rn(s.w2, gi), gi));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias2_sqrt), s.eps);
     p[i] = __fadd_rn(pi, __fmul_rn(-s.step_size, __fdiv_rn(mi, denom)));
-    m[i] = mi;
-    v[i] = vi;
+    if constexpr (std::is_same_v<M, float>) {
+      m[i] = mi;
+      v[i] = vi;
+    } else {
+      const uint64_t j = uint64_t(pos.first + i);
+      uint32_t r[4];
+      rng_detail::draw(r, step, pos.stream, j / 4);
+      const uint32_t word = r[j % 4];
+      m[i] = bits::f32_to_bf16_stochastic(__float_as_uint(mi), word);
+      v[i] = bits::f32_to_bf16_stochastic(__float_as_uint(vi), word >> 16);
+    }
   }
 }
 
@@ -175,7 +195,7 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 }
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
-                int64_t step, float grad_scale) {
+                int64_t step, float grad_scale, StatePosition pos) {
   const int64_t n = param.numel();
   if (n == 0) return;
   // The scalars exactly as ops/cpu/optim.cpp derives them (doubles first, as torch does).
@@ -190,8 +210,12 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   s.w2 = float(1.0 - cfg.beta2);
   s.eps = float(cfg.eps);
   s.grad_scale = grad_scale;
-  adamw_kernel<<<grid_for(n), kThreads, 0, cuda::compute_stream()>>>(param.f32(), grad.f32(), m.f32(), v.f32(), s,
-                                                                      n);
+  if (m.dtype == DType::BF16)
+    adamw_kernel<<<grid_for(n), kThreads, 0, cuda::compute_stream()>>>(
+        param.f32(), grad.f32(), static_cast<uint16_t*>(m.data), static_cast<uint16_t*>(v.data), s, uint64_t(step), pos, n);
+  else
+    adamw_kernel<<<grid_for(n), kThreads, 0, cuda::compute_stream()>>>(param.f32(), grad.f32(), m.f32(), v.f32(), s,
+                                                                        uint64_t(step), pos, n);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
