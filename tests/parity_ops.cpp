@@ -97,17 +97,21 @@ TEST(Parity, SwiGLU) {
   }
 }
 
+// A reference case's AdamW hyperparameters.
+static ops::AdamWConfig adamw_config_of(const RefCase& c) {
+  return {.lr = c.params["lr"],
+          .beta1 = c.params["beta1"],
+          .beta2 = c.params["beta2"],
+          .eps = c.params["eps"],
+          .weight_decay = c.params["weight_decay"]};
+}
+
 // AdamW follows torch's operation order, so several steps agree to a few ulps.
 TEST(Parity, AdamW) {
   for (const RefCase& c : load_ref_cases("adamw")) {
     const int64_t n = c.params["n"], steps = c.params["steps"];
     std::vector<float> p = c.f32("p0"), grads = c.f32("grads"), m(size_t(n), 0.0f), v(size_t(n), 0.0f);
-    ops::AdamWConfig cfg;
-    cfg.lr = c.params["lr"];
-    cfg.beta1 = c.params["beta1"];
-    cfg.beta2 = c.params["beta2"];
-    cfg.eps = c.params["eps"];
-    cfg.weight_decay = c.params["weight_decay"];
+    const ops::AdamWConfig cfg = adamw_config_of(c);
     for (int64_t s = 0; s < steps; ++s) {
       ops::adamw_step(view(p, {n}), Tensor::view(grads.data() + s * n, DType::F32, {n}), view(m, {n}),
                       view(v, {n}), cfg, s + 1, c.params["grad_scale"]);
@@ -128,12 +132,7 @@ TEST(Parity, AdamwBf16Moments) {
     const uint64_t stream = c.params["stream"];
     std::vector<float> p = c.f32("p0"), grads = c.f32("grads");
     std::vector<bf16_t> m(size_t(n), bf16_t{0}), v(size_t(n), bf16_t{0});
-    ops::AdamWConfig cfg;
-    cfg.lr = c.params["lr"];
-    cfg.beta1 = c.params["beta1"];
-    cfg.beta2 = c.params["beta2"];
-    cfg.eps = c.params["eps"];
-    cfg.weight_decay = c.params["weight_decay"];
+    const ops::AdamWConfig cfg = adamw_config_of(c);
     const int64_t split = n / 3 | 1;
     for (int64_t s = 0; s < steps; ++s)
       for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, split}, {split, n}}) {

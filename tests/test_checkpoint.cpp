@@ -65,14 +65,22 @@ struct Trained {
     for (int s = 1; s <= steps; ++s)
       engine->train_step(compute, {make_batch(ids, targets, 2, 8, s)}, ops::AdamWConfig{.lr = 1e-2}, s, 1.0);
   }
-  ckpt::SaveReport save(const std::string& dir, int64_t step) {
+  static ckpt::SaveOptions options(const std::string& dir, int64_t step) {
     ckpt::SaveOptions o;
     o.dir = dir;
     o.step = step;
     o.training = {{"step", step}};
-    return ckpt::save_checkpoint(o, *engine, cfg, *world);
+    return o;
+  }
+  ckpt::SaveReport save(const std::string& dir, int64_t step) {
+    return ckpt::save_checkpoint(options(dir, step), *engine, cfg, *world);
   }
 };
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 // Per process: ctest runs these tests in parallel processes.
 std::string fresh_dir(const std::string& name) {
@@ -182,17 +190,10 @@ TEST(Checkpoint, Bf16MomentsResumeExactlyAndConvertToAndFromF32) {
   EXPECT_EQ(reader.metadata().at("format_version"), 2);
   {
     ckpt::CheckpointSaver saver(true);
-    ckpt::SaveOptions o;
-    o.dir = async_dir;
-    o.step = 3;
-    o.training = {{"step", 3}};
-    saver.start(o, *a.engine, a.cfg, *a.world);
+    saver.start(Trained::options(async_dir, 3), *a.engine, a.cfg, *a.world);
     saver.finish(*a.world);
-    auto bytes = [](const fs::path& p) {
-      std::ifstream in(p, std::ios::binary);
-      return std::string(std::istreambuf_iterator<char>(in), {});
-    };
-    EXPECT_TRUE(bytes(fs::path(dir) / "rank_00000.safetensors") == bytes(fs::path(async_dir) / "rank_00000.safetensors"));
+    EXPECT_TRUE(file_bytes(fs::path(dir) / "rank_00000.safetensors") ==
+                file_bytes(fs::path(async_dir) / "rank_00000.safetensors"));
   }
 
   shard::ShardingConfig bf16_nowrap = bf16;
@@ -257,11 +258,7 @@ TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStepWhateverTrainingDoesMeanwhile) 
   const std::string sync_dir = fresh_dir("sync"), async_dir = fresh_dir("async");
   a.save(sync_dir, 3);
   ckpt::CheckpointSaver saver(true);
-  ckpt::SaveOptions o;
-  o.dir = async_dir;
-  o.step = 3;
-  o.training = {{"step", 3}};
-  saver.start(o, *a.engine, a.cfg, *a.world);
+  saver.start(Trained::options(async_dir, 3), *a.engine, a.cfg, *a.world);
   EXPECT_TRUE(saver.in_flight());
   // What the next steps would do to the state, while the file may still be being written.
   for (int k = 0; k < a.engine->num_units(); ++k) {
@@ -273,12 +270,9 @@ TEST(Checkpoint, AsyncSaveWritesTheStateOfItsStepWhateverTrainingDoesMeanwhile) 
   EXPECT_EQ(r.step, 3);
   EXPECT_GT(r.rank_bytes, 0u);
   EXPECT_TRUE(fs::exists(fs::path(async_dir) / "COMPLETE"));
-  auto bytes = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
   for (const char* f : {"rank_00000.safetensors", "metadata.json", "COMPLETE", "config.json"})
-    EXPECT_TRUE(bytes(fs::path(sync_dir) / f) == bytes(fs::path(async_dir) / f)) << f << " differs from the sync save's";
+    EXPECT_TRUE(file_bytes(fs::path(sync_dir) / f) == file_bytes(fs::path(async_dir) / f))
+        << f << " differs from the sync save's";
 }
 
 TEST(Checkpoint, AFlippedByteIsReportedWithFileTensorAndBlock) {

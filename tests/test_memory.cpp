@@ -2,11 +2,14 @@
 // run reports. (The estimator against measured peaks, at 1, 2 and 4 ranks: tests/mpi/memory_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 
 #include "io/yaml_config.h"
 #include "memory/estimator.h"
+#include "memory/levers.h"
 #include "memory/usage.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
@@ -198,4 +201,45 @@ TEST(Training, ReportsMemoryAndPicksTheStrategyItself) {
     EXPECT_GT(r["mem_peak_activations"].get<int64_t>(), 0);
   }
   EXPECT_EQ(steps, 2);
+}
+
+// "It won't fit, try X": the levers a run does not use, applied one after another, each step's
+// peak the estimator's own for that run, shrinking until the budget is met; levers already in
+// use are not offered, and a run that fits gets none.
+TEST(Levers, EachStepIsTheEstimateOfTheRunWithItAndTheLastFits) {
+  memory::EstimateInput in;
+  in.model = preset("llama3.2-1b");
+  in.model.num_hidden_layers = 4;  // the 1B's shape, fewer layers: quick to estimate
+  in.world_size = 4;
+  in.sharding.strategy = shard::Strategy::ShardGradOp;
+  in.micro_batch_size = 8;
+  in.seq_len = 512;
+  const int64_t full = memory::estimate(in).device_bytes;
+  const int64_t budget = full * 55 / 100;  // needs every lever but offload, the micro-batch smaller
+  const std::vector<memory::LeverStep> steps = memory::levers_to_fit(in, budget, false);
+  ASSERT_FALSE(steps.empty());
+  int64_t before = full;
+  for (const memory::LeverStep& s : steps) {
+    EXPECT_LT(s.device_bytes, before) << int(s.lever);
+    EXPECT_EQ(s.device_bytes, memory::estimate(s.input).device_bytes) << int(s.lever);
+    before = s.device_bytes;
+  }
+  EXPECT_LE(steps.back().device_bytes, budget);
+  EXPECT_EQ(steps.front().lever, memory::Lever::StateBf16);  // the cheapest first
+  for (const memory::LeverStep& s : steps) EXPECT_NE(s.lever, memory::Lever::Offload);  // not a GPU run
+  const memory::EstimateInput& last = steps.back().input;
+  EXPECT_EQ(last.micro_batch_size * last.grad_accum, in.micro_batch_size * in.grad_accum);  // the global batch kept
+  const std::string line = memory::describe_levers(steps, budget, [](const memory::LeverStep& s) {
+    return fmt::format("L{}", int(s.lever));
+  });
+  EXPECT_EQ(line.rfind("L0 → ", 0), 0u) << line;
+  EXPECT_NE(line.find(" (fits)"), std::string::npos) << line;
+
+  // Already on: not offered again.
+  memory::EstimateInput lean = steps.back().input;
+  lean.micro_batch_size = in.micro_batch_size;
+  lean.grad_accum = in.grad_accum;
+  for (const memory::LeverStep& s : memory::levers_to_fit(lean, budget, false))
+    EXPECT_TRUE(s.lever == memory::Lever::SmallerMicroBatch) << int(s.lever);
+  EXPECT_TRUE(memory::levers_to_fit(in, full, false).empty());
 }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/model_files.h"
 #include "memory/estimator.h"
+#include "memory/levers.h"
 #include "model/config.h"
 #include "model/lora.h"
 
@@ -54,6 +55,22 @@ int parse_checkpointing(const std::string& v) {
   throw Error(fmt::format("--activation-checkpointing {}: expected true, false or a layer interval k >= 1", v));
 }
 
+// A lever (memory/levers.h) as this command's flags say it.
+std::string lever_flag(const memory::LeverStep& s) {
+  using memory::Lever;
+  switch (s.lever) {
+    case Lever::StateBf16: return "--optimizer-state-dtype bf16";
+    case Lever::ComputeBf16: return "--param-dtype bf16";
+    case Lever::FullShard: return "--sharding-strategy FULL_SHARD";
+    case Lever::ActivationCheckpointing: return "--activation-checkpointing true";
+    case Lever::SmallerMicroBatch:
+      return fmt::format("--micro-batch-size {} --gradient-accumulation-steps {}", s.input.micro_batch_size,
+                         s.input.grad_accum);
+    case Lever::Offload: return "--offload (GPU runs)";
+  }
+  return "?";
+}
+
 // The table of one estimate, per rank, by category.
 void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget) {
   const bool host = in.offload;
@@ -76,6 +93,13 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
     fmt::print("  {:<44} {:>12}  {}\n", fmt::format("budget (--device-memory)"), format_bytes(budget),
                e.device_bytes <= budget ? fmt::format("fits ({:.0f}% used)", 100 * used)
                                         : fmt::format("does NOT fit ({:.0f}%)", 100 * used));
+    if (e.device_bytes > budget) {
+      const std::vector<memory::LeverStep> levers = memory::levers_to_fit(in, budget, true);
+      fmt::print("\nto fit {}, try, in order of cost to speed (each with the peak per rank it gives):\n  {}\n",
+                 format_bytes(budget), memory::describe_levers(levers, budget, lever_flag));
+      if (levers.empty() || levers.back().device_bytes > budget)
+        fmt::print("  beyond that: more ranks (--world-size), a shorter --seq-len, or LoRA/QLoRA (--lora-rank, --qlora)\n");
+    }
   }
   fmt::print("\ncommunication: {} per rank per step ({} of it between nodes), ring accounting\n",
              format_bytes(int64_t(e.comm_bytes_per_step)), format_bytes(int64_t(e.inter_node_bytes_per_step)));

@@ -106,7 +106,7 @@ void run_eval(const Opts& o) {
   if (!o.adapter.empty()) adapter = read_peft_adapter(o.adapter, in.model);
   const int node_ranks = comm::ranks_per_node_from_environment() > 0 ? comm::ranks_per_node_from_environment()
                                                                        : w.size();
-  const train::MemoryPlan mem = train::plan_memory(c, in, w.size(), node_ranks);
+  const train::MemoryPlan mem = train::plan_memory(c, in, w.size(), node_ranks, false);
   shard::Mesh mesh = shard::make_mesh(w, mem.sharding, node_ranks, c.device);
   shard::ShardedModel engine(in.model, in.finetune, mem.sharding, mesh, shard::EngineUse::Evaluate);
   model::LlamaCompute m(in.model, c.compute_dtype(), engine.device(), in.finetune.lora);

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "io/staged_dir.h"
+#include "memory/levers.h"
 #include "model/hf_dir.h"
 #include "model/llama.h"
 #include "model/nf4_loader.h"
@@ -23,6 +24,22 @@ void check_row_length(const TrainConfig& c, const ModelConfig& m, int64_t T) {
     throw Error(fmt::format("seq_len {} exceeds the model's sliding_window {}, which shardlm does not implement", T,
                             m.sliding_window),
                 {.file = c.source, .key = "seq_len"});
+}
+
+// A lever (memory/levers.h) as the config says it.
+std::string lever_key(const memory::LeverStep& s) {
+  using memory::Lever;
+  switch (s.lever) {
+    case Lever::StateBf16: return "optimizer_state_dtype: bf16";
+    case Lever::ComputeBf16: return "compute_dtype: bf16";
+    case Lever::FullShard: return "sharding_strategy: FULL_SHARD";
+    case Lever::ActivationCheckpointing: return "activation_checkpointing: true";
+    case Lever::SmallerMicroBatch:
+      return fmt::format("micro_batch_size: {} with gradient_accumulation_steps: {}", s.input.micro_batch_size,
+                         s.input.grad_accum);
+    case Lever::Offload: return "offload_params: true";
+  }
+  return "?";
 }
 
 // The run's LoRA / QLoRA settings as the model builder, the estimator and the engine take them.
@@ -92,7 +109,7 @@ RunInputs read_inputs(const TrainConfig& c) {
   return in;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks) {
+MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks, bool enforce_budget) {
   MemoryPlan p;
   p.sharding = c.sharding;
   memory::EstimateInput est{.model = in.model, .finetune = in.finetune, .sharding = p.sharding, .world_size = world_size,
@@ -112,6 +129,20 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             shard::strategy_name(p.sharding.strategy)),
                 {.file = c.source, .key = "offload_params"});
   p.estimate = memory::estimate(est);
+  if (enforce_budget && c.max_memory_per_rank > 0 && p.estimate.device_bytes > c.max_memory_per_rank) {
+    est.sharding = p.sharding;
+    const std::vector<memory::LeverStep> levers =
+        memory::levers_to_fit(est, c.max_memory_per_rank, c.device == Device::CUDA);
+    throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; try, in order of cost "
+                            "to speed: {}{}",
+                            format_bytes(c.max_memory_per_rank), format_bytes(p.estimate.device_bytes),
+                            shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s",
+                            memory::describe_levers(levers, c.max_memory_per_rank, lever_key),
+                            levers.empty() || levers.back().device_bytes > c.max_memory_per_rank
+                                ? "; beyond that: more ranks, a shorter seq_len, or LoRA/QLoRA"
+                                : ""),
+                c.max_memory_per_rank_at);
+  }
   return p;
 }
 
@@ -144,13 +175,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
                             format_bytes(need), shard::strategy_name(p.sharding.strategy), world_size,
                             world_size == 1 ? "" : "s", p.auto_why.empty() ? "" : " -- ",
                             p.auto_why));
-  if (c.max_memory_per_rank > 0) {
-    if (need > c.max_memory_per_rank)
-      throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; use more ranks, "
-                              "activation_checkpointing, a smaller micro_batch_size or seq_len, or LoRA/QLoRA",
-                              format_bytes(c.max_memory_per_rank), format_bytes(need),
-                              shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s"),
-                  c.max_memory_per_rank_at);
+  if (c.max_memory_per_rank > 0) {  // plan_memory refused a run above it
     out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
                               100.0 * double(need) / double(c.max_memory_per_rank)));
   }

@@ -36,14 +36,17 @@ RunInputs load_inputs(const TrainConfig& c);
 RunInputs read_inputs(const TrainConfig& c);
 
 // The strategy (`sharding_strategy: auto` picks it by memory) and what the estimator expects this
-// run to hold per rank (docs/memory.md).
+// run to hold per rank (docs/memory.md). With enforce_budget, a training run whose estimate is above
+// max_memory_per_rank is refused in one line naming that key and the levers that would make it
+// fit, each with its peak (memory/levers.h); `shardlm eval`, whose engine holds less, does not ask.
 struct MemoryPlan {
   shard::ShardingConfig sharding;
   memory::Estimate estimate;
   std::string auto_why;
 };
 
-MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks);
+MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks,
+                       bool enforce_budget = true);
 
 // What `shardlm validate` checks without training, through the code training runs: the batch
 // against world_size, the model's config.json, tokenizer and every data file (as loading reads

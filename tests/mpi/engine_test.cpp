@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -51,6 +52,18 @@ data::Example row(int s, int m, int r) {
                                     : 3 + int32_t(philox4x32({uint32_t(s), uint32_t(m), uint32_t(r), uint32_t(t)}, {8, 0})[0] % 250));
   }
   return e;
+}
+
+// A directory of this test job's own: ctest runs engine_np1, np2, np2_mpi and np4 at once, and two
+// of them share a world size. Named by rank 0's pid, which the first call (on every rank, in the
+// same test) broadcasts.
+std::string job_dir(const std::string& name) {
+  static const int64_t pid = [] {
+    int64_t p = ::getpid();
+    g_world->broadcast_bytes(&p, sizeof p, 0);
+    return p;
+  }();
+  return ::testing::TempDir() + fmt::format("shardlm_engine_{}_{}", pid, name);
 }
 
 struct Case {
@@ -226,7 +239,7 @@ TEST(Engine, QloraUnderEveryStrategyMatchesTheSingleProcessRun) {
 TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
   const ModelConfig cfg = qlora_config();
   const model::FinetuneSpec qlora = qlora_spec(true), lora = qlora_spec(true, false);
-  const std::string dir = ::testing::TempDir() + "qlora_base", rounded = ::testing::TempDir() + "qlora_rounded";
+  const std::string dir = job_dir("qlora_base"), rounded = job_dir("qlora_rounded");
   if (g_world->rank() == 0) {
     infer::ParamStore store(cfg, DType::F32);
     store.init_random(11);
@@ -304,13 +317,13 @@ LoadedRun run_loaded(const model::FinetuneSpec& ft, const std::string& dir, comm
   return out;
 }
 
-// A bitsandbytes directory of qlora_config's model (written by rank 0 under a name of its own per
-// world size, since engine_np1/2/4 may run at once) and, beside it, its dequantization in f32.
+// A bitsandbytes directory of qlora_config's model (written by rank 0 in this job's own directory,
+// job_dir) and, beside it, its dequantization in f32.
 struct BnbDirs {
   std::string bnb, dense;
 };
 BnbDirs write_bnb_dirs(const std::string& name, const shardlm::testing::BnbDirOptions& o) {
-  const std::string base = ::testing::TempDir() + fmt::format("bnb_np{}_{}", g_world->size(), name);
+  const std::string base = job_dir("bnb_" + name);
   BnbDirs d{base + "/bnb", base + "/dense"};
   if (g_world->rank() == 0) {
     const ModelConfig plain = qlora_config();
@@ -555,7 +568,7 @@ TEST(Engine, EachRankLoadsItsShardOfAHuggingFaceDirectory) {
   // Rank 0 writes a model (bf16 on disk); every rank then reads only its shard's byte ranges.
   // Gathering the shards back must give the file's values exactly.
   const ModelConfig cfg = test_config();
-  const std::string dir = ::testing::TempDir() + "engine_load_model";
+  const std::string dir = job_dir("engine_load_model");
   infer::ParamStore src(cfg, DType::F32);
   src.init_random(17);
   if (g_world->rank() == 0) src.save(dir, DType::BF16, 200000, "");  // several shard files
