@@ -28,6 +28,35 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale, pos);
 }
 
+namespace {
+void check_blockwise8(const char* op, const Tensor& codes, const Tensor& absmax, const Tensor& x) {
+  check_usable(op, "codes", codes);
+  check_usable(op, "absmax", absmax);
+  check_usable(op, "x", x);
+  check_dtype(op, "codes", codes, {DType::U8});
+  check_dtype(op, "absmax", absmax, {DType::F32});
+  check_dtype(op, "x", x, {DType::F32});
+  check_numel(op, "codes", codes, x.numel());
+  check_numel(op, "absmax", absmax, (x.numel() + kQuant8Block - 1) / kQuant8Block);
+}
+}  // namespace
+
+const float* dynamic_map(bool is_signed) { return cpu::dynamic_map(is_signed); }
+
+void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
+  check_blockwise8("quantize_blockwise8", codes, absmax, x);
+  const Device dev = check_same_device("quantize_blockwise8", {{"codes", &codes}, {"absmax", &absmax}, {"x", &x}});
+  SHARDLM_DISPATCH(dev, quantize_blockwise8(codes, absmax, x, is_signed));
+  cpu::quantize_blockwise8(codes, absmax, x, is_signed);
+}
+
+void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed) {
+  check_blockwise8("dequantize_blockwise8", codes, absmax, x);
+  const Device dev = check_same_device("dequantize_blockwise8", {{"codes", &codes}, {"absmax", &absmax}, {"x", &x}});
+  SHARDLM_DISPATCH(dev, dequantize_blockwise8(x, codes, absmax, is_signed));
+  cpu::dequantize_blockwise8(x, codes, absmax, is_signed);
+}
+
 double sum_squares(const Tensor& x) {
   check_usable("sum_squares", "x", x);
   check_dtype("sum_squares", "x", x, {DType::F32, DType::BF16});

@@ -34,6 +34,8 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
                 int64_t step, float grad_scale, StatePosition pos);
 // Waits for the compute stream (the sum is returned to the host).
 double sum_squares(const Tensor& x);
+void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed);
+void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed);
 void add_bias(const Tensor& y, const Tensor& b);
 void bias_backward(const Tensor& db, const Tensor& dy);
 void cast(const Tensor& dst, const Tensor& src);

@@ -4,13 +4,16 @@
 // iteration. Where the CPU reference is written to round like torch (AdamW), the same f32
 // operations are spelled with __fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn so nvcc cannot contract
 // them into fused multiply-adds: the GPU result is then the CPU's bit for bit, not just close.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "core/device.h"
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace shardlm::ops::gpu {
@@ -234,6 +237,62 @@ double sum_squares(const Tensor& x) {
   double total = 0.0;
   device::copy_bytes(&total, Device::CPU, p + blocks, Device::CUDA, sizeof(double));
   return total;
+}
+
+}  // namespace shardlm::ops::gpu
+
+// ---- 8-bit blockwise state: the CPU's arithmetic (ops/cpu/optim.cpp), the map passed by value ----
+namespace shardlm::ops::gpu {
+namespace {
+struct Map256 {
+  float v[256];
+};
+Map256 map_of(bool is_signed) {
+  Map256 m;
+  std::memcpy(m.v, cpu::dynamic_map(is_signed), sizeof(m.v));
+  return m;
+}
+__device__ uint8_t nearest_code(const Map256& map, float y) {
+  int lo = 0, hi = 256;  // lower_bound: the first value >= y
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (map.v[mid] < y) lo = mid + 1;
+    else hi = mid;
+  }
+  if (hi == 0) return 0;
+  if (hi == 256) return 255;
+  return uint8_t(__fsub_rn(y, map.v[hi - 1]) <= __fsub_rn(map.v[hi], y) ? hi - 1 : hi);
+}
+// One thread block of kQuant8Block threads per quantization block.
+__global__ void quantize8_kernel(uint8_t* codes, float* absmax, const float* x, int64_t n, Map256 map, uint8_t zero) {
+  __shared__ float scratch[32];
+  const int64_t i = int64_t(blockIdx.x) * kQuant8Block + threadIdx.x;
+  const float v = i < n ? x[i] : 0.0f;
+  const float m = block_max(fabsf(v), scratch);
+  if (threadIdx.x == 0) absmax[blockIdx.x] = m;
+  if (i < n) codes[i] = m == 0.0f ? zero : nearest_code(map, __fdiv_rn(v, m));
+}
+__global__ void dequantize8_kernel(float* x, const uint8_t* codes, const float* absmax, int64_t n, Map256 map) {
+  SHARDLM_GRID_STRIDE(i, n) { x[i] = __fmul_rn(map.v[codes[i]], absmax[i / kQuant8Block]); }
+}
+}  // namespace
+
+void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const Map256 map = map_of(is_signed);
+  const uint8_t zero = uint8_t(std::lower_bound(map.v, map.v + 256, 0.0f) - map.v);
+  quantize8_kernel<<<checked_blocks(absmax.numel(), "quantize_blockwise8"), kQuant8Block, 0, cuda::compute_stream()>>>(
+      static_cast<uint8_t*>(codes.data), absmax.f32(), x.f32(), n, map, zero);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dequantize8_kernel<<<grid_for(n), kThreads, 0, cuda::compute_stream()>>>(
+      x.f32(), static_cast<const uint8_t*>(codes.data), absmax.f32(), n, map_of(is_signed));
+  SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace shardlm::ops::gpu
