@@ -181,6 +181,38 @@ TEST(Parity, Quant8Blockwise) {
   }
 }
 
+// AdamW with 8-bit blockwise moments (optim: adamw_8bit), step by step as the engine takes it
+// (dequantize, the f32 AdamW step, quantize with each block's new absmax), against the torch
+// implementation in ref_adamw8bit.py: codes and absmax byte for byte after every step, the
+// weights to an ulp. The tensor's last block runs past it into zero padding, as in a flat buffer.
+TEST(Parity, Adamw8bitMoments) {
+  for (const RefCase& c : load_ref_cases("adamw8bit")) {
+    const int64_t n = c.params["n"], steps = c.params["steps"], B = ops::kQuant8Block;
+    const int64_t padded = (n + B - 1) / B * B;
+    std::vector<float> p = c.f32("p0"), grads = c.f32("grads"), m(static_cast<size_t>(padded)), v(m),
+                       ma(static_cast<size_t>(padded / B)), va(ma);
+    std::vector<uint8_t> mc(static_cast<size_t>(padded)), vc(mc);  // zeroed, as the engine allocates them
+    const ops::AdamWConfig cfg = adamw_config_of(c);
+    auto u8 = [](std::vector<uint8_t>& x) { return Tensor::view(x.data(), DType::U8, {int64_t(x.size())}); };
+    for (int64_t s = 0; s < steps; ++s) {
+      ops::dequantize_blockwise8(view(m, {padded}), u8(mc), view(ma, {padded / B}), true);
+      ops::dequantize_blockwise8(view(v, {padded}), u8(vc), view(va, {padded / B}), false);
+      ops::adamw_step(view(p, {n}), Tensor::view(grads.data() + s * n, DType::F32, {n}), view(m, {padded}).slice(0, n),
+                      view(v, {padded}).slice(0, n), cfg, s + 1, c.params["grad_scale"]);
+      ops::quantize_blockwise8(u8(mc), view(ma, {padded / B}), view(m, {padded}), true);
+      ops::quantize_blockwise8(u8(vc), view(va, {padded / B}), view(v, {padded}), false);
+    }
+    EXPECT_TRUE(all_close(p, c.f32("p"), 1e-7, 1e-6, c.name + " param"));
+    const std::vector<int32_t> want_mc = c.i32("m_codes"), want_vc = c.i32("v_codes");
+    int64_t diff = 0;
+    for (int64_t i = 0; i < padded; ++i)
+      diff += (mc[size_t(i)] != uint8_t(want_mc[size_t(i)])) + (vc[size_t(i)] != uint8_t(want_vc[size_t(i)]));
+    EXPECT_EQ(diff, 0) << c.name << ": codes that differ";
+    EXPECT_EQ(ma, c.f32("m_absmax")) << c.name;
+    EXPECT_EQ(va, c.f32("v_absmax")) << c.name;
+  }
+}
+
 // The global norm over several buffers, and the clipped gradients, as clip_grad_norm_.
 TEST(Parity, GlobalNorm) {
   for (const RefCase& c : load_ref_cases("global_norm")) {

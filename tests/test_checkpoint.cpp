@@ -1,6 +1,7 @@
 // Sharded checkpoints in one process: save and reload through a different unit layout, every
 // kind of broken checkpoint reported by name, the newest-complete rule and pruning, and convert.
 // (Resuming across world sizes, strategies and a kill -9 mid-save: tests/scripts/checkpoint_cli.sh.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -155,85 +156,117 @@ TEST(Checkpoint, ReloadsEveryStateBitwiseIntoAnotherUnitLayout) {
 }
 
 namespace {
-// One tensor's AdamW moment (exp_avg or exp_avg_sq) of a one-process engine, widened to f32
-// whatever the engine keeps (f32 or bf16).
+// One tensor's AdamW moment (exp_avg, or exp_avg_sq with `second`) of a one-process engine, as f32
+// whatever the engine keeps: f32, bf16 widened, or 8-bit dequantized (its blocks start with it).
 std::vector<float> moment(shard::ShardedModel& engine, const std::string& name, bool second) {
   for (int k = 0; k < engine.num_units(); ++k)
     for (const shard::FlatEntry& e : engine.layout(k).entries) {
       if (e.info.name != name) continue;
-      const Tensor t = second ? engine.owned_state(k).exp_avg_sq : engine.owned_state(k).exp_avg;
-      std::vector<float> out(size_t(e.info.numel()));
-      ops::cast(Tensor::view(out.data(), DType::F32, {e.info.numel()}), t.slice(e.offset, e.offset + e.info.numel()));
+      const auto st = engine.owned_state(k);
+      const Tensor t = second ? st.exp_avg_sq : st.exp_avg;
+      const int64_t n = e.info.numel(), B = ops::kQuant8Block;
+      std::vector<float> out(static_cast<size_t>(n));
+      if (t.dtype == DType::U8) {
+        const int64_t padded = (n + B - 1) / B * B;
+        const Tensor absmax = second ? st.exp_avg_sq_absmax : st.exp_avg_absmax;
+        std::vector<float> all(static_cast<size_t>(padded));
+        ops::dequantize_blockwise8(Tensor::view(all.data(), DType::F32, {padded}), t.slice(e.offset, e.offset + padded),
+                                   absmax.slice(e.offset / B, (e.offset + padded) / B), !second);
+        std::copy(all.begin(), all.begin() + n, out.begin());
+      } else {
+        ops::cast(Tensor::view(out.data(), DType::F32, {n}), t.slice(e.offset, e.offset + n));
+      }
       return out;
     }
   ADD_FAILURE() << "no tensor " << name;
   return {};
 }
-std::vector<float> rounded_to_bf16(std::vector<float> v) {
-  for (float& x : v) x = std::bit_cast<float>(bits::bf16_to_f32(bits::f32_to_bf16(std::bit_cast<uint32_t>(x))));
+// f32 moments as a run keeping them in `state` holds them after reading them from a checkpoint:
+// bf16 rounded to nearest, or 8-bit quantized in blocks from the tensor's start (zero padding after).
+std::vector<float> kept_as(std::vector<float> v, DType state, bool second) {
+  if (state == DType::BF16) {
+    for (float& x : v) x = std::bit_cast<float>(bits::bf16_to_f32(bits::f32_to_bf16(std::bit_cast<uint32_t>(x))));
+    return v;
+  }
+  const int64_t n = int64_t(v.size()), B = ops::kQuant8Block, padded = (n + B - 1) / B * B;
+  v.resize(size_t(padded), 0.0f);
+  std::vector<uint8_t> codes(static_cast<size_t>(padded));
+  std::vector<float> absmax(static_cast<size_t>(padded / B));
+  const Tensor x = Tensor::view(v.data(), DType::F32, {padded}), c = Tensor::view(codes.data(), DType::U8, {padded});
+  const Tensor a = Tensor::view(absmax.data(), DType::F32, {padded / B});
+  ops::quantize_blockwise8(c, a, x, !second);
+  ops::dequantize_blockwise8(x, c, a, !second);
+  v.resize(size_t(n));
   return v;
 }
 }  // namespace
 
-// optimizer_state_dtype: bf16. The moments are stored as bf16 (format version 2) and resume bit
-// for bit into another unit layout; a run keeping f32 moments resumes from them widened exactly,
-// and a bf16 run from f32 moments rounded to nearest once. Training continues from a resumed bf16
-// state exactly as without the interruption. The async save's staged copy holds the bf16 bytes.
-TEST(Checkpoint, Bf16MomentsResumeExactlyAndConvertToAndFromF32) {
-  shard::ShardingConfig bf16;
-  bf16.state_dtype = DType::BF16;
-  Trained a(small_config(), bf16);
-  a.train(3);
-  const std::string dir = fresh_dir("bf16"), async_dir = fresh_dir("bf16_async");
-  a.save(dir, 3);
-  ckpt::CheckpointReader reader(dir);
-  EXPECT_EQ(reader.metadata().at("format_version"), 2);
-  {
-    ckpt::CheckpointSaver saver(true);
-    saver.start(Trained::options(async_dir, 3), *a.engine, a.cfg, *a.world);
-    saver.finish(*a.world);
-    EXPECT_TRUE(file_bytes(fs::path(dir) / "rank_00000.safetensors") ==
-                file_bytes(fs::path(async_dir) / "rank_00000.safetensors"));
-  }
-
-  shard::ShardingConfig bf16_nowrap = bf16;
-  bf16_nowrap.wrap = shard::WrapPolicy::NoWrap;
-  Trained b(small_config(), bf16_nowrap), c(small_config());
-  ckpt::load_checkpoint(reader, *b.engine);
-  ckpt::load_checkpoint(reader, *c.engine);
-  for (const std::string& name : a.engine->names())
-    for (bool second : {false, true}) {
-      const std::vector<float> want = moment(*a.engine, name, second);
-      EXPECT_EQ(moment(*b.engine, name, second), want) << name;
-      EXPECT_EQ(moment(*c.engine, name, second), want) << name << " (an f32 run)";
-      EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; })) << name;
+// optimizer_state_dtype: bf16, and optim: adamw_8bit. The moments are stored as the run keeps them
+// (format version 2: bf16, or u8 codes with their absmax) and resume bit for bit into another unit
+// layout; a run keeping f32 moments resumes from them widened (dequantized) exactly, and a bf16 or
+// 8-bit run from f32 moments rounded (quantized) once. Training continues from a resumed state
+// exactly as without the interruption. The async save's staged copy holds the same bytes.
+TEST(Checkpoint, LowPrecisionMomentsResumeExactlyAndConvertToAndFromF32) {
+  for (DType state : {DType::BF16, DType::U8}) {
+    SCOPED_TRACE(dtype_name(state));
+    shard::ShardingConfig low;
+    low.state_dtype = state;
+    Trained a(small_config(), low);
+    a.train(3);
+    const std::string dir = fresh_dir(fmt::format("{}_state", dtype_name(state)));
+    const std::string async_dir = dir + "_async";
+    a.save(dir, 3);
+    ckpt::CheckpointReader reader(dir);
+    EXPECT_EQ(reader.metadata().at("format_version"), 2);
+    {
+      ckpt::CheckpointSaver saver(true);
+      saver.start(Trained::options(async_dir, 3), *a.engine, a.cfg, *a.world);
+      saver.finish(*a.world);
+      EXPECT_TRUE(file_bytes(fs::path(dir) / "rank_00000.safetensors") ==
+                  file_bytes(fs::path(async_dir) / "rank_00000.safetensors"));
     }
-  // One more step of the resumed run and of the uninterrupted one: the same weights, bit for bit.
-  std::vector<int32_t> ids, targets;
-  model::LlamaCompute compute(small_config(), DType::F32);
-  for (Trained* t : {&a, &b}) t->engine->train_step(compute, {make_batch(ids, targets, 2, 8, 4)}, ops::AdamWConfig{.lr = 1e-2}, 4, 1.0);
-  const auto wa = shardlm::testing::gather_weights(*a.engine), wb = shardlm::testing::gather_weights(*b.engine);
-  for (const std::string& name : a.engine->names()) EXPECT_EQ(wa.at(name), wb.at(name)) << name;
 
-  // f32 moments into a bf16 run: rounded to nearest once.
-  Trained d(small_config());
-  d.train(3);
-  const std::string f32_dir = fresh_dir("f32_for_bf16");
-  d.save(f32_dir, 3);
-  ckpt::CheckpointReader f32_reader(f32_dir);
-  EXPECT_EQ(f32_reader.metadata().at("format_version"), 1);
-  Trained e(small_config(), bf16);
-  ckpt::load_checkpoint(f32_reader, *e.engine);
-  for (const std::string& name : d.engine->names())
-    for (bool second : {false, true})
-      EXPECT_EQ(moment(*e.engine, name, second), rounded_to_bf16(moment(*d.engine, name, second))) << name;
+    shard::ShardingConfig low_nowrap = low;
+    low_nowrap.wrap = shard::WrapPolicy::NoWrap;
+    Trained b(small_config(), low_nowrap), c(small_config());
+    ckpt::load_checkpoint(reader, *b.engine);
+    ckpt::load_checkpoint(reader, *c.engine);
+    for (const std::string& name : a.engine->names())
+      for (bool second : {false, true}) {
+        const std::vector<float> want = moment(*a.engine, name, second);
+        EXPECT_EQ(moment(*b.engine, name, second), want) << name;
+        EXPECT_EQ(moment(*c.engine, name, second), want) << name << " (an f32 run)";
+        EXPECT_TRUE(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; })) << name;
+      }
+    // One more step of the resumed run and of the uninterrupted one: the same weights, bit for bit.
+    std::vector<int32_t> ids, targets;
+    model::LlamaCompute compute(small_config(), DType::F32);
+    for (Trained* t : {&a, &b})
+      t->engine->train_step(compute, {make_batch(ids, targets, 2, 8, 4)}, ops::AdamWConfig{.lr = 1e-2}, 4, 1.0);
+    const auto wa = shardlm::testing::gather_weights(*a.engine), wb = shardlm::testing::gather_weights(*b.engine);
+    for (const std::string& name : a.engine->names()) EXPECT_EQ(wa.at(name), wb.at(name)) << name;
+
+    // f32 moments into a low-precision run: rounded or quantized once.
+    Trained d(small_config());
+    d.train(3);
+    const std::string f32_dir = dir + "_from_f32";
+    d.save(f32_dir, 3);
+    ckpt::CheckpointReader f32_reader(f32_dir);
+    EXPECT_EQ(f32_reader.metadata().at("format_version"), 1);
+    Trained e(small_config(), low);
+    ckpt::load_checkpoint(f32_reader, *e.engine);
+    for (const std::string& name : d.engine->names())
+      for (bool second : {false, true})
+        EXPECT_EQ(moment(*e.engine, name, second), kept_as(moment(*d.engine, name, second), state, second)) << name;
+  }
 }
 
 // The moments' stochastic rounding follows each element's place in its tensor, not its offset in
-// a unit: one process trained with one unit per layer and with one unit for the whole model
-// computes the same gradients (checked with f32 moments first), and so the same bf16 moments.
-TEST(Checkpoint, Bf16MomentsRoundTheSameInAnyUnitLayout) {
-  for (DType state : {DType::F32, DType::BF16}) {
+// a unit, and 8-bit blocks start with each tensor: one process trained with one unit per layer and
+// with one unit for the whole model computes the same gradients (checked with f32 moments first),
+// and so the same bf16 or 8-bit moments.
+TEST(Checkpoint, LowPrecisionMomentsAreTheSameInAnyUnitLayout) {
+  for (DType state : {DType::F32, DType::BF16, DType::U8}) {
     shard::ShardingConfig per_layer, whole;
     per_layer.state_dtype = whole.state_dtype = state;
     whole.wrap = shard::WrapPolicy::NoWrap;

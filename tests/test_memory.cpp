@@ -242,4 +242,26 @@ TEST(Levers, EachStepIsTheEstimateOfTheRunWithItAndTheLastFits) {
   for (const memory::LeverStep& s : memory::levers_to_fit(lean, budget, false))
     EXPECT_TRUE(s.lever == memory::Lever::SmallerMicroBatch) << int(s.lever);
   EXPECT_TRUE(memory::levers_to_fit(in, full, false).empty());
+
+  // 8-bit moments only where bf16 ones, with every other lever, would not fit.
+  memory::EstimateInput one = in;
+  one.micro_batch_size = 1;  // no smaller micro-batch to offer
+  auto all_with = [&](DType state) {
+    memory::EstimateInput x = one;
+    x.sharding.state_dtype = state;
+    x.sharding.param_dtype = DType::BF16;
+    x.sharding.strategy = shard::Strategy::FullShard;
+    x.checkpoint_every = 1;
+    return memory::estimate(x).device_bytes;
+  };
+  const int64_t with_bf16 = all_with(DType::BF16), with_8bit = all_with(DType::U8);
+  ASSERT_LT(with_8bit, with_bf16);
+  const int64_t between = (with_8bit + with_bf16) / 2;
+  const std::vector<memory::LeverStep> tight = memory::levers_to_fit(one, between, false);
+  ASSERT_FALSE(tight.empty());
+  EXPECT_EQ(tight.front().lever, memory::Lever::State8bit);
+  EXPECT_LE(tight.back().device_bytes, between);
+  const std::vector<memory::LeverStep> roomy = memory::levers_to_fit(one, with_bf16, false);
+  ASSERT_FALSE(roomy.empty());
+  EXPECT_EQ(roomy.front().lever, memory::Lever::StateBf16);
 }

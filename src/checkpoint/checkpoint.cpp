@@ -41,6 +41,8 @@ constexpr Field kFields[] = {Field::Master, Field::ExpAvg, Field::ExpAvgSq};
 
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
 std::string unit_tensor(int unit, Field f) { return fmt::format("unit{}.{}", unit, field_name(f)); }
+// 8-bit moments: the f32 absmax per block of 256 beside the u8 codes.
+std::string absmax_tensor(int unit, Field f) { return unit_tensor(unit, f) + ".absmax"; }
 
 // CRC-32 (zlib's, the IEEE polynomial) of each kChecksumBlockBytes block of `bytes`. Blocks let a
 // reader verify just the part it reads.
@@ -83,9 +85,13 @@ bool kill_during_save(int64_t step) {
   return v && std::atoll(v) == step;
 }
 
-// The engine buffer that holds one stored field.
+// The engine buffer that holds one stored field, and with 8-bit moments their absmax (undefined
+// for the master and for f32 or bf16 moments).
 const Tensor& field_of(const shard::ShardedModel::StateRange& s, Field f) {
   return f == Field::Master ? s.master : f == Field::ExpAvg ? s.exp_avg : s.exp_avg_sq;
+}
+Tensor absmax_of(const shard::ShardedModel::StateRange& s, Field f) {
+  return f == Field::Master ? Tensor{} : f == Field::ExpAvg ? s.exp_avg_absmax : s.exp_avg_sq_absmax;
 }
 
 // Atomically writes a marker or metadata file.
@@ -120,9 +126,17 @@ shard::ShardedModel::StateRange written_state(shard::ShardedModel& engine, int k
   shard::ShardedModel::StateRange s = engine.owned_state(k);
   const comm::Communicator* copies = engine.state_copies();
   if (s.numel == 0 || !copies || copies->size() == 1) return s;
-  const int64_t part = (s.numel + copies->size() - 1) / copies->size();
+  // 8-bit moments split at whole blocks (their absmax with them).
+  const int64_t block = s.exp_avg_absmax.defined() ? ops::kQuant8Block : 1;
+  const int64_t part = ((s.numel + copies->size() - 1) / copies->size() + block - 1) / block * block;
   const int64_t lo = std::min(s.numel, copies->rank() * part), hi = std::min(s.numel, lo + part);
-  return {s.begin + lo, hi - lo, s.master.slice(lo, hi), s.exp_avg.slice(lo, hi), s.exp_avg_sq.slice(lo, hi)};
+  shard::ShardedModel::StateRange out{s.begin + lo, hi - lo, s.master.slice(lo, hi), s.exp_avg.slice(lo, hi),
+                                      s.exp_avg_sq.slice(lo, hi)};
+  if (block > 1) {
+    out.exp_avg_absmax = s.exp_avg_absmax.slice(lo / block, (hi + block - 1) / block);
+    out.exp_avg_sq_absmax = s.exp_avg_sq_absmax.slice(lo / block, (hi + block - 1) / block);
+  }
+  return out;
 }
 }  // namespace
 
@@ -196,7 +210,7 @@ void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine,
   for (int k = 0; k < engine.num_units(); ++k) {
     shard::ShardedModel::StateRange s = written_state(engine, k);
     if (s.numel == 0) continue;
-    for (Field f : kFields) staged_bytes += field_of(s, f).nbytes();
+    for (Field f : kFields) staged_bytes += field_of(s, f).nbytes() + absmax_of(s, f).nbytes();
     written.emplace_back(k, std::move(s));
   }
   // Async: the staging buffer holds a copy, since the engine's buffers change with the next step.
@@ -206,8 +220,8 @@ void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine,
   int64_t at = 0;  // bytes of staging_ used
   for (const auto& [k, s] : written) {
     p->header[fmt::format("unit{}.begin", k)] = std::to_string(s.begin);
-    for (Field f : kFields) {
-      Tensor t = field_of(s, f);
+    // One stored tensor: the engine's buffer itself (sync) or its staged copy (async).
+    auto add = [&](const std::string& name, Tensor t) {
       if (async_) {
         const int64_t n = int64_t(t.nbytes());
         const uint8_t* from = static_cast<const uint8_t*>(t.data);
@@ -216,12 +230,15 @@ void CheckpointSaver::start(const SaveOptions& opt, shard::ShardedModel& engine,
         constexpr int64_t kPiece = int64_t(4) << 20;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i += kPiece) std::memcpy(to + i, from + i, size_t(std::min(kPiece, n - i)));
-        t = Tensor::view(to, t.dtype, {s.numel});
+        t = Tensor::view(to, t.dtype, {t.numel()});
       }
-      const std::string name = unit_tensor(k, f);
-      p->plan.emplace_back(name, t.dtype, std::vector<int64_t>{s.numel});
+      p->plan.emplace_back(name, t.dtype, std::vector<int64_t>{t.numel()});
       p->data.emplace_back(name, t);
       p->bytes += t.nbytes();
+    };
+    for (Field f : kFields) {
+      add(unit_tensor(k, f), field_of(s, f));
+      if (const Tensor a = absmax_of(s, f); a.defined()) add(absmax_tensor(k, f), a);
     }
   }
   if (async_) {
@@ -267,7 +284,9 @@ SaveReport CheckpointSaver::finish(comm::Communicator& world) {
         auto it = f.metadata().find(fmt::format("unit{}.begin", k));
         if (it == f.metadata().end()) continue;
         ranges.push_back({{"unit", k}, {"begin", std::stoll(it->second)}, {"numel", f.info(unit_tensor(k, Field::Master)).numel()}});
-        for (Field fl : kFields) crcs[unit_tensor(k, fl)] = f.metadata().at("crc32:" + unit_tensor(k, fl));
+        for (Field fl : kFields)
+          for (const std::string& t : {unit_tensor(k, fl), absmax_tensor(k, fl)})
+            if (f.has(t)) crcs[t] = f.metadata().at("crc32:" + t);
       }
       files.push_back({{"file", name}, {"rank", r}, {"bytes", f.file_size()}, {"ranges", ranges}, {"crc32", crcs}});
       report.total_bytes += f.file_size();
@@ -281,7 +300,8 @@ SaveReport CheckpointSaver::finish(comm::Communicator& world) {
       units.push_back({{"unit", k}, {"name", l.unit_name}, {"padded_numel", l.padded_numel}, {"tensors", tensors}});
     }
     json meta = {{"format", kFormat},
-                       // Version 2 only where it matters: moments in bf16, which version-1 readers refuse.
+                       // Version 2 only where it matters: moments in bf16 or 8 bits, which version-1
+                       // readers refuse.
                        {"format_version", p->engine->plan().sharding.state_dtype == DType::F32 ? 1 : kFormatVersion},
                        {"step", p->opt.step},
                        {"model", to_hf_json(*p->cfg)},
@@ -355,13 +375,15 @@ void prune_checkpoints(const std::string& root, int keep) {
 
 // ---- reading ----------------------------------------------------------------------------------
 
+// Flat elements [begin, begin + numel) of a saved unit, in one file.
+struct CheckpointReader::Range {
+  int unit;
+  int64_t begin, numel;
+};
+
 struct CheckpointReader::File {
   std::string name, path;
   uint64_t bytes = 0;
-  struct Range {
-    int unit;
-    int64_t begin, numel;
-  };
   std::vector<Range> ranges;
   std::map<std::string, std::vector<uint32_t>> crc;       // tensor -> block checksums
   std::map<std::string, std::vector<uint8_t>> verified;   // tensor -> blocks already checked
@@ -440,7 +462,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
       file->path = (d / file->name).string();
       file->bytes = uint64_t(integer(f, "bytes"));
       for (const json& r : f.at("ranges")) {
-        File::Range range{int(integer(r, "unit", 0, kMaxInt)), integer(r, "begin"), integer(r, "numel")};
+        Range range{int(integer(r, "unit", 0, kMaxInt)), integer(r, "begin"), integer(r, "numel")};
         int64_t end = 0;
         if (__builtin_add_overflow(range.begin, range.numel, &end))
           throw bad(fmt::format("malformed metadata: range {} + {} overflows", range.begin, range.numel));
@@ -479,7 +501,7 @@ CheckpointReader::File& CheckpointReader::open_file(size_t i) {
     auto st = std::make_unique<io::SafetensorsFile>(f.path);
     std::map<std::string, std::vector<uint8_t>> verified;
     // The header must agree with the metadata: the same tensors, sizes and checksum lists.
-    for (const File::Range& r : f.ranges) {
+    for (const Range& r : f.ranges) {
       auto begin = st->metadata().find(fmt::format("unit{}.begin", r.unit));
       if (begin == st->metadata().end() || begin->second != std::to_string(r.begin))
         throw Error(fmt::format("the file's header does not place unit {} at element {} as the metadata does", r.unit,
@@ -487,19 +509,30 @@ CheckpointReader::File& CheckpointReader::open_file(size_t i) {
                     {.file = f.path});
       for (Field fl : kFields) {
         const std::string name = unit_tensor(r.unit, fl);
-        // The master is f32; the moments f32 or bf16 (the saving run's optimizer_state_dtype).
-        const bool dtype_ok = st->has(name) && (st->info(name).dtype == DType::F32 ||
-                                                (fl != Field::Master && st->info(name).dtype == DType::BF16));
+        // The master is f32; the moments f32, bf16, or u8 codes with an f32 absmax per 256 (the
+        // saving run's optimizer state).
+        const std::optional<DType> dt = st->has(name) ? st->info(name).dtype : std::nullopt;
+        const bool dtype_ok = dt == DType::F32 || (fl != Field::Master && (dt == DType::BF16 || dt == DType::U8));
         if (!dtype_ok || st->info(name).numel() != r.numel)
           throw Error(fmt::format("does not hold the {}[{}] tensor the metadata lists",
-                                  fl == Field::Master ? "f32 " : "f32 or bf16 ", r.numel),
+                                  fl == Field::Master ? "f32 " : "f32, bf16 or u8 ", r.numel),
                       {.file = f.path, .tensor = name});
-        auto crc = f.crc.find(name);
-        const uint64_t esize = st->info(name).element_size();
-        const uint64_t blocks = (uint64_t(r.numel) * esize + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-        if (crc == f.crc.end() || crc->second.size() != blocks)
-          throw Error("the metadata has no checksums for this tensor", {.file = f.path, .tensor = name});
-        verified[name].assign(size_t(blocks), 0);
+        std::vector<std::pair<std::string, int64_t>> stored = {{name, r.numel}};
+        if (dt == DType::U8) {
+          const std::string am = absmax_tensor(r.unit, fl);
+          const int64_t blocks = (r.numel + ops::kQuant8Block - 1) / ops::kQuant8Block;
+          if (!st->has(am) || st->info(am).dtype != DType::F32 || st->info(am).numel() != blocks)
+            throw Error(fmt::format("8-bit moments without their f32 [{}] absmax", blocks), {.file = f.path, .tensor = am});
+          stored.emplace_back(am, blocks);
+        }
+        for (const auto& [t, numel] : stored) {
+          auto crc = f.crc.find(t);
+          const uint64_t esize = st->info(t).element_size();
+          const uint64_t blocks = (uint64_t(numel) * esize + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+          if (crc == f.crc.end() || crc->second.size() != blocks)
+            throw Error("the metadata has no checksums for this tensor", {.file = f.path, .tensor = t});
+          verified[t].assign(size_t(blocks), 0);
+        }
       }
     }
     f.verified = std::move(verified);
@@ -508,7 +541,24 @@ CheckpointReader::File& CheckpointReader::open_file(size_t i) {
   return f;
 }
 
-void CheckpointReader::read(const std::string& name, Field field, int64_t begin, int64_t count, float* dst) {
+const uint8_t* CheckpointReader::verified_bytes(File& f, const std::string& t, uint64_t lo, uint64_t hi) {
+  const std::span<const uint8_t> bytes = f.st->bytes(t);
+  std::vector<uint8_t>& done = f.verified.at(t);
+  const std::vector<uint32_t>& want = f.crc.at(t);
+  for (uint64_t blk = lo / kChecksumBlockBytes; hi > lo && blk <= (hi - 1) / kChecksumBlockBytes; ++blk) {
+    if (done[blk]) continue;
+    const uint64_t s = blk * kChecksumBlockBytes, e = std::min<uint64_t>(bytes.size(), s + kChecksumBlockBytes);
+    const uint32_t got = uint32_t(crc32_z(crc32_z(0, nullptr, 0), bytes.data() + s, e - s));
+    if (got != want[blk])
+      throw Error(fmt::format("checksum mismatch in block {} (bytes {}..{} of the tensor): the file is corrupt", blk, s,
+                              e),
+                  {.file = f.path, .tensor = t});
+    done[blk] = 1;
+  }
+  return bytes.data();
+}
+
+void CheckpointReader::for_each_piece(const std::string& name, int64_t begin, int64_t count, const Piece& piece) {
   const StoredTensor& t = tensor(name);
   if (begin < 0 || count < 0 || begin + count > t.numel())
     throw Error(fmt::format("elements [{}, {}) are outside the tensor's {}", begin, begin + count, t.numel()),
@@ -516,41 +566,11 @@ void CheckpointReader::read(const std::string& name, Field field, int64_t begin,
   const int64_t lo = t.offset + begin, hi = lo + count;  // in the saved unit's flat buffer
   int64_t covered = 0;
   for (size_t i = 0; i < files_.size(); ++i) {
-    for (const File::Range& r : files_[i]->ranges) {
+    for (const Range& r : files_[i]->ranges) {
       if (r.unit != t.unit) continue;
       const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.begin + r.numel);
       if (a >= b) continue;
-      File& f = open_file(i);
-      const std::string stored = unit_tensor(r.unit, field);
-      // Verify each checksum block the bytes of elements [a, b) touch, once per reader.
-      const std::span<const uint8_t> bytes = f.st->bytes(stored);
-      const DType dtype = *f.st->info(stored).dtype;  // F32 or BF16, as open_file checked
-      const uint64_t esize = dtype_size(dtype);
-      std::vector<uint8_t>& done = f.verified.at(stored);
-      const std::vector<uint32_t>& want = f.crc.at(stored);
-      const uint64_t first = uint64_t(a - r.begin) * esize / kChecksumBlockBytes;
-      const uint64_t last = (uint64_t(b - r.begin) * esize - 1) / kChecksumBlockBytes;
-      for (uint64_t blk = first; blk <= last; ++blk) {
-        if (done[blk]) continue;
-        const uint64_t s = blk * kChecksumBlockBytes, e = std::min<uint64_t>(bytes.size(), s + kChecksumBlockBytes);
-        const uint32_t got = uint32_t(crc32_z(crc32_z(0, nullptr, 0), bytes.data() + s, e - s));
-        if (got != want[blk])
-          throw Error(fmt::format("checksum mismatch in block {} (bytes {}..{} of the tensor): the file is corrupt",
-                                  blk, s, e),
-                      {.file = f.path, .tensor = stored});
-        done[blk] = 1;
-      }
-      float* out = dst + (a - lo);
-      if (dtype == DType::F32) {
-        f.st->read_range(stored, uint64_t(a - r.begin), uint64_t(b - a), out);
-      } else {  // bf16 moments: widened exactly
-        const uint8_t* from = bytes.data() + uint64_t(a - r.begin) * esize;
-        for (int64_t i = 0; i < b - a; ++i) {
-          uint16_t h;
-          std::memcpy(&h, from + i * 2, 2);
-          out[i] = std::bit_cast<float>(bits::bf16_to_f32(h));
-        }
-      }
+      piece(open_file(i), r, a - r.begin, b - a, a - lo);
       covered += b - a;
     }
   }
@@ -558,6 +578,54 @@ void CheckpointReader::read(const std::string& name, Field field, int64_t begin,
     throw Error(fmt::format("the shard files cover {} of elements [{}, {}) (overlapping or missing ranges)", covered,
                             begin, begin + count),
                 {.file = dir_, .tensor = name});
+}
+
+void CheckpointReader::read(const std::string& name, Field field, int64_t begin, int64_t count, float* dst) {
+  for_each_piece(name, begin, count, [&](File& f, const Range& r, int64_t first, int64_t n, int64_t at) {
+    const std::string stored = unit_tensor(r.unit, field);
+    const DType dtype = *f.st->info(stored).dtype;  // F32, BF16 or U8, as open_file checked
+    const uint64_t esize = dtype_size(dtype);
+    const uint8_t* from = verified_bytes(f, stored, first * esize, (first + n) * esize) + first * esize;
+    float* out = dst + at;
+    if (dtype == DType::F32) {
+      std::memcpy(out, from, size_t(n) * 4);
+    } else if (dtype == DType::BF16) {  // widened exactly
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, from + i * 2, 2);
+        out[i] = std::bit_cast<float>(bits::bf16_to_f32(h));
+      }
+    } else {  // 8-bit: map[code] * its block's absmax, as ops::dequantize_blockwise8
+      constexpr int64_t B = ops::kQuant8Block;
+      const uint8_t* amax = verified_bytes(f, absmax_tensor(r.unit, field), uint64_t(first / B) * 4,
+                                           uint64_t((first + n - 1) / B + 1) * 4);
+      const float* map = ops::dynamic_map(field == Field::ExpAvg);
+      for (int64_t i = 0; i < n; ++i) {
+        float scale;
+        std::memcpy(&scale, amax + (first + i) / B * 4, 4);
+        out[i] = map[from[i]] * scale;
+      }
+    }
+  });
+}
+
+bool CheckpointReader::read_blockwise8(const std::string& name, Field field, int64_t begin, int64_t count,
+                                       uint8_t* codes, float* absmax) {
+  constexpr int64_t B = ops::kQuant8Block;
+  if (field == Field::Master || begin % B != 0) return false;
+  bool raw = true;
+  for_each_piece(name, begin, count, [&](File& f, const Range& r, int64_t first, int64_t, int64_t) {
+    raw = raw && f.st->info(unit_tensor(r.unit, field)).dtype == DType::U8 && first % B == 0;
+  });
+  if (!raw) return false;
+  for_each_piece(name, begin, count, [&](File& f, const Range& r, int64_t first, int64_t n, int64_t at) {
+    const std::string stored = unit_tensor(r.unit, field), am = absmax_tensor(r.unit, field);
+    std::memcpy(codes + at, verified_bytes(f, stored, uint64_t(first), uint64_t(first + n)) + first, size_t(n));
+    const int64_t b0 = first / B, blocks = (n + B - 1) / B;
+    std::memcpy(absmax + at / B, verified_bytes(f, am, uint64_t(b0) * 4, uint64_t(b0 + blocks) * 4) + b0 * 4,
+                size_t(blocks) * 4);
+  });
+  return true;
 }
 
 void CheckpointReader::drop_resident_pages() {
@@ -597,10 +665,28 @@ uint64_t load_checkpoint(CheckpointReader& reader, shard::ShardedModel& engine) 
                                 const Tensor t = field_of(s, f).slice(lo - s.begin, hi - s.begin);
                                 if (t.dtype == DType::F32) {
                                   reader.read(e.info.name, f, lo - e.offset, hi - lo, t.f32());
-                                } else {  // moments kept in bf16: read as f32, rounded to nearest even once
+                                } else if (t.dtype == DType::BF16) {  // read as f32, rounded to nearest once
                                   std::vector<float> f32(size_t(hi - lo));
                                   reader.read(e.info.name, f, lo - e.offset, hi - lo, f32.data());
                                   ops::cast(t, Tensor::view(f32.data(), DType::F32, {hi - lo}, Device::CPU));
+                                } else {
+                                  // 8-bit: the tensor's whole blocks. Its blocks start with it (the
+                                  // plan aligns tensors and shards), and what follows it up to its
+                                  // last block's end is padding. Codes and absmax of an 8-bit
+                                  // checkpoint are copied as stored (exact); f32 or bf16 moments
+                                  // are quantized, the padding zero.
+                                  constexpr int64_t B = ops::kQuant8Block;
+                                  const int64_t at = lo - s.begin, n = (hi - lo + B - 1) / B * B;
+                                  const Tensor codes = field_of(s, f).slice(at, at + n);
+                                  const Tensor amax = absmax_of(s, f).slice(at / B, (at + n) / B);
+                                  if (!reader.read_blockwise8(e.info.name, f, lo - e.offset, hi - lo,
+                                                              static_cast<uint8_t*>(codes.data), amax.f32())) {
+                                    std::vector<float> f32(size_t(n), 0.0f);
+                                    reader.read(e.info.name, f, lo - e.offset, hi - lo, f32.data());
+                                    ops::quantize_blockwise8(codes, amax,
+                                                             Tensor::view(f32.data(), DType::F32, {n}, Device::CPU),
+                                                             f == Field::ExpAvg);
+                                  }
                                 }
                                 bytes += t.nbytes();
                               }

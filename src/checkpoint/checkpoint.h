@@ -162,12 +162,25 @@ class CheckpointReader {
   // Elements [begin, begin + count) of one tensor's field, as f32, into dst. Verifies the
   // checksum of every block it touches (once per block); throws naming the file, tensor and block.
   void read(const std::string& tensor, Field field, int64_t begin, int64_t count, float* dst);
+  // 8-bit moments as stored: the codes of elements [begin, begin + count) and the absmax of their
+  // blocks (begin a multiple of 256), for a resuming run that keeps 8-bit moments too (exact).
+  // False, reading nothing, when the checkpoint holds that field in another dtype.
+  bool read_blockwise8(const std::string& tensor, Field field, int64_t begin, int64_t count, uint8_t* codes,
+                       float* absmax);
   // Drops the mapped pages read so far from this process's resident set (convert's memory bound).
   void drop_resident_pages();
 
  private:
   struct File;
   File& open_file(size_t i);
+  // The bytes of a stored tensor, each checksum block that [lo, hi) touches verified (once).
+  const uint8_t* verified_bytes(File& f, const std::string& stored, uint64_t lo, uint64_t hi);
+  // Each file's piece of elements [begin, begin + count) of a tensor: piece(file, its range, the
+  // piece's first element in that range, its length, its position in [begin, begin + count)).
+  // Throws when the files do not cover them exactly.
+  struct Range;
+  using Piece = std::function<void(File&, const Range&, int64_t first, int64_t n, int64_t at)>;
+  void for_each_piece(const std::string& tensor, int64_t begin, int64_t count, const Piece& piece);
   std::string dir_;
   nlohmann::json meta_;
   int64_t step_ = 0;

@@ -60,6 +60,7 @@ std::string lever_flag(const memory::LeverStep& s) {
   using memory::Lever;
   switch (s.lever) {
     case Lever::StateBf16: return "--optimizer-state-dtype bf16";
+    case Lever::State8bit: return "--optimizer-state-dtype 8bit";
     case Lever::ComputeBf16: return "--param-dtype bf16";
     case Lever::FullShard: return "--sharding-strategy FULL_SHARD";
     case Lever::ActivationCheckpointing: return "--activation-checkpointing true";
@@ -138,7 +139,8 @@ void run(const Opts& o) {
   in.sharding.strategy = for_flag("--sharding-strategy", o.strategy, shard::parse_strategy);
   in.sharding.param_dtype = dtype_flag("--param-dtype", o.param_dtype, {DType::F32, DType::BF16});
   in.sharding.reduce_dtype = dtype_flag("--reduce-dtype", o.reduce_dtype, {DType::F32, DType::BF16});
-  in.sharding.state_dtype = dtype_flag("--optimizer-state-dtype", o.state_dtype, {DType::F32, DType::BF16});
+  in.sharding.state_dtype = o.state_dtype == "8bit" ? DType::U8
+                            : dtype_flag("--optimizer-state-dtype", o.state_dtype, {DType::F32, DType::BF16});
   in.sharding.wrap = for_flag("--auto-wrap-policy", o.wrap, shard::parse_wrap_policy);
   in.sharding.min_num_params = o.min_num_params;
   in.sharding.forward_prefetch = o.forward_prefetch;
@@ -244,7 +246,9 @@ void run(const Opts& o) {
              "accumulation step{}, {}\n",
              shard::strategy_name(in.sharding.strategy), in.world_size, in.world_size > 1 ? "s" : "", e.shard_group,
              e.num_units, dtype_name(in.sharding.param_dtype), dtype_name(in.sharding.reduce_dtype),
-             in.sharding.state_dtype == DType::F32 ? "" : fmt::format(", AdamW moments {}", dtype_name(in.sharding.state_dtype)),
+             in.sharding.state_dtype == DType::F32 ? ""
+             : in.sharding.state_dtype == DType::U8 ? ", AdamW moments 8-bit blockwise"
+                                                    : fmt::format(", AdamW moments {}", dtype_name(in.sharding.state_dtype)),
              in.micro_batch_size, in.seq_len, in.grad_accum, in.grad_accum > 1 ? "s" : "", ckpt);
   print_estimate(in, e, budget);
   print_accelerate(m, in.finetune);
@@ -266,7 +270,8 @@ void register_estimate_memory(CLI::App& app) {
   cmd->add_option("--shard-group-size", o->shard_group, "Hybrid: ranks per shard group (default: the node)");
   cmd->add_option("--param-dtype", o->param_dtype, "Gathered parameters and compute: f32 or bf16")->capture_default_str();
   cmd->add_option("--reduce-dtype", o->reduce_dtype, "Gradient communication: f32 or bf16")->capture_default_str();
-  cmd->add_option("--optimizer-state-dtype", o->state_dtype, "AdamW's moments at rest: f32 or bf16")->capture_default_str();
+  cmd->add_option("--optimizer-state-dtype", o->state_dtype,
+                  "AdamW's moments at rest: f32, bf16, or 8bit (optim: adamw_8bit)")->capture_default_str();
   cmd->add_option("--micro-batch-size", o->micro_batch, "Sequences per rank per micro-batch")->capture_default_str();
   cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--gradient-accumulation-steps", o->accum, "Micro-batches per step (matters with --no-sync)")

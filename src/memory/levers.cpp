@@ -17,6 +17,10 @@ bool apply(Lever lever, EstimateInput& in, bool offload_possible) {
       if (sc.state_dtype != DType::F32) return false;
       sc.state_dtype = DType::BF16;
       return true;
+    case Lever::State8bit:
+      if (sc.state_dtype == DType::U8) return false;
+      sc.state_dtype = DType::U8;
+      return true;
     case Lever::ComputeBf16:
       if (sc.param_dtype != DType::F32) return false;
       sc.param_dtype = DType::BF16;
@@ -56,12 +60,13 @@ LeverStep smaller_micro_batch(const EstimateInput& in, int64_t budget) {
 
 }  // namespace
 
-std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bool offload_possible) {
-  SHARDLM_CHECK(budget > 0, "a memory budget must be > 0, got {}", budget);
+namespace {
+// The levers in order, the moments' one being `state` (StateBf16 or State8bit).
+std::vector<LeverStep> apply_in_order(const EstimateInput& in, int64_t budget, bool offload_possible, Lever state) {
   std::vector<LeverStep> steps;
   EstimateInput now = in;
   int64_t bytes = estimate(in).device_bytes;
-  for (Lever lever : {Lever::StateBf16, Lever::ComputeBf16, Lever::FullShard, Lever::ActivationCheckpointing,
+  for (Lever lever : {state, Lever::ComputeBf16, Lever::FullShard, Lever::ActivationCheckpointing,
                       Lever::SmallerMicroBatch, Lever::Offload}) {
     if (bytes <= budget) break;
     EstimateInput next = now;
@@ -74,6 +79,21 @@ std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bo
     bytes = step.device_bytes;
   }
   return steps;
+}
+bool fits(const std::vector<LeverStep>& steps, int64_t budget) {
+  return !steps.empty() && steps.back().device_bytes <= budget;
+}
+}  // namespace
+
+std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bool offload_possible) {
+  SHARDLM_CHECK(budget > 0, "a memory budget must be > 0, got {}", budget);
+  if (estimate(in).device_bytes <= budget) return {};
+  // bf16 moments where the whole sequence then fits; 8-bit ones only where it does not.
+  std::vector<LeverStep> bf16 = apply_in_order(in, budget, offload_possible, Lever::StateBf16);
+  if (fits(bf16, budget)) return bf16;
+  std::vector<LeverStep> q8 = apply_in_order(in, budget, offload_possible, Lever::State8bit);
+  if (fits(q8, budget) || bf16.empty()) return q8;
+  return q8.empty() || q8.back().device_bytes >= bf16.back().device_bytes ? bf16 : q8;
 }
 
 std::string describe_levers(const std::vector<LeverStep>& steps, int64_t budget,

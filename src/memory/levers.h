@@ -17,6 +17,7 @@ namespace shardlm::memory {
 // use it already.
 enum class Lever : uint8_t {
   StateBf16,                // AdamW's moments in bf16: a cast in the optimizer step
+  State8bit,                // ... or in 8 bits (blockwise), where bf16 is not enough: a quantization per step
   ComputeBf16,              // parameters, activations and compute in bf16 (mixed precision): faster on GPUs
   FullShard,                // every unit sharded over all ranks: all-gathers over every link
   ActivationCheckpointing,  // every layer recomputed in its backward: about a third more compute
@@ -32,9 +33,10 @@ struct LeverStep {
 
 // The levers `in` does not use yet, applied cumulatively until the estimate fits `budget` (bytes
 // per rank, > 0). Empty when `in` fits already; when every lever together still does not fit, the
-// last step's device_bytes is above the budget. SmallerMicroBatch takes the largest divisor of
-// the micro-batch that fits (or 1), multiplying the accumulation steps by the same factor.
-// Offload is tried only where `offload_possible` (a GPU run).
+// last step's device_bytes is above the budget. The moments go to bf16 where the sequence then
+// fits, to 8 bits only where it does not (the two are one lever: a run has one state dtype).
+// SmallerMicroBatch takes the largest divisor of the micro-batch that fits (or 1), multiplying the
+// accumulation steps by the same factor. Offload is tried only where `offload_possible` (a GPU run).
 std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bool offload_possible);
 
 // One line: "A → 61.2 GiB; + B → 44.0 GiB (fits)", or, when the last step still does not fit,

@@ -29,14 +29,20 @@ std::string stage_label(const Stage& s) {
 
 // ---- units ---------------------------------------------------------------------------------------
 
+// AdamW's m and v; absmax only for 8-bit state ([own_numel / 256] f32 each).
+struct Moments {
+  FlatBuffer m, v, m_absmax, v_absmax;
+};
+
 struct ShardedModel::Unit {
   Unit(const PlannedUnit& p, ShardedBuffer buffer) : plan(&p), params(std::move(buffer)) {}
   const PlannedUnit* plan;
   ShardedBuffer params;  // what a visit gathers: trained parameters, frozen base, NF4 store
   // Optimizer side (pinned host memory under offload, else the engine's device):
   // What this rank optimizes, [own_numel]: the f32 master, and AdamW's moments in the state dtype
-  // (ShardingConfig::state_dtype).
-  FlatBuffer master, exp_avg, exp_avg_sq;
+  // (ShardingConfig::state_dtype: f32 or bf16, or u8 codes with an f32 absmax per 256 elements).
+  FlatBuffer master;
+  Moments moments;
   FlatBuffer grad_shard;                   // f32 [shard_numel]: reduced gradients (sharded optimizer)
   FlatBuffer full_grad;                    // f32 [padded]: the backward's accumulator
   // What the model binds as gradients: full_grad or, for a solo unit, the gradient shard.
@@ -58,8 +64,9 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
       shard_comm_(mesh.tensor_shard()),
       use_(use) {
   // A dry run (the meta device) may plan offload for a GPU it does not have.
-  SHARDLM_CHECK(sharding.state_dtype == DType::F32 || sharding.state_dtype == DType::BF16,
-                "optimizer state must be f32 or bf16, got {}", dtype_name(sharding.state_dtype));
+  const DType state = sharding.state_dtype;
+  SHARDLM_CHECK(state == DType::F32 || state == DType::BF16 || state == DType::U8,
+                "optimizer state must be f32, bf16 or u8 (8-bit blockwise), got {}", dtype_name(state));
   SHARDLM_CHECK(!plan_.offload.params || (device_ != Device::CPU && sharding.shard_gradients()),
                 "CPU offload needs CUDA communicators and a strategy that shards gradients (got {} on {})",
                 strategy_name(sharding.strategy), device_name(device_));
@@ -75,8 +82,13 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
     if (p.trains()) {  // a frozen unit (LoRA) has no master, no optimizer state, no gradients
       u->master = state_buffer(BufferRole::Master, p.own_numel);
       if (use == EngineUse::Train) {  // an evaluation engine takes no step and makes no gradients
-        u->exp_avg = state_buffer(BufferRole::Moments, p.own_numel, sharding.state_dtype);
-        u->exp_avg_sq = state_buffer(BufferRole::Moments, p.own_numel, sharding.state_dtype);
+        Moments& mo = u->moments;
+        mo.m = state_buffer(BufferRole::Moments, p.own_numel, state);
+        mo.v = state_buffer(BufferRole::Moments, p.own_numel, state);
+        if (state == DType::U8) {  // own_numel is a whole number of blocks (the plan aligns it)
+          mo.m_absmax = state_buffer(BufferRole::Moments, p.own_numel / ops::kQuant8Block);
+          mo.v_absmax = state_buffer(BufferRole::Moments, p.own_numel / ops::kQuant8Block);
+        }
         if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
         if (p.solo) u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
       }
@@ -85,6 +97,9 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
     units_.push_back(std::move(u));
   }
   if (offload) host_staging_ = make_(BufferRole::Staging, DType::F32, largest_shard, false, true);
+  // 8-bit state: the f32 m and v of one chunk of blocks at a time (optimizer_step).
+  if (state == DType::U8 && use == EngineUse::Train && largest_shard > 0)
+    state_scratch_ = state_buffer(BufferRole::Moments, 2 * std::min(largest_shard, kQuant8Chunk));
   reduce_ = {&shard_comm_, sharding.hybrid() ? &mesh.tensor_replicate() : nullptr, plan_.precision.reduce,
              sharding.strategy == Strategy::NoShard, make_, host_staging()};
 }
@@ -340,20 +355,45 @@ std::string ShardedModel::first_nonfinite(Checked what) {
 }
 
 // AdamW on what this rank owns, tensor by tensor (norms and biases without weight decay). Under
-// offload master, gradient shard and moments are host tensors, so this runs on the CPU.
+// offload master, gradient shard and moments are host tensors, so this runs on the CPU. 8-bit
+// state goes chunk by chunk of whole blocks: dequantized into f32 scratch, stepped as f32
+// moments are, quantized back with each block's new absmax (bitsandbytes' blockwise AdamW8bit,
+// with torch's AdamW update).
 void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip) {
   ops::AdamWConfig no_decay = opt;
   no_decay.weight_decay = 0.0;
+  const bool blockwise = plan_.sharding.state_dtype == DType::U8;
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
+    if (!p.trains()) continue;
     const Tensor& g = plan_.sharding.shard_optimizer() ? u.grad_shard.view() : u.full_grad.view();
-    for_each_overlap(p.layout, p.own_begin, p.own_begin + p.own_numel, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
-      const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
-      ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), u.exp_avg.view().slice(a, z),
-                      u.exp_avg_sq.view().slice(a, z), e.info.weight_decay ? opt : no_decay, step, clip,
-                      {stream_id(e.info.name), lo - e.offset});
-    });
+    // Owned elements [a0, a1) with their moments m, v, whose element 0 is owned element a0.
+    auto adamw = [&](int64_t a0, int64_t a1, const Tensor& m, const Tensor& v) {
+      const int64_t begin = p.own_begin + a0, end = p.own_begin + a1;
+      for_each_overlap(p.layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+        const int64_t a = lo - p.own_begin, z = hi - p.own_begin;
+        ops::adamw_step(u.master.view().slice(a, z), g.slice(a, z), m.slice(a - a0, z - a0), v.slice(a - a0, z - a0),
+                        e.info.weight_decay ? opt : no_decay, step, clip, {stream_id(e.info.name), lo - e.offset});
+      });
+    };
+    const Moments& mo = u.moments;
+    if (!blockwise) {
+      adamw(0, p.own_numel, mo.m.view(), mo.v.view());
+      continue;
+    }
+    const int64_t chunk = state_scratch_.view().numel() / 2, B = ops::kQuant8Block;
+    for (int64_t c0 = 0; c0 < p.own_numel; c0 += chunk) {
+      const int64_t c1 = std::min(p.own_numel, c0 + chunk);
+      const Tensor m = state_scratch_.view().slice(0, c1 - c0), v = state_scratch_.view().slice(chunk, chunk + c1 - c0);
+      const Tensor mq = mo.m.view().slice(c0, c1), vq = mo.v.view().slice(c0, c1);
+      const Tensor ma = mo.m_absmax.view().slice(c0 / B, c1 / B), va = mo.v_absmax.view().slice(c0 / B, c1 / B);
+      ops::dequantize_blockwise8(m, mq, ma, true);
+      ops::dequantize_blockwise8(v, vq, va, false);
+      adamw(c0, c1, m, v);
+      ops::quantize_blockwise8(mq, ma, m, true);
+      ops::quantize_blockwise8(vq, va, v, false);
+    }
   }
   master_weights_changed();
 }
@@ -418,7 +458,9 @@ ShardedModel::StateRange ShardedModel::owned_state(int k) {
   // Checkpoints read and write these views as host memory.
   SHARDLM_CHECK(u.master.view().device == Device::CPU,
                 "checkpoints of GPU-resident optimizer state are not implemented yet");
-  return {u.plan->own_begin, u.plan->own_numel, u.master.view(), u.exp_avg.view(), u.exp_avg_sq.view()};
+  const Moments& mo = u.moments;
+  return {u.plan->own_begin, u.plan->own_numel, u.master.view(), mo.m.view(), mo.v.view(),
+          mo.m_absmax.live() ? mo.m_absmax.view() : Tensor{}, mo.v_absmax.live() ? mo.v_absmax.view() : Tensor{}};
 }
 
 Tensor ShardedModel::owned_grad(int k) const {

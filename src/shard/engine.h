@@ -90,10 +90,13 @@ class ShardedModel {
 
   // ---- checkpoints (checkpoint/checkpoint.h) and loading (load.h) ----------------------------
   // This rank's optimizer state of a unit: flat elements [begin, begin + numel) of the unit's
-  // buffer, as f32 views into the engine's own buffers (valid while the engine lives).
+  // buffer, as views into the engine's own buffers (valid while the engine lives): the f32 master
+  // and the moments in the state dtype (f32, bf16, or u8 codes with their f32 absmax per 256
+  // elements, undefined otherwise).
   struct StateRange {
     int64_t begin = 0, numel = 0;
     Tensor master, exp_avg, exp_avg_sq;
+    Tensor exp_avg_absmax = {}, exp_avg_sq_absmax = {};
   };
   // Everything this rank optimizes (what a checkpoint load fills).
   StateRange owned_state(int unit);
@@ -153,6 +156,9 @@ class ShardedModel {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> reducing_;  // units whose gradient reduction is in flight, oldest first
   FlatBuffer host_staging_;  // offload: pinned f32 [largest shard], reused by every host/device copy
+  // 8-bit optimizer state: f32 [2 x chunk], one chunk's dequantized m and v during the step.
+  FlatBuffer state_scratch_;
+  static constexpr int64_t kQuant8Chunk = int64_t(1) << 16;  // elements: 256 blocks
   EngineUse use_ = EngineUse::Train;
 };
 

@@ -14,15 +14,20 @@
 
 namespace shardlm::shard {
 
-FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor) {
-  SHARDLM_CHECK(divisor >= 1, "flat layout divisor must be >= 1, got {}", divisor);
+FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor,
+                            int64_t align) {
+  SHARDLM_CHECK(divisor >= 1 && align >= 1, "flat layout divisor and alignment must be >= 1, got {} and {}", divisor,
+                align);
   FlatLayout f;
   f.unit_name = name;
+  int64_t end = 0;
   for (const model::ParamInfo& p : params) {
-    f.entries.push_back({p, f.numel});
+    const int64_t at = (end + align - 1) / align * align;
+    f.entries.push_back({p, at});
     f.numel += p.numel();
+    end = at + p.numel();
   }
-  f.padded_numel = (f.numel + divisor - 1) / divisor * divisor;
+  f.padded_numel = (end + divisor - 1) / divisor * divisor;
   return f;
 }
 

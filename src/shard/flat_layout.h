@@ -2,7 +2,8 @@
 //
 // Each named tensor is a view at an offset. The total is padded up to a multiple of `divisor`
 // (the shard group size) so the buffer splits into equal shards; the padding is zero and is
-// never part of any tensor.
+// never part of any tensor. With `align` > 1 every tensor starts at a multiple of it, the gaps
+// zero padding too (8-bit optimizer state: no quantization block spans two tensors).
 #pragma once
 
 #include <algorithm>
@@ -25,11 +26,12 @@ struct FlatEntry {
 struct FlatLayout {
   std::string unit_name;
   std::vector<FlatEntry> entries;
-  int64_t numel = 0;         // sum of the entries' sizes
-  int64_t padded_numel = 0;  // numel rounded up to a multiple of the divisor
+  int64_t numel = 0;         // sum of the entries' sizes (gaps between aligned entries not counted)
+  int64_t padded_numel = 0;  // the end of the last entry rounded up to a multiple of the divisor
 };
 
-FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor);
+FlatLayout make_flat_layout(const std::string& name, const std::vector<model::ParamInfo>& params, int64_t divisor,
+                            int64_t align = 1);
 
 // Calls fn(entry, lo, hi) for each tensor with elements in [begin, end) of the flat buffer; [lo, hi)
 // is that part, in flat offsets.

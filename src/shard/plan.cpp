@@ -167,7 +167,10 @@ UnitPlan make_plan(const ModelConfig& cfg, const model::FinetuneSpec& ft, const 
     }
     if (g.size() >= 2 && p.parts[size_t(g[0])].kind == model::PartKind::Layer)
       u.name = fmt::format("model.layers.{}..{}", p.parts[size_t(g.front())].layer, p.parts[size_t(g.back())].layer);
-    u.layout = make_flat_layout(u.name, params, S);
+    // 8-bit optimizer state quantizes blocks of 256 elements: every tensor and every rank's shard
+    // starts a block, so a block is one tensor's on one rank however the group is split.
+    const int64_t block = sc.state_dtype == DType::U8 ? ops::kQuant8Block : 1;
+    u.layout = make_flat_layout(u.name, params, S * block, block);
     u.shard_numel = u.layout.padded_numel / S;
     u.frozen = make_flat_layout(u.name, frozen, S);
     u.frozen_shard_numel = u.frozen.padded_numel / S;

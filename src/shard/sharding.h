@@ -38,8 +38,9 @@ struct ShardingConfig {
   int shard_group_size = 0;           // hybrid: ranks per shard group; 0 = ranks per node
   DType param_dtype = DType::F32;     // gathered parameters and compute
   DType reduce_dtype = DType::F32;    // gradient communication
-  // AdamW's moments at rest (optimizer_state_dtype): f32, or bf16 stored with stochastic rounding
-  // (ops::adamw_step). The master weights stay f32 either way.
+  // AdamW's moments at rest: f32, bf16 stored with stochastic rounding (optimizer_state_dtype:
+  // bf16; ops::adamw_step), or U8: 8-bit blockwise as bitsandbytes' AdamW8bit keeps them (optim:
+  // adamw_8bit; ops::quantize_blockwise8). The master weights stay f32 either way.
   DType state_dtype = DType::F32;
   bool reduce_every_microbatch = true;  // false: defer gradient reduction to the last micro-batch (no_sync)
   bool auto_strategy = false;  // sharding_strategy: auto: the trainer picks `strategy` by memory (docs/memory.md)

@@ -54,7 +54,9 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
   print(fmt::format("sharding: {} on {} rank{} (shard groups of {}, {} unit{}), reduce in {}{}",
                     shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", shard_group_size, units,
                     units > 1 ? "s" : "", dtype_name(sc.reduce_dtype),
-                    sc.state_dtype == DType::F32 ? "" : fmt::format(", AdamW moments in {}", dtype_name(sc.state_dtype))));
+                    sc.state_dtype == DType::F32  ? ""
+                    : sc.state_dtype == DType::U8 ? ", AdamW 8-bit (blockwise moments)"
+                                                  : fmt::format(", AdamW moments in {}", dtype_name(sc.state_dtype))));
   if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
     print("ranks: started by " + launcher);
   if (const model::FinetuneSpec& ft = in_.finetune; ft.lora) {

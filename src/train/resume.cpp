@@ -109,7 +109,7 @@ nlohmann::json run_description(const TrainConfig& c, const shard::ShardingConfig
           {"shard_group_size", mesh.shard->size()},
           {"param_dtype", dtype_name(sharding.param_dtype)},
           {"reduce_dtype", dtype_name(sharding.reduce_dtype)},
-          {"optimizer_state_dtype", dtype_name(sharding.state_dtype)},
+          {"optimizer_state_dtype", sharding.state_dtype == DType::U8 ? "8bit" : dtype_name(sharding.state_dtype)},
           {"seq_len", c.seq_len},
           {"micro_batch_size", c.micro_batch_size},
           {"gradient_accumulation_steps", c.gradient_accumulation_steps},

@@ -31,6 +31,7 @@ std::string lever_key(const memory::LeverStep& s) {
   using memory::Lever;
   switch (s.lever) {
     case Lever::StateBf16: return "optimizer_state_dtype: bf16";
+    case Lever::State8bit: return "optim: adamw_8bit";
     case Lever::ComputeBf16: return "compute_dtype: bf16";
     case Lever::FullShard: return "sharding_strategy: FULL_SHARD";
     case Lever::ActivationCheckpointing: return "activation_checkpointing: true";

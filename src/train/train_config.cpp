@@ -468,6 +468,26 @@ std::vector<ConfigField<TrainConfig>> make_table() {
       [](const ConfigTree&, const std::string&, TrainConfig& c, DType d) { c.sharding.state_dtype = d; },
       "AdamW's moments at rest: f32, or bf16 (half the bytes, stored with stochastic rounding)",
       [](DType d) { return d == DType::F16 ? std::string("f16 moments are not supported (use bf16)") : ""; })});
+  // Hugging Face TrainingArguments' optim, after optimizer_state_dtype, which it must agree with.
+  add({F::parsed_set(
+      "optim",
+      [](const std::string& s) -> DType {
+        if (s == "adamw_torch" || s == "adamw_torch_fused" || s == "adamw") return DType::F32;
+        if (s == "adamw_bnb_8bit" || s == "adamw_8bit" || s == "adamw8bit") return DType::U8;
+        if (s.starts_with("paged_"))
+          throw Error(fmt::format("'{}': paged optimizers (unified-memory paging) are not supported; adamw_8bit keeps "
+                                  "8-bit state without paging",
+                                  s));
+        throw Error(fmt::format("expected adamw_torch or adamw_8bit (adamw_bnb_8bit), got '{}'", s));
+      },
+      [](const ConfigTree& t, const std::string& k, TrainConfig& c, DType d) {
+        if (d == DType::F32) return;  // AdamW with the moments optimizer_state_dtype says
+        if (t.has("optimizer_state_dtype"))
+          throw t.error_at(k, "adamw_8bit keeps its moments in 8 bits; optimizer_state_dtype cannot also be set");
+        c.sharding.state_dtype = d;
+      },
+      "adamw_torch (AdamW, moments as optimizer_state_dtype says) or adamw_8bit (alias adamw_bnb_8bit): bitsandbytes' "
+      "blockwise 8-bit moments, a quarter of f32's bytes")});
   add({
       F::parsed(
           "max_memory_per_rank", &TrainConfig::max_memory_per_rank,

@@ -151,16 +151,18 @@ std::vector<Case> matrix() {
   c.rows_per_rank = 12;  // more than one cross-entropy chunk of 256 rows
   c.name = "NO_SHARD no-wrap, bf16 reduce, 2 micro-batches of 288 tokens";
   out.push_back(c);
-  // optimizer_state_dtype: bf16 (half the moments' bytes).
-  for (S s : {S::NoShard, S::FullShard, S::HybridShard}) {
-    c = Case{};
-    c.sc.strategy = s;
-    c.sc.param_dtype = DType::BF16;
-    c.sc.state_dtype = DType::BF16;
-    c.sc.shard_group_size = std::min(2, g_world->size());
-    c.name = fmt::format("{} bf16, AdamW moments in bf16", shard::strategy_name(s));
-    out.push_back(c);
-  }
+  // optimizer_state_dtype: bf16 (half the moments' bytes), optim: adamw_8bit (codes, absmax, the
+  // step's f32 scratch, the aligned layout's padding).
+  for (DType state : {DType::BF16, DType::U8})
+    for (S s : {S::NoShard, S::FullShard, S::HybridShard}) {
+      c = Case{};
+      c.sc.strategy = s;
+      c.sc.param_dtype = DType::BF16;
+      c.sc.state_dtype = state;
+      c.sc.shard_group_size = std::min(2, g_world->size());
+      c.name = fmt::format("{} bf16, AdamW moments in {}", shard::strategy_name(s), state == DType::U8 ? "8 bits" : "bf16");
+      out.push_back(c);
+    }
   // LoRA: the frozen base in its own buffers, the adapters' state, their activations.
   for (S s : {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard, S::HybridShard, S::HybridShardZero2})
     for (DType d : {DType::F32, DType::BF16}) {
