@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "comm/communicator.h"
 #include "mpi_test_main.h"
@@ -145,6 +146,9 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg, co
   const auto ref_weights = shardlm::testing::gather_weights(ref);
 
   for (Case tc : cases()) {
+    // Low-precision moments: the six strategies; the wrap, prefetch, no_sync and checkpointing
+    // variants change nothing the optimizer sees (and cost the suite time at 4 ranks).
+    if (state_dtype != DType::F32 && std::string_view(tc.name).find(' ') != std::string_view::npos) continue;
     SCOPED_TRACE(tc.name);
     tc.cfg.state_dtype = state_dtype;
     shard::Mesh mesh = shard::make_mesh(*g_world, tc.cfg, std::min(W, 2));
