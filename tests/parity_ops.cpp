@@ -135,7 +135,8 @@ TEST(Parity, AdamwBf16Moments) {
     const ops::AdamWConfig cfg = adamw_config_of(c);
     const int64_t split = n / 3 | 1;
     for (int64_t s = 0; s < steps; ++s)
-      for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, split}, {split, n}}) {
+      for (const std::pair<int64_t, int64_t>& range : {std::pair<int64_t, int64_t>{0, split}, {split, n}}) {
+        const int64_t lo = range.first, hi = range.second;  // not a structured binding: the lambda captures them
         auto part = [&](void* base, DType t) { return Tensor::view(static_cast<char*>(base) + lo * dtype_size(t), t, {hi - lo}); };
         ops::adamw_step(part(p.data(), DType::F32), part(grads.data() + s * n, DType::F32), part(m.data(), DType::BF16),
                         part(v.data(), DType::BF16), cfg, s + 1, c.params["grad_scale"], {stream, first + lo});

@@ -145,6 +145,10 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg, co
   }
   const auto ref_weights = shardlm::testing::gather_weights(ref);
 
+  // 8-bit moments: a code moved by a last-bit difference of a gradient changes the next steps'
+  // losses a little, and over twenty steps that grows; 1.4e-5 of the loss was the worst seen
+  // (clang's build), so 1e-4 there. A wrong reduction moves the loss by the world size.
+  const double loss_tolerance = state_dtype == DType::U8 ? 1e-4 : 1e-5;
   for (Case tc : cases()) {
     // Low-precision moments: the six strategies; the wrap, prefetch, no_sync and checkpointing
     // variants change nothing the optimizer sees (and cost the suite time at 4 ranks).
@@ -168,7 +172,7 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg, co
       for (const auto& b : bufs) micro.push_back(b.batch());
       const shard::StepStats st = engine.train_step(compute, micro, opt, s + 1, 1.0);
       EXPECT_EQ(st.tokens, ref_steps[size_t(s)].tokens);
-      EXPECT_NEAR(st.loss, ref_steps[size_t(s)].loss, 1e-5 * ref_steps[size_t(s)].loss) << "step " << s + 1;
+      EXPECT_NEAR(st.loss, ref_steps[size_t(s)].loss, loss_tolerance * ref_steps[size_t(s)].loss) << "step " << s + 1;
       EXPECT_NEAR(st.grad_norm, ref_steps[size_t(s)].grad_norm, 1e-4 * ref_steps[size_t(s)].grad_norm) << "step " << s + 1;
     }
     // Losses (1e-5) and gradient norms (1e-4) above catch a wrong reduction (an average where the
@@ -176,7 +180,7 @@ static void expect_every_strategy_matches_one_process(const ModelConfig& cfg, co
     // 2e-5 (8x the worst seen), catch a wrong optimizer shard or a missed update (lr = 1e-3). With
     // bf16 moments a gradient that differs in its last f32 bit (another order of the sums) can
     // tip a stochastic rounding the other way: one bf16 ulp of a moment, about 4e-6 of an update;
-    // the worst seen over three steps was 3.1e-5, so 1e-4 there, still a tenth of one missed update.
+    // the worst seen over the twenty steps was 3.1e-5, so 1e-4 there, a tenth of one missed update.
     const double weight_tolerance = state_dtype == DType::F32 ? 2e-5 : state_dtype == DType::BF16 ? 1e-4 : 1e-3;
     const auto weights = shardlm::testing::gather_weights(engine);
     for (const std::string& name : engine.names()) {
@@ -204,10 +208,10 @@ TEST(Engine, Bf16MomentsUnderEveryStrategyMatchTheSingleProcessRun) {
 
 // optim: adamw_8bit. Quantization blocks start with each tensor and each rank's shard (the plan
 // aligns both), so a block is quantized whole by one rank, as in one process. Losses and gradient
-// norms match one process as tightly as with f32 moments; the weights only to 1e-3: a gradient
+// norms match one process (losses to 1e-4: see above); the weights only to 1e-3: a gradient
 // that differs in its last bit (another order of the sums) can move a moment to the next 8-bit
-// code, a few percent of that element's update (7e-4 was the worst seen over three steps). What
-// each rank does with its own gradients is checked exactly below.
+// code, a few percent of that element's update (7e-4 was the worst seen over the twenty steps).
+// What each rank does with its own gradients is checked exactly below.
 TEST(Engine, EightBitMomentsUnderEveryStrategyMatchTheSingleProcessRun) {
   expect_every_strategy_matches_one_process(test_config(), {}, DType::U8);
 }
