@@ -25,7 +25,7 @@ namespace shardlm::testing {
 
 struct BnbDirOptions {
   bool double_quant = true;          // bnb_4bit_use_double_quant
-  // false: the stored nested_quant_map is kNf4DynamicMap with its non-zero entries scaled by
+  // false: the stored nested_quant_map is kDynamicMapSigned with its non-zero entries scaled by
   // (1 - 2^-8), as another bitsandbytes version might store it; the codes stay as quantized, so
   // only the dequantized absmax values (and the weights) change.
   bool standard_nested_map = true;
@@ -83,7 +83,7 @@ inline void write_bnb_dir(const std::string& dir, const ModelConfig& cfg, const 
     if (o.double_quant) {
       add(name + ".nested_absmax", DType::F32, {l.nested_blocks},
           section(l.nested_absmax_offset, l.nested_absmax_bytes));
-      std::array<float, 256> map = ops::kNf4DynamicMap;
+      std::array<float, 256> map = ops::kDynamicMapSigned;
       if (!o.standard_nested_map)
         for (float& v : map) v *= 1.0f - 1.0f / 256.0f;
       add(name + ".nested_quant_map", DType::F32, {256}, f32_bytes(map.data(), 256));

@@ -77,7 +77,7 @@ struct Input {
 TEST(Parity, Nf4Tables) {
   for (const RefCase& c : load_ref_cases("nf4")) {
     if (c.name != "dynamic_map") continue;
-    const std::vector<float> map(ops::kNf4DynamicMap.begin(), ops::kNf4DynamicMap.end());
+    const std::vector<float> map(ops::kDynamicMapSigned.begin(), ops::kDynamicMapSigned.end());
     const std::vector<float> nf4(ops::kNf4Code.begin(), ops::kNf4Code.end());
     const std::vector<float> thr(ops::kNf4Thresholds.begin(), ops::kNf4Thresholds.end());
     EXPECT_TRUE(same(map, c.f32("map"), "create_dynamic_map(signed=True)"));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ops/dynamic_map.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -153,19 +154,15 @@ TEST(Parity, AdamwBf16Moments) {
   }
 }
 
-// 8-bit blockwise state (optim: adamw_8bit) against the torch implementation of bitsandbytes'
-// scheme in ref_quant8.py: the dynamic maps to two f32 ulps (built in double here, in float32 torch
-// there, whose linspace rounds: 4 of the unsigned map's values differ), codes and absmax bit for
-// bit, and dequantization to those ulps.
+// 8-bit blockwise state (optim: adamw_8bit) against the implementation of bitsandbytes' scheme in
+// ref_quant8.py: the dynamic maps, codes, absmax and dequantized values bit for bit.
 TEST(Parity, Quant8Blockwise) {
   for (const RefCase& c : load_ref_cases("quant8")) {
     const int64_t n = c.params["n"];
     const bool is_signed = c.params["signed"];
     const std::vector<float> want_map = c.f32("map");
     const float* map = ops::dynamic_map(is_signed);
-    for (int i = 0; i < 256; ++i)
-      EXPECT_LE(std::fabs(map[i] - want_map[size_t(i)]), 2.5e-7f * std::fabs(want_map[size_t(i)]))
-          << c.name << " map " << i << ": " << map[i] << " vs " << want_map[size_t(i)];  // two ulps at most
+    EXPECT_EQ(std::vector<float>(map, map + 256), want_map) << c.name << ": the dynamic map";
     const int64_t blocks = (n + ops::kQuant8Block - 1) / ops::kQuant8Block;
     std::vector<float> x = c.f32("x"), absmax(static_cast<size_t>(blocks)), back(static_cast<size_t>(n));
     std::vector<uint8_t> codes(static_cast<size_t>(n));
@@ -177,8 +174,7 @@ TEST(Parity, Quant8Blockwise) {
     EXPECT_EQ(diff, 0) << c.name << ": codes that differ";
     EXPECT_EQ(absmax, c.f32("absmax")) << c.name;
     ops::dequantize_blockwise8(view(back, {n}), tc, ta, is_signed);
-    // map[code] * absmax: exact but for the maps' ulp.
-    EXPECT_TRUE(all_close(back, c.f32("dequantized"), 0, 4e-7, c.name + " dequantized"));
+    EXPECT_EQ(back, c.f32("dequantized")) << c.name << ": map[code] * absmax";
   }
 }
 

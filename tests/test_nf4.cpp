@@ -28,8 +28,8 @@ TEST(Nf4, ThresholdsAreTheMidpointsOfTheCode) {
   EXPECT_EQ(ops::kNf4Thresholds[7], 0.03979014977812767f);
   EXPECT_EQ(ops::kNf4Thresholds[14], 0.8614784181118011f);
   EXPECT_EQ(ops::kNf4Thresholds[0], -0.8480964004993439f);
-  for (size_t i = 1; i < 256; ++i) EXPECT_LT(ops::kNf4DynamicMap[i - 1], ops::kNf4DynamicMap[i]) << i;
-  EXPECT_EQ(ops::kNf4DynamicMap[255], 1.0f);
+  for (size_t i = 1; i < 256; ++i) EXPECT_LT(ops::kDynamicMapSigned[i - 1], ops::kDynamicMapSigned[i]) << i;
+  EXPECT_EQ(ops::kDynamicMapSigned[255], 1.0f);
 }
 
 TEST(Nf4, LayoutSectionsAndRanges) {

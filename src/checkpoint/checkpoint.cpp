@@ -26,6 +26,7 @@
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
 #include "model/peft_adapter.h"
+#include "ops/dynamic_map.h"
 #include "ops/ops.h"
 #include "shard/engine.h"
 

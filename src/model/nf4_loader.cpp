@@ -167,7 +167,7 @@ Nf4State Nf4ModelReader::state(const std::string& name) const {
   if (!off.is_number()) throw fail(fmt::format("nested_offset {} is not a number", off.dump()));
   s.offset = float(off.get<double>());  // an f32 value printed as a double: exact
   const std::vector<float> map8 = f32_values(*weights_, name + ".nested_quant_map");
-  s.standard_nested_map = std::memcmp(map8.data(), ops::kNf4DynamicMap.data(), 256 * 4) == 0;
+  s.standard_nested_map = std::memcmp(map8.data(), ops::kDynamicMapSigned.data(), 256 * 4) == 0;
   return s;
 }
 

@@ -19,7 +19,7 @@
 //
 // Errors name the directory, the weight and the entry at fault. Supported: quant_type nf4,
 // blocksize 64, nested_blocksize 256, dtype float32/bfloat16/float16; quant_map must be the NF4
-// table. A nested_quant_map other than shardlm's kNf4DynamicMap (another bitsandbytes or torch
+// table. A nested_quant_map other than shardlm's kDynamicMapSigned (another bitsandbytes or torch
 // version) is honoured: the weight's f32 absmax is then computed from the stored map on the host,
 // exactly as bitsandbytes dequantizes it, and the weight is returned with a plain state.
 #pragma once
@@ -43,7 +43,7 @@ struct Nf4State {
   DType dtype = DType::BF16;  // the weight's dtype before quantization ("dtype")
   bool nested = false;
   float offset = 0.0f;        // "nested_offset"
-  bool standard_nested_map = true;  // nested_quant_map == ops::kNf4DynamicMap
+  bool standard_nested_map = true;  // nested_quant_map == ops::kDynamicMapSigned
   // The layout a read produces (nested only when the stored map is the standard one).
   ops::Nf4Layout layout() const;
 };

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/dynamic_map.h"
 
 namespace shardlm::ops {
 
@@ -48,8 +49,7 @@ extern const std::array<float, 16> kNf4Code;
 // printed as decimals) as f32. Four of them are the f32 neighbour of the exact midpoint's f32
 // (near-ties), so they are kept as bitsandbytes wrote them, not recomputed.
 extern const std::array<float, 15> kNf4Thresholds;
-// bitsandbytes' create_dynamic_map(signed=True): the 256 sorted values of the nested quant_map.
-extern const std::array<float, 256> kNf4DynamicMap;
+// The nested quant_map is ops/dynamic_map.h's kDynamicMapSigned.
 
 // The flat byte buffer of one quantized tensor: its sections in this order, each starting at a
 // multiple of 16 bytes (so f32 sections are aligned and the buffer can be all-gathered whole):
@@ -57,7 +57,7 @@ extern const std::array<float, 256> kNf4DynamicMap;
 //   absmax        F32 [blocks]           (plain)   or U8 [blocks] codes (nested)
 //   nested_absmax F32 [ceil(blocks/256)] (nested only)
 //   offset        F32 [1]                (nested only)
-// The code tables are constants (kNf4Code, kNf4DynamicMap) and are not stored per tensor.
+// The code tables are constants (kNf4Code, kDynamicMapSigned) and are not stored per tensor.
 struct Nf4Layout {
   int64_t numel = 0;
   bool nested = false;
@@ -116,7 +116,7 @@ float nf4_offset_from_sum(double sum, int64_t count);
 // nested_absmax F32 [ceil(m/256)] written; offset F32 [1] is read (on the tensors' device).
 void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, const Tensor& absmax,
                          const Tensor& offset);
-// absmax F32 [m] = kNf4DynamicMap[qabsmax] * nested_absmax[i / 256] + offset (written).
+// absmax F32 [m] = kDynamicMapSigned[qabsmax] * nested_absmax[i / 256] + offset (written).
 void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Tensor& nested_absmax,
                            const Tensor& offset);
 // out (F32|BF16|F16, n elements, any shape) = kNf4Code[code_i] * absmax[i / 64], written.

@@ -166,16 +166,12 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
 // bitsandbytes' 8-bit optimizer state (its blockwise form): a moment as one byte per element, a
 // code into a 256-value dynamic map, and one f32 absmax per block of 256 elements.
 inline constexpr int64_t kQuant8Block = 256;
-// bitsandbytes' create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8): 256 ascending
-// values, for exponent e = 0..6 the midpoints of linspace(0.1, 1, k + 1) scaled by 10^(e - 6)
-// (k = 2^e signed, 2^(e+1) unsigned; signed also their negatives), with 0 and 1. Signed spans
-// [-0.993, 1] (for exp_avg), unsigned [0, 1] (for exp_avg_sq). Computed in double, rounded once
-// (bitsandbytes builds it from float32 linspace: 4 unsigned values differ from it by 1-2 ulps).
-const float* dynamic_map(bool is_signed);
+// The maps are ops/dynamic_map.h's: signed for exp_avg, unsigned for exp_avg_sq.
 // codes [n] u8, absmax [ceil(n / 256)] f32 from x [n] f32, block b = elements [256 b, 256 b + 256):
-// absmax[b] = max |x| over the block; each element's code is that of the map value nearest to
-// x / absmax[b] (an f32 division; a tie goes to the lower code); a block of zeros has absmax 0 and
-// the code of 0. n need not be a multiple of 256: the last block is shorter.
+// absmax[b] = max |x| over the block; each element's code is dynamic_code(x * (1 / absmax[b]))
+// (bitsandbytes' search over the map, on the f32 product with the f32 reciprocal, as its kernels
+// scale); a block of zeros has absmax 0 and the code of 0. n need not be a multiple of 256: the
+// last block is shorter.
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed);
 // x [n] f32 = map[code] * absmax of the element's block (an f32 product).
 void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed);

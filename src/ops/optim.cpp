@@ -41,8 +41,6 @@ void check_blockwise8(const char* op, const Tensor& codes, const Tensor& absmax,
 }
 }  // namespace
 
-const float* dynamic_map(bool is_signed) { return cpu::dynamic_map(is_signed); }
-
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
   check_blockwise8("quantize_blockwise8", codes, absmax, x);
   const Device dev = check_same_device("quantize_blockwise8", {{"codes", &codes}, {"absmax", &absmax}, {"x", &x}});

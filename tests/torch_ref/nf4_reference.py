@@ -80,23 +80,28 @@ assert all(abs(float(Fraction(t)) - (float(NF4[k]) + float(NF4[k + 1])) / 2) < 1
            for k, t in enumerate(NF4_THRESHOLD_LITERALS))
 
 
-def dynamic_map():
-    """The signed 8-bit dynamic map: for exponent i in 0..6, 2**i linearly spaced fractions between
-    0.1 and 1 (midpoints of torch.linspace(0.1, 1, 2**i + 1)), scaled by 10**(i - 6), both signs;
-    plus 0 and 1; sorted. 256 f32 values."""
+def dynamic_map(signed=True):
+    """bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for exponent i
+    in 0..6, the midpoints of torch.linspace(0.1, 1, k + 1) scaled by 10**(i - 6), k = 2**i signed
+    (both signs) and 2**(i + 1) unsigned (bitsandbytes counts 7 non-sign bits either way); plus 0
+    and 1; sorted. 256 f32 values. Signed: the NF4 nested map and exp_avg's 8-bit state; unsigned:
+    exp_avg_sq's."""
     values = []
     for i in range(7):
-        edges = torch.linspace(0.1, 1, 2 ** i + 1, dtype=torch.float32)
+        k = 2 ** i if signed else 2 ** (i + 1)
+        edges = torch.linspace(0.1, 1, k + 1, dtype=torch.float32)
         mids = (edges[:-1] + edges[1:]) / 2.0
         scale = 10 ** (i - 6)
         values += (scale * mids).tolist()
-        values += (-scale * mids).tolist()
+        if signed:
+            values += (-scale * mids).tolist()
     values += [0.0, 1.0]
     assert len(values) == 256
     return np.array(sorted(values), dtype=np.float32)
 
 
-DYNAMIC = dynamic_map()
+DYNAMIC = dynamic_map(True)
+DYNAMIC_UNSIGNED = dynamic_map(False)
 
 
 def _blocks(x, bs):
@@ -131,10 +136,10 @@ def quantize_nf4(x):
     return packed, amax
 
 
-def dynamic_quantize(x):
-    """bitsandbytes' dQuantize<0> over DYNAMIC for each element of x (f32): returns u8 codes."""
+def dynamic_quantize(x, code=DYNAMIC):
+    """bitsandbytes' dQuantize<0> over a dynamic map (f32 [256], ascending) for each element of x
+    (f32): returns u8 codes."""
     x = np.asarray(x, dtype=np.float32)
-    code = DYNAMIC
     pivot = np.full(x.shape, 127, dtype=np.int64)
     low_idx = np.zeros(x.shape, dtype=np.int64)
     high_idx = np.full(x.shape, 255, dtype=np.int64)

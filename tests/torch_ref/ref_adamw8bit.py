@@ -1,51 +1,23 @@
 """adamw8bit: AdamW with bitsandbytes' blockwise 8-bit moments (optim: adamw_8bit), written here in
 torch: each step dequantizes m (signed map) and v (unsigned map) block by block (map[code] *
 absmax), computes torch.optim.AdamW's update in f32 one rounded operation at a time, and requantizes
-each block with its new absmax (the nearest map value to x / absmax, a tie to the lower code).
-
-The maps are bitsandbytes' create_dynamic_map definition evaluated in double and rounded to f32
-once, as shardlm builds them (ref_quant8.py checks them against bitsandbytes' float32
-construction: within 2 ulps)."""
+each block with its new absmax (ref_quant8.py's quantization: bitsandbytes' maps and code search)."""
 import numpy as np
 import torch
 
+import ref_quant8 as q8
+
 OP = "adamw8bit"
-BLOCK = 256
-
-
-def shardlm_map(signed):
-    v = []
-    for e in range(7):
-        k = 2 ** e if signed else 2 ** (e + 1)
-        scale = 10.0 ** (e - 6)
-        for j in range(k):
-            lo, hi = 0.1 + 0.9 * j / k, 0.1 + 0.9 * (j + 1) / k
-            mid = scale * (lo + hi) / 2.0
-            v.append(mid)
-            if signed:
-                v.append(-mid)
-    v += [0.0, 1.0]
-    return torch.from_numpy(np.array(sorted(v), dtype=np.float64).astype(np.float32))
+BLOCK = q8.BLOCK
 
 
 def quantize(x, signed):
-    qmap = shardlm_map(signed)
-    blocks = x.numel() // BLOCK
-    absmax = x.view(blocks, BLOCK).abs().max(dim=1).values
-    safe = torch.where(absmax == 0, torch.ones_like(absmax), absmax)
-    y = (x.view(blocks, BLOCK) / safe[:, None]).reshape(-1)
-    pos = torch.searchsorted(qmap, y, right=False)
-    hi = pos.clamp(1, 255)
-    lo = hi - 1
-    code = torch.where((y - qmap[lo]) <= (qmap[hi] - y), lo, hi)
-    code = torch.where(pos == 0, torch.zeros_like(code), torch.where(pos == 256, torch.full_like(code, 255), code))
-    zero = int(torch.searchsorted(qmap, torch.tensor(0.0)))
-    code = torch.where(absmax.repeat_interleave(BLOCK) == 0, torch.full_like(code, zero), code)
-    return code, absmax
+    code, absmax = q8.quantize(x, signed)
+    return code.long(), absmax
 
 
 def dequantize(code, absmax, signed):
-    return shardlm_map(signed)[code] * absmax.repeat_interleave(BLOCK)
+    return q8.dequantize(code, absmax, signed)
 
 
 def step(p, g, mc, ma, vc, va, lr, beta1, beta2, eps, wd, t, scale):
@@ -72,7 +44,7 @@ def cases():
         p = torch.randn(n, generator=g)
         grads = torch.randn(steps, n, generator=g) * 0.1
         grads[:, :2] = torch.tensor([1e-7, 50.0])  # a tiny and a large gradient in one block
-        zero_s, zero_u = int(torch.searchsorted(shardlm_map(True), torch.tensor(0.0))), 0
+        zero_s, zero_u = int(torch.searchsorted(q8.dynamic_map(True), torch.tensor(0.0))), 0
         mc = torch.full((padded,), zero_s, dtype=torch.long)
         vc = torch.full((padded,), zero_u, dtype=torch.long)
         ma = torch.zeros(padded // BLOCK)

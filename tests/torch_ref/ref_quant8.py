@@ -1,47 +1,38 @@
-"""quant8: 8-bit blockwise quantization of optimizer state as bitsandbytes defines it, written here in
-torch: its dynamic map (create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), built the way
-bitsandbytes builds it, in float32 linspace and products), blocks of 256 with an f32 absmax each,
-and every element's code the map's nearest value to x / absmax (a tie to the lower code; a block of
-zeros: absmax 0 and the code of 0). Dequantization: map[code] * absmax."""
+"""quant8: 8-bit blockwise quantization of optimizer state as bitsandbytes defines it: its dynamic
+maps (create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), built as bitsandbytes builds
+them, in float32 torch linspace and products), blocks of 256 with an f32 absmax each, every
+element's code bitsandbytes' dQuantize<0> search (nf4_reference.dynamic_quantize: a binary search
+from 127, then the f32 midpoint to the neighbour) over x * (1 / absmax) in f32, as its kernels
+scale; a block of zeros: absmax 0 and the code of 0. Dequantization: map[code] * absmax."""
+import numpy as np
 import torch
+
+import nf4_reference as nf4
 
 OP = "quant8"
 BLOCK = 256
 
 
 def dynamic_map(signed):
-    data = []
-    for i in range(7):
-        items = 2 ** i + 1 if signed else 2 ** (i + 1) + 1
-        b = torch.linspace(0.1, 1, items)
-        means = (b[:-1] + b[1:]) / 2.0
-        data += (10 ** (-6 + i) * means).tolist()
-        if signed:
-            data += (-(10 ** (-6 + i)) * means).tolist()
-    data += [0.0, 1.0]
-    assert len(data) == 256
-    return torch.tensor(sorted(data), dtype=torch.float32)
+    return torch.from_numpy(nf4.dynamic_map(signed))
 
 
 def quantize(x, signed):
-    qmap = dynamic_map(signed)
-    n = x.numel()
+    """x: f32 [n] (any n). Returns (codes u8 [n], absmax f32 [ceil(n / 256)])."""
+    qmap = nf4.dynamic_map(signed)
+    xn = x.numpy().astype(np.float32)
+    n = xn.size
     blocks = (n + BLOCK - 1) // BLOCK
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
-    padded[:n] = x
-    absmax = padded.view(blocks, BLOCK).abs().max(dim=1).values
-    safe = torch.where(absmax == 0, torch.ones_like(absmax), absmax)
-    y = (padded.view(blocks, BLOCK) / safe[:, None]).reshape(-1)[:n]
-    hi = torch.searchsorted(qmap, y, right=False).clamp(1, 255)  # first value >= y (ends: below)
-    lo = hi - 1
-    below = torch.searchsorted(qmap, y, right=False) == 0
-    above = torch.searchsorted(qmap, y, right=False) == 256
-    code = torch.where((y - qmap[lo]) <= (qmap[hi] - y), lo, hi)
-    code = torch.where(below, torch.zeros_like(code), torch.where(above, torch.full_like(code, 255), code))
-    zero = int(torch.searchsorted(qmap, torch.tensor(0.0)))
-    block_of = torch.arange(n) // BLOCK
-    code = torch.where(absmax[block_of] == 0, torch.full_like(code, zero), code)
-    return code.to(torch.uint8), absmax
+    padded = np.zeros(blocks * BLOCK, dtype=np.float32)
+    padded[:n] = xn
+    absmax = np.abs(padded.reshape(blocks, BLOCK)).max(axis=1).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = (np.float32(1.0) / absmax).astype(np.float32)
+        y = (padded.reshape(blocks, BLOCK) * inv[:, None]).astype(np.float32).reshape(-1)[:n]
+    code = nf4.dynamic_quantize(y, qmap).astype(np.int64)
+    zero = int(np.searchsorted(qmap, np.float32(0.0)))
+    code = np.where(absmax[np.arange(n) // BLOCK] == 0, zero, code)
+    return torch.from_numpy(code.astype(np.uint8)), torch.from_numpy(absmax)
 
 
 def dequantize(code, absmax, signed):

@@ -41,7 +41,6 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWConfig& cfg,
                 int64_t step, float grad_scale, StatePosition pos);
 double sum_squares(const Tensor& x);
-const float* dynamic_map(bool is_signed);  // the one table, shared with the CUDA kernels
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed);
 void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed);
 void add_bias(const Tensor& y, const Tensor& b);

@@ -87,7 +87,8 @@ void nf4_quantize_absmax(const Tensor& qabsmax, const Tensor& nested_absmax, con
       for (int64_t i = 0; i < len; ++i) amax = std::fmax(amax, std::fabs(a[begin + i] - off));
       const float inv = 1.0f / amax;
       nested[g] = amax;
-      for (int64_t i = 0; i < len; ++i) q[begin + i] = uint8_t(dynamic_code((a[begin + i] - off) * inv, kNf4DynamicMap.data()));
+      for (int64_t i = 0; i < len; ++i)
+        q[begin + i] = uint8_t(dynamic_code((a[begin + i] - off) * inv, kDynamicMapSigned.data()));
     }
   });
 }
@@ -100,7 +101,7 @@ void nf4_dequantize_absmax(const Tensor& absmax, const Tensor& qabsmax, const Te
   const float off = *static_cast<const float*>(offset.data);
   float* a = static_cast<float*>(absmax.data);
   for (int64_t i = 0; i < m; ++i) {
-    const float scaled = kNf4DynamicMap[q[i]] * nested[i / kNf4NestedBlockSize];
+    const float scaled = kDynamicMapSigned[q[i]] * nested[i / kNf4NestedBlockSize];
     a[i] = scaled + off;
   }
 }
@@ -136,7 +137,7 @@ void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor
   parallel_region(blocks > 256, [&] {
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      const float scaled = kNf4DynamicMap[q[b]] * nested[b / kNf4NestedBlockSize];
+      const float scaled = kDynamicMapSigned[q[b]] * nested[b / kNf4NestedBlockSize];
       const float scale = scaled + off;
       const int64_t begin = b * kNf4BlockSize;
       const int64_t end = std::min<int64_t>(begin + kNf4BlockSize, n);

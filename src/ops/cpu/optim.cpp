@@ -10,6 +10,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
 #include "ops/cpu/parallel.h"
+#include "ops/dynamic_map.h"
 
 // AdamW's update is written as torch computes it, one rounded f32 operation at a time: no fused
 // multiply-add, so a bf16 moment's stochastic rounding starts from the value torch's would.
@@ -129,45 +130,9 @@ double sum_squares(const Tensor& x) {
 
 namespace shardlm::ops::cpu {
 
-namespace {
-std::array<float, 256> make_dynamic_map(bool is_signed) {
-  std::vector<double> v;
-  for (int e = 0; e < 7; ++e) {
-    const int k = is_signed ? 1 << e : 1 << (e + 1);  // midpoints of linspace(0.1, 1, k + 1)
-    const double scale = std::pow(10.0, double(e - 6));
-    for (int j = 0; j < k; ++j) {
-      const double lo = 0.1 + 0.9 * double(j) / double(k), hi = 0.1 + 0.9 * double(j + 1) / double(k);
-      const double mid = scale * (lo + hi) / 2.0;
-      v.push_back(mid);
-      if (is_signed) v.push_back(-mid);
-    }
-  }
-  v.push_back(0.0);
-  v.push_back(1.0);
-  std::sort(v.begin(), v.end());
-  std::array<float, 256> out{};
-  for (size_t i = 0; i < out.size(); ++i) out[i] = float(v.at(i));
-  return out;
-}
-
-// The code of the map value nearest to y (a tie goes to the lower code).
-uint8_t nearest_code(const float* map, float y) {
-  const float* hi = std::lower_bound(map, map + 256, y);
-  if (hi == map) return 0;
-  if (hi == map + 256) return 255;
-  const float* lo = hi - 1;
-  return uint8_t((y - *lo <= *hi - y ? lo : hi) - map);
-}
-}  // namespace
-
-const float* dynamic_map(bool is_signed) {
-  static const std::array<float, 256> kSigned = make_dynamic_map(true), kUnsigned = make_dynamic_map(false);
-  return is_signed ? kSigned.data() : kUnsigned.data();
-}
-
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
   const float* map = dynamic_map(is_signed);
-  const float* zero = std::lower_bound(map, map + 256, 0.0f);  // the code of 0
+  const auto zero = uint8_t(std::lower_bound(map, map + 256, 0.0f) - map);  // the code of 0
   const int64_t n = x.numel(), blocks = absmax.numel();
   const float* in = x.f32();
   uint8_t* out = static_cast<uint8_t*>(codes.data);
@@ -179,7 +144,8 @@ void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor
       float m = 0.0f;
       for (int64_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(in[i]));
       amax[b] = m;
-      for (int64_t i = lo; i < hi; ++i) out[i] = m == 0.0f ? uint8_t(zero - map) : nearest_code(map, in[i] / m);
+      const float inv = 1.0f / m;  // bitsandbytes scales by the reciprocal, not by a division
+      for (int64_t i = lo; i < hi; ++i) out[i] = m == 0.0f ? zero : uint8_t(dynamic_code(in[i] * inv, map));
     }
   });
 }

@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/dynamic_map.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace shardlm::ops::gpu {
@@ -249,19 +250,8 @@ struct Map256 {
 };
 Map256 map_of(bool is_signed) {
   Map256 m;
-  std::memcpy(m.v, cpu::dynamic_map(is_signed), sizeof(m.v));
+  std::memcpy(m.v, dynamic_map(is_signed), sizeof(m.v));
   return m;
-}
-__device__ uint8_t nearest_code(const Map256& map, float y) {
-  int lo = 0, hi = 256;  // lower_bound: the first value >= y
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (map.v[mid] < y) lo = mid + 1;
-    else hi = mid;
-  }
-  if (hi == 0) return 0;
-  if (hi == 256) return 255;
-  return uint8_t(__fsub_rn(y, map.v[hi - 1]) <= __fsub_rn(map.v[hi], y) ? hi - 1 : hi);
 }
 // One thread block of kQuant8Block threads per quantization block.
 __global__ void quantize8_kernel(uint8_t* codes, float* absmax, const float* x, int64_t n, Map256 map, uint8_t zero) {
@@ -270,7 +260,8 @@ __global__ void quantize8_kernel(uint8_t* codes, float* absmax, const float* x, 
   const float v = i < n ? x[i] : 0.0f;
   const float m = block_max(fabsf(v), scratch);
   if (threadIdx.x == 0) absmax[blockIdx.x] = m;
-  if (i < n) codes[i] = m == 0.0f ? zero : nearest_code(map, __fdiv_rn(v, m));
+  const float inv = __fdiv_rn(1.0f, m);  // bitsandbytes scales by the reciprocal, as the CPU does
+  if (i < n) codes[i] = m == 0.0f ? zero : uint8_t(dynamic_code(__fmul_rn(v, inv), map.v));
 }
 __global__ void dequantize8_kernel(float* x, const uint8_t* codes, const float* absmax, int64_t n, Map256 map) {
   SHARDLM_GRID_STRIDE(i, n) { x[i] = __fmul_rn(map.v[codes[i]], absmax[i / kQuant8Block]); }

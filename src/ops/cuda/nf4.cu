@@ -28,7 +28,7 @@ Nf4Tables nf4_tables() {
 }
 DynamicMap dynamic_map() {
   DynamicMap m;
-  std::memcpy(m.v, kNf4DynamicMap.data(), sizeof(m.v));
+  std::memcpy(m.v, kDynamicMapSigned.data(), sizeof(m.v));
   return m;
 }
 
