@@ -5,17 +5,20 @@
 # after another: held-out accuracy and loss at the end, tokens/s, and the optimizer's tracked
 # peak bytes (master excluded: it stays f32).
 #   bench/optimizer_state.sh [STEPS=3000] [WORKDIR=/tmp/shardlm_optimizer_state]
+# SHARDLM names the binary (default build/shardlm). tests/scripts/optimizer_state_accuracy.sh runs
+# this script and checks the accuracy margins it prints.
 set -euo pipefail
+shardlm=$(realpath "${SHARDLM:-$(dirname "$0")/../build/shardlm}")
 cd "$(dirname "$0")/.."
 steps=${1:-3000}
 work=${2:-/tmp/shardlm_optimizer_state}
 rm -rf "$work" && mkdir -p "$work"
-build/shardlm init --preset tiny --out "$work/init" --seed 0 >/dev/null
+"$shardlm" init --preset tiny --out "$work/init" --seed 0 >/dev/null
 echo "optimizer_state: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
   "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); demo-addition, $steps steps"
 for variant in "f32" "bf16 optimizer_state_dtype=bf16" "8bit optim=adamw_8bit"; do
   read -r name overrides <<<"$variant"
-  build/shardlm train --config configs/demo-addition.yaml model="$work/init" output_dir="$work/$name" \
+  "$shardlm" train --config configs/demo-addition.yaml model="$work/init" output_dir="$work/$name" \
     max_steps="$steps" eval_every="$steps" progress=none $overrides >/dev/null
   /usr/bin/python3 - "$work/$name/metrics.jsonl" "$name" <<'PY'
 import json, sys

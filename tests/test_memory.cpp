@@ -246,6 +246,9 @@ TEST(Levers, EachStepIsTheEstimateOfTheRunWithItAndTheLastFits) {
   // 8-bit moments only where bf16 ones, with every other lever, would not fit.
   memory::EstimateInput one = in;
   one.micro_batch_size = 1;  // no smaller micro-batch to offer
+  // The 8-bit run keeps the embedding's moments f32 (shard::PlannedUnit::state_dtype): a vocabulary
+  // small beside these four layers, so that 8-bit moments are the smaller state.
+  one.model.vocab_size = 16384;
   auto all_with = [&](DType state) {
     memory::EstimateInput x = one;
     x.sharding.state_dtype = state;

@@ -40,7 +40,7 @@ struct ShardedModel::Unit {
   ShardedBuffer params;  // what a visit gathers: trained parameters, frozen base, NF4 store
   // Optimizer side (pinned host memory under offload, else the engine's device):
   // What this rank optimizes, [own_numel]: the f32 master, and AdamW's moments in the state dtype
-  // (ShardingConfig::state_dtype: f32 or bf16, or u8 codes with an f32 absmax per 256 elements).
+  // (PlannedUnit::state_dtype: f32 or bf16, or u8 codes with an f32 absmax per 256 elements).
   FlatBuffer master;
   Moments moments;
   FlatBuffer grad_shard;                   // f32 [shard_numel]: reduced gradients (sharded optimizer)
@@ -76,18 +76,19 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
   auto state_buffer = [&](BufferRole role, int64_t numel, DType dtype = DType::F32) {
     return make_(role, dtype, numel, true, offload);
   };
-  int64_t largest_shard = 0;
+  int64_t largest_shard = 0, largest_8bit = 0;
   for (const PlannedUnit& p : plan_.units) {
     auto u = std::make_unique<Unit>(p, ShardedBuffer(p, plan_.precision.param, make_));
     if (p.trains()) {  // a frozen unit (LoRA) has no master, no optimizer state, no gradients
       u->master = state_buffer(BufferRole::Master, p.own_numel);
       if (use == EngineUse::Train) {  // an evaluation engine takes no step and makes no gradients
         Moments& mo = u->moments;
-        mo.m = state_buffer(BufferRole::Moments, p.own_numel, state);
-        mo.v = state_buffer(BufferRole::Moments, p.own_numel, state);
-        if (state == DType::U8) {  // own_numel is a whole number of blocks (the plan aligns it)
+        mo.m = state_buffer(BufferRole::Moments, p.own_numel, p.state_dtype);
+        mo.v = state_buffer(BufferRole::Moments, p.own_numel, p.state_dtype);
+        if (p.state_dtype == DType::U8) {  // own_numel is a whole number of blocks (the plan aligns it)
           mo.m_absmax = state_buffer(BufferRole::Moments, p.own_numel / ops::kQuant8Block);
           mo.v_absmax = state_buffer(BufferRole::Moments, p.own_numel / ops::kQuant8Block);
+          largest_8bit = std::max(largest_8bit, p.own_numel);
         }
         if (sharded) u->grad_shard = state_buffer(BufferRole::GradShard, p.shard_numel);
         if (p.solo) u->grads = u->grad_shard.view();  // the backward accumulates into the shard itself
@@ -98,8 +99,7 @@ ShardedModel::ShardedModel(const ModelConfig& cfg, const model::FinetuneSpec& fi
   }
   if (offload) host_staging_ = make_(BufferRole::Staging, DType::F32, largest_shard, false, true);
   // 8-bit state: the f32 m and v of one chunk of blocks at a time (optimizer_step).
-  if (state == DType::U8 && use == EngineUse::Train && largest_shard > 0)
-    state_scratch_ = state_buffer(BufferRole::Moments, 2 * std::min(largest_shard, kQuant8Chunk));
+  if (largest_8bit > 0) state_scratch_ = state_buffer(BufferRole::Moments, 2 * std::min(largest_8bit, kQuant8Chunk));
   reduce_ = {&shard_comm_, sharding.hybrid() ? &mesh.tensor_replicate() : nullptr, plan_.precision.reduce,
              sharding.strategy == Strategy::NoShard, make_, host_staging()};
 }
@@ -362,7 +362,6 @@ std::string ShardedModel::first_nonfinite(Checked what) {
 void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip) {
   ops::AdamWConfig no_decay = opt;
   no_decay.weight_decay = 0.0;
-  const bool blockwise = plan_.sharding.state_dtype == DType::U8;
   for (auto& up : units_) {
     Unit& u = *up;
     const PlannedUnit& p = *u.plan;
@@ -378,7 +377,7 @@ void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, flo
       });
     };
     const Moments& mo = u.moments;
-    if (!blockwise) {
+    if (p.state_dtype != DType::U8) {
       adamw(0, p.own_numel, mo.m.view(), mo.v.view());
       continue;
     }

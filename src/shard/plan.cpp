@@ -177,6 +177,9 @@ UnitPlan make_plan(const ModelConfig& cfg, const model::FinetuneSpec& ft, const 
     const bool sharded = sc.shard_optimizer();
     u.own_begin = sharded ? shard_rank * u.shard_numel : 0;
     u.own_numel = sharded ? u.shard_numel : u.layout.padded_numel;
+    const bool embedding_unit = p.parts[size_t(g.front())].kind == model::PartKind::Embedding &&
+                                (g.size() == 1 || p.parts[size_t(g[1])].kind != model::PartKind::Layer);
+    u.state_dtype = sc.state_dtype == DType::U8 && embedding_unit ? DType::F32 : sc.state_dtype;
     u.solo = sharded && S == 1 && !sc.hybrid() && !sc.offload_params;
     u.persistent = u.solo || !sc.shard_gradients();
     u.quantized = make_flat_layout(u.name, quantized, 1);

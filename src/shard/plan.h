@@ -101,6 +101,11 @@ struct PlannedUnit {
   int64_t shard_numel = 0; // padded / shard group size
   int64_t own_begin = 0;   // first flat element this rank optimizes (0 when the optimizer is replicated)
   int64_t own_numel = 0;   // shard_numel, or padded when the optimizer is replicated (NO_SHARD)
+  // AdamW's moments at rest: ShardingConfig::state_dtype, except that with 8-bit state a unit of the
+  // token embedding alone (and the tied head) keeps f32 moments, as Hugging Face's Trainer keeps
+  // an nn.Embedding's state 32-bit under bitsandbytes' optimizers: 8-bit moments of rows whose
+  // gradient comes and goes (a token seen, then not) destabilize training (bench/RESULTS.md).
+  DType state_dtype = DType::F32;
   // A shard group of one rank (one process, not hybrid, no offload): the shard is the whole
   // buffer, so the parameters are the master weights (or one param-dtype copy of them) and the
   // backward accumulates straight into the gradient shard: no gathers, no reductions.

@@ -55,7 +55,7 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
                     shard::strategy_name(sc.strategy), W, W > 1 ? "s" : "", shard_group_size, units,
                     units > 1 ? "s" : "", dtype_name(sc.reduce_dtype),
                     sc.state_dtype == DType::F32  ? ""
-                    : sc.state_dtype == DType::U8 ? ", AdamW 8-bit (blockwise moments)"
+                    : sc.state_dtype == DType::U8 ? ", AdamW 8-bit (blockwise moments; the embedding's f32)"
                                                   : fmt::format(", AdamW moments in {}", dtype_name(sc.state_dtype))));
   if (const std::string launcher = comm::describe_launcher(); W > 1 && !launcher.empty())
     print("ranks: started by " + launcher);

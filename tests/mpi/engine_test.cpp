@@ -218,7 +218,8 @@ TEST(Engine, EightBitMomentsUnderEveryStrategyMatchTheSingleProcessRun) {
 
 // After one step from zero moments, m = (1 - beta1) g and v = (1 - beta2) g^2 of the rank's own
 // reduced gradients; each rank's 8-bit state must be exactly their blockwise quantization, whatever
-// the strategy (its shard's blocks, absmax and codes in place, m signed and v unsigned).
+// the strategy (its shard's blocks, absmax and codes in place, m signed and v unsigned). The
+// embedding's unit keeps f32 moments (PlannedUnit::state_dtype): there they are m and v exactly.
 TEST(Engine, EightBitMomentsAreEachRanksGradientsQuantizedInPlace) {
   const ModelConfig cfg = test_config();
   for (shard::Strategy strategy : {shard::Strategy::NoShard, shard::Strategy::Zero1, shard::Strategy::FullShard,
@@ -249,6 +250,13 @@ TEST(Engine, EightBitMomentsAreEachRanksGradientsQuantizedInPlace) {
         const float gi = g.f32()[i];
         m[size_t(i)] = w1 * gi;
         v[size_t(i)] = (w2 * gi) * gi;
+      }
+      const bool embedding = engine.plan().units[size_t(k)].parts.front() == 0;
+      ASSERT_EQ(st.exp_avg.dtype, embedding ? DType::F32 : DType::U8) << "unit " << k;
+      if (embedding) {
+        EXPECT_EQ(std::memcmp(st.exp_avg.data, m.data(), m.size() * 4), 0) << "unit " << k << " f32 m";
+        EXPECT_EQ(std::memcmp(st.exp_avg_sq.data, v.data(), v.size() * 4), 0) << "unit " << k << " f32 v";
+        continue;
       }
       std::vector<uint8_t> codes(m.size());
       const Tensor c = Tensor::view(codes.data(), DType::U8, {st.numel});
