@@ -451,6 +451,67 @@ TEST(Training, ActivationCheckpointingGivesTheSameGradientsWithLessMemory) {
   EXPECT_LT(half_bytes, plain_bytes);
 }
 
+TEST(Training, ActivationOffloadGivesTheSameLossesAndGradients) {
+  // offload_activations: each checkpointed layer's input goes to host memory after its forward and
+  // comes back before its backward (the next one down prefetched), through two device slots the
+  // inputs take turns in. The bits are the checkpointed run's: losses and every gradient over two
+  // steps of two micro-batches, with every layer, every 2nd and every 3rd checkpointed (five
+  // layers: the slots' turns, a last layer offloaded or not). The arena holds two inputs on the
+  // device instead of one per checkpointed layer, and those inputs are charged to
+  // OffloadedActivations, byte for byte.
+  ModelConfig cfg = small_config();
+  cfg.num_hidden_layers = 5;
+  std::vector<data::BatchBuffers> batches;
+  for (int b = 0; b < 2; ++b) {
+    std::vector<data::Example> rows;
+    for (int r = 0; r < 2; ++r) {
+      data::Example e;
+      for (int t = 0; t < 24; ++t) {
+        e.ids.push_back((b * 7 + r * 29 + t * 11) % 400 + 3);
+        e.targets.push_back(t % 5 == 0 ? ops::kIgnoreIndex : (b * 3 + r * 5 + t * 19) % 400 + 3);
+      }
+      rows.push_back(e);
+    }
+    batches.push_back(data::make_batch(rows, 24, 0));
+  }
+  struct Run {
+    std::vector<double> losses;
+    std::vector<std::vector<float>> grads;  // after each step, every tensor
+    int64_t activations = 0, offloaded = 0;  // arena bytes by category
+  };
+  auto run = [&](int every, bool offload) {
+    LocalEngine p(cfg);
+    shard::init_random(p.engine, 8);
+    model::LlamaCompute m(cfg, DType::F32);
+    m.set_checkpointing(every, offload);
+    MemoryTracker& tr = MemoryTracker::for_device(Device::CPU);
+    const MemStats before = tr.stats();
+    m.reserve(batches[0].B, batches[0].T);
+    Run out;
+    out.activations = tr.stats().live[int(MemCategory::Activations)] - before.live[int(MemCategory::Activations)];
+    out.offloaded =
+        tr.stats().live[int(MemCategory::OffloadedActivations)] - before.live[int(MemCategory::OffloadedActivations)];
+    for (int s = 1; s <= 2; ++s) {
+      out.losses.push_back(p.step(m, {batches[0], batches[1]}, ops::AdamWConfig{.lr = 1e-2}, s).loss);
+      for (const std::string& n : p.engine.names()) out.grads.push_back(p.grad(n));
+    }
+    return out;
+  };
+  const int64_t input_bytes = batches[0].B * batches[0].T * cfg.hidden_size * 4;  // one layer's f32 input
+  for (int every : {1, 2, 3}) {
+    SCOPED_TRACE(every);
+    const Run kept = run(every, false), offloaded = run(every, true);
+    EXPECT_EQ(offloaded.losses, kept.losses);
+    EXPECT_TRUE(offloaded.grads == kept.grads) << "gradients differ with the checkpointed inputs offloaded";
+    const int64_t checkpointed = (cfg.num_hidden_layers + every - 1) / every;
+    EXPECT_EQ(kept.offloaded, 0);
+    EXPECT_EQ(offloaded.offloaded, checkpointed * input_bytes);
+    EXPECT_EQ(offloaded.activations, kept.activations - checkpointed * input_bytes + 2 * input_bytes);
+  }
+  model::LlamaCompute m(cfg, DType::F32);
+  EXPECT_THROW(m.set_checkpointing(0, true), Error);  // nothing checkpointed: nothing to offload
+}
+
 TEST(Training, ANonFiniteStepTakesNoOptimizerStepAndNamesTheTensor) {
   // A NaN in one weight makes the loss and every gradient downstream of it non-finite: the engine
   // reports the step as non-finite, names the first tensor (in unit order) whose gradient is, and

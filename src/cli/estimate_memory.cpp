@@ -20,7 +20,8 @@ struct Opts {
   std::string wrap = "TRANSFORMER_BASED_WRAP", backward_prefetch = "BACKWARD_PRE", device_memory;
   int world = 1, nproc = 0, shard_group = 0;
   int64_t micro_batch = 8, seq_len = 256, accum = 1, lora_rank = 0, min_num_params = 100000000;
-  bool forward_prefetch = false, no_sync = false, offload = false, qlora = false, sweep = false;
+  bool forward_prefetch = false, no_sync = false, offload = false, offload_activations = false, qlora = false,
+       sweep = false;
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default, as the lora: section's
 };
 
@@ -64,6 +65,7 @@ std::string lever_flag(const memory::LeverStep& s) {
     case Lever::ComputeBf16: return "--param-dtype bf16";
     case Lever::FullShard: return "--sharding-strategy FULL_SHARD";
     case Lever::ActivationCheckpointing: return "--activation-checkpointing true";
+    case Lever::OffloadActivations: return "--offload-activations";
     case Lever::SmallerMicroBatch:
       return fmt::format("--micro-batch-size {} --gradient-accumulation-steps {}", s.input.micro_batch_size,
                          s.input.grad_accum);
@@ -74,12 +76,14 @@ std::string lever_flag(const memory::LeverStep& s) {
 
 // The table of one estimate, per rank, by category.
 void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget) {
-  const bool host = in.offload;
+  const bool host = in.offload || in.offload_activations;
   fmt::print("\nper rank:\n");
   fmt::print("  {:<44} {:>12} {:>12}  {}\n", "what", "at peak", "own peak", host ? "where" : "tracker category");
   for (int i = 0; i < memory::kNumTerms; ++i) {
     const memory::Term t = memory::Term(i);
-    const bool on_host = host && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard || t == memory::Term::Optimizer);
+    const bool on_host = t == memory::Term::OffloadedActivations ||
+                         (in.offload && (t == memory::Term::ParamsAtRest || t == memory::Term::GradShard ||
+                                         t == memory::Term::Optimizer));
     const char* name = t == memory::Term::ParamsAtRest && in.finetune.lora ? "parameters at rest (f32 LoRA master)"
                                                                          : memory::term_name(t);
     fmt::print("  {:<44} {:>12} {:>12}  {}\n", name, format_bytes(e.at_peak[size_t(i)]),
@@ -160,6 +164,9 @@ void run(const Opts& o) {
   in.grad_accum = o.accum;
   in.checkpoint_every = parse_checkpointing(o.ckpt);
   in.offload = o.offload;
+  in.offload_activations = o.offload_activations;
+  if (in.offload_activations && in.checkpoint_every == 0)
+    throw Error("--offload-activations moves the checkpointed layers' inputs: set --activation-checkpointing");
   if (o.lora_rank < 0) throw Error(fmt::format("--lora-rank {}: must be >= 1", o.lora_rank));
   if (o.qlora && o.lora_rank == 0) throw Error("--qlora needs --lora-rank R (e.g. 16)");
   if (o.lora_rank > 0) {
@@ -190,10 +197,11 @@ void run(const Opts& o) {
                params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6),
                m.num_hidden_layers, m.hidden_size, m.vocab_size);
   };
-  const std::string ckpt = in.checkpoint_every == 0   ? "no activation checkpointing"
-                           : in.checkpoint_every == 1 ? "activation checkpointing on every layer"
-                                                      : fmt::format("activation checkpointing every {} layers",
-                                                                    in.checkpoint_every);
+  const std::string ckpt = (in.checkpoint_every == 0   ? std::string("no activation checkpointing")
+                            : in.checkpoint_every == 1 ? std::string("activation checkpointing on every layer")
+                                                       : fmt::format("activation checkpointing every {} layers",
+                                                                     in.checkpoint_every)) +
+                           (in.offload_activations ? ", their inputs offloaded to host" : "");
   if (o.sweep) {
     const std::vector<shard::Strategy> all = {shard::Strategy::NoShard, shard::Strategy::Zero1,
                                               shard::Strategy::ShardGradOp, shard::Strategy::FullShard,
@@ -286,6 +294,9 @@ void register_estimate_memory(CLI::App& app) {
   cmd->add_flag("--no-sync", o->no_sync, "Keep full gradients over the micro-batches, reduce once");
   cmd->add_flag("--offload", o->offload,
                 "Estimate only (not built yet): master weights, gradient shard and AdamW state in host memory");
+  cmd->add_flag("--offload-activations", o->offload_activations,
+                "With --activation-checkpointing: the checkpointed layers' inputs in host memory between forward and "
+                "backward");
   cmd->add_option("--lora-rank", o->lora_rank, "A LoRA fine-tune: adapters of rank R on a frozen base in --param-dtype");
   cmd->add_option("--target-modules", o->target_modules,
                   "With --lora-rank: the adapted modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)")

@@ -26,6 +26,7 @@ const char* mem_category_name(MemCategory c) {
     case MemCategory::Communication: return "communication";
     case MemCategory::Workspace: return "workspace";
     case MemCategory::Other: return "other";
+    case MemCategory::OffloadedActivations: return "act_offloaded";
   }
   return "?";
 }

@@ -39,8 +39,12 @@ enum class MemCategory : uint8_t {
   Communication,  // gather/scatter staging buffers
   Workspace,      // scratch that dies within an op (conversions, logits chunks)
   Other,
+  // Saved activations moved to host memory between a layer's forward and its backward
+  // (offload_activations): pinned beside a GPU; on a CPU rank the same RAM, counted apart so the
+  // offload's accounting is visible and tested there.
+  OffloadedActivations,
 };
-constexpr int kNumMemCategories = 7;
+constexpr int kNumMemCategories = 8;
 const char* mem_category_name(MemCategory c);
 
 enum class Device : uint8_t { CPU, CUDA, Meta };

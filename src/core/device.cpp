@@ -18,6 +18,18 @@ void copy(const Tensor& dst, const Tensor& src) {
   copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes());
 }
 
+#ifndef SHARDLM_HAVE_CUDA
+// Without CUDA every copy is between host (or meta) tensors: synchronous, every fence passed.
+struct CopyLane::Impl {};
+CopyLane::CopyLane() = default;
+CopyLane::~CopyLane() = default;
+CopyLane::Fence CopyLane::copy(const Tensor& dst, const Tensor& src) {
+  device::copy(dst, src);
+  return 0;
+}
+void CopyLane::wait(Fence) {}
+#endif
+
 OwnedTensor copy_to_device(const Tensor& src, MemCategory category, Device device) {
   OwnedTensor out(src.dtype, src.shape.data(), src.ndim, category, /*zero=*/false, device);
   copy(out.t, src);

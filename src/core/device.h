@@ -56,6 +56,29 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // Waits for all work on the compute stream (no-op without CUDA).
 void synchronize();
 
+// ---- Copies that overlap compute (activation offload) ---------------------------------------------
+// A copy lane: copies on a CUDA stream of its own, so that they run while the compute stream
+// computes. A copy starts after all work enqueued on the compute stream before it was issued (it
+// may read what that work writes, and overwrite what it reads) and returns a fence; after
+// wait(fence), work enqueued on the compute stream starts after the copy has finished. Where
+// neither tensor is on a GPU (CPU and meta tensors) the copy is synchronous and its fence has
+// passed. Destroying the lane waits for its copies. One thread uses a lane.
+class CopyLane {
+ public:
+  using Fence = uint64_t;
+  CopyLane();
+  ~CopyLane();
+  CopyLane(const CopyLane&) = delete;
+  CopyLane& operator=(const CopyLane&) = delete;
+  // dst = src: same dtype and shape, contiguous.
+  Fence copy(const Tensor& dst, const Tensor& src);
+  void wait(Fence fence);
+
+ private:
+  struct Impl;  // CUDA: the stream and the events of fences not yet waited for
+  Impl* impl_ = nullptr;
+};
+
 // dst = src for tensors of the same dtype and shape, on any devices (synchronous, as above).
 void copy(const Tensor& dst, const Tensor& src);
 // A new contiguous copy of `src` on `device` (CUDA: the host waits until it is there).

@@ -24,6 +24,7 @@ const char* term_name(Term t) {
     case Term::FullGrads: return "gradients: full-unit accumulators";
     case Term::Optimizer: return "optimizer state (AdamW m, v)";
     case Term::Activations: return "activations";
+    case Term::OffloadedActivations: return "activations offloaded to host";
     case Term::LossWorkspace: return "logits/loss workspace";
     case Term::Communication: return "communication buffers";
     case Term::OtherWorkspace: return "other workspace";
@@ -40,6 +41,7 @@ MemCategory term_category(Term t) {
     case Term::FullGrads: return MemCategory::Gradients;
     case Term::Optimizer: return MemCategory::Optimizer;
     case Term::Activations: return MemCategory::Activations;
+    case Term::OffloadedActivations: return MemCategory::OffloadedActivations;
     case Term::Communication: return MemCategory::Communication;
     case Term::LossWorkspace:
     case Term::OtherWorkspace: return MemCategory::Workspace;
@@ -77,6 +79,7 @@ struct Tracker final : MetaObserver {
     if (const std::optional<shard::BufferRole> role = shard::tag_role(b.tag())) return role_term(*role);
     if (b.tag() == mem_tag::kLossScratch) return Term::LossWorkspace;
     if (b.category() == MemCategory::Activations) return Term::Activations;
+    if (b.category() == MemCategory::OffloadedActivations) return Term::OffloadedActivations;
     SHARDLM_CHECK(b.category() == MemCategory::Workspace, "memory estimate: an untagged {} buffer of {} has no term",
                   mem_category_name(b.category()), format_bytes(int64_t(b.bytes())));
     return Term::OtherWorkspace;
@@ -152,7 +155,7 @@ Estimate estimate(const EstimateInput& in) {
     // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
     est.save_gather_bytes = largest_unit * 4;
     model::LlamaCompute model(cfg, act, engine.device(), ft.lora);  // the trainer computes in the parameter dtype
-    model.set_checkpointing(in.checkpoint_every);
+    model.set_checkpointing(in.checkpoint_every, in.offload_activations);
     // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
     // step starts with more live memory than the first did; later steps repeat the second, whose
     // communication is counted.
@@ -190,11 +193,13 @@ Estimate estimate(const EstimateInput& in) {
                                       ft.nf4_double_quant ? "double quantization" : "f32 absmax per 64 weights",
                                       dtype_name(sc.param_dtype)));
   }
-  est.device_bytes = est.peak_total;
+  // What the dry run allocated in host memory (pinned beside a GPU) at the peak.
+  est.host_bytes = tr.host_at_peak;
+  est.device_bytes = est.peak_total - est.host_bytes;
+  if (in.offload_activations)
+    est.notes.push_back("offload_activations: the checkpointed layers' inputs live in host memory between their "
+                        "forward and backward; host bytes are in the total, device bytes exclude them");
   if (in.offload) {
-    // What the dry run allocated in pinned host memory at the peak.
-    est.host_bytes = tr.host_at_peak;
-    est.device_bytes = est.peak_total - est.host_bytes;
     est.notes.push_back(
         "offload (device: cuda): the f32 master shard, the reduced gradient shard and AdamW state live in pinned "
         "host memory and the optimizer steps there; host bytes are in the total, device bytes exclude them");

@@ -37,11 +37,12 @@ enum class Term : uint8_t {
   FullGrads,       // f32 full-unit gradient accumulators
   Optimizer,       // AdamW m and v
   Activations,     // what forward keeps for backward (the arena)
+  OffloadedActivations,  // the checkpointed layers' inputs in host memory (offload_activations)
   LossWorkspace,   // the cross-entropy chunk of logits and its bf16 widening copies
   Communication,   // all-gather send buffers, reduce-scatter / all-reduce staging
   OtherWorkspace,  // backward gradient buffers of the arena, bf16 widening in matmuls
 };
-constexpr int kNumTerms = 10;
+constexpr int kNumTerms = 11;
 const char* term_name(Term t);
 MemCategory term_category(Term t);
 
@@ -55,6 +56,7 @@ struct EstimateInput {
   int64_t seq_len = 2048;
   int64_t grad_accum = 1;  // micro-batches per step (matters with no_sync)
   int checkpoint_every = 0;  // activation checkpointing: every k-th layer (1 = all, 0 = none)
+  bool offload_activations = false;  // the checkpointed layers' inputs in host memory (needs checkpoint_every)
   bool offload = false;      // master, gradient shard and AdamW state in pinned host memory (device: cuda)
 };
 
@@ -64,7 +66,7 @@ struct Estimate {
   std::array<int64_t, kNumTerms> at_peak{}, peak{};
   std::array<int64_t, kNumMemCategories> category_peak{};  // what MemoryTracker's peak[] reports
   int64_t peak_total = 0;                                   // what MemoryTracker's peak_total reports
-  int64_t host_bytes = 0;    // with offload: the terms that would live in host memory
+  int64_t host_bytes = 0;    // with either offload: what lives in host memory at the peak
   int64_t device_bytes = 0;  // peak_total - host_bytes (all of it without offload)
   int shard_group = 1;       // ranks a unit's parameters are split over
   int num_units = 0;

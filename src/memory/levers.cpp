@@ -33,6 +33,10 @@ bool apply(Lever lever, EstimateInput& in, bool offload_possible) {
       if (in.checkpoint_every == 1) return false;
       in.checkpoint_every = 1;
       return true;
+    case Lever::OffloadActivations:
+      if (!offload_possible || in.offload_activations || in.checkpoint_every == 0) return false;
+      in.offload_activations = true;
+      return true;
     case Lever::SmallerMicroBatch:
       return in.micro_batch_size > 1;  // levers_to_fit picks the size
     case Lever::Offload:
@@ -67,7 +71,7 @@ std::vector<LeverStep> apply_in_order(const EstimateInput& in, int64_t budget, b
   EstimateInput now = in;
   int64_t bytes = estimate(in).device_bytes;
   for (Lever lever : {state, Lever::ComputeBf16, Lever::FullShard, Lever::ActivationCheckpointing,
-                      Lever::SmallerMicroBatch, Lever::Offload}) {
+                      Lever::OffloadActivations, Lever::SmallerMicroBatch, Lever::Offload}) {
     if (bytes <= budget) break;
     EstimateInput next = now;
     if (!apply(lever, next, offload_possible)) continue;

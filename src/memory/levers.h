@@ -21,6 +21,7 @@ enum class Lever : uint8_t {
   ComputeBf16,              // parameters, activations and compute in bf16 (mixed precision): faster on GPUs
   FullShard,                // every unit sharded over all ranks: all-gathers over every link
   ActivationCheckpointing,  // every layer recomputed in its backward: about a third more compute
+  OffloadActivations,       // GPU runs, with checkpointing: the layers' inputs to host and back, overlapped
   SmallerMicroBatch,        // fewer rows per micro-batch, more accumulation: the same global batch, smaller matmuls
   Offload,                  // GPU runs: master, gradient shard and moments in host memory, AdamW on the CPU
 };
@@ -36,7 +37,9 @@ struct LeverStep {
 // last step's device_bytes is above the budget. The moments go to bf16 where the sequence then
 // fits, to 8 bits only where it does not (the two are one lever: a run has one state dtype).
 // SmallerMicroBatch takes the largest divisor of the micro-batch that fits (or 1), multiplying the
-// accumulation steps by the same factor. Offload is tried only where `offload_possible` (a GPU run).
+// accumulation steps by the same factor. Offload and OffloadActivations are tried only where
+// `offload_possible` (a GPU run: on a CPU rank host memory is the rank's own), the latter only with
+// activation checkpointing on.
 std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bool offload_possible);
 
 // One line: "A → 61.2 GiB; + B → 44.0 GiB (fits)", or, when the last step still does not fit,

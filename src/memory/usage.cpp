@@ -37,7 +37,7 @@ std::string short_bytes(int64_t bytes) {
 
 namespace {
 // Short names for the progress line, in MemCategory order.
-constexpr const char* kShort[kNumMemCategories] = {"par", "grad", "opt", "act", "comm", "ws", "other"};
+constexpr const char* kShort[kNumMemCategories] = {"par", "grad", "opt", "act", "comm", "ws", "other", "act_off"};
 }  // namespace
 
 std::string memory_brief(const MemStats& m, const ProcessMemory& p) {

@@ -261,6 +261,9 @@ struct LlamaCompute::Arena : ArenaViews {
   std::vector<std::vector<OwnedTensor>> layer;   // per layer: kBlockBuffers' then the LoRA u buffers, or
                                                  // only x_in for a checkpointed layer
   std::vector<OwnedTensor> recompute;            // checkpointed layers' others, shared (recomputed)
+  // Activation offload: the device slots the offloaded layers' inputs take turns in, and each
+  // offloaded layer's input at rest in host memory (by offload order: layer l is entry l / k).
+  std::vector<OwnedTensor> slots, host_inputs;
   std::vector<OwnedTensor> top, workspace;       // kTopBuffers' and kWorkspaceBuffers' that exist
 };
 
@@ -432,7 +435,7 @@ LlamaCompute::~LlamaCompute() = default;
 void LlamaCompute::reserve(int64_t B, int64_t T) {
   const int64_t N = B * T;
   if (arena_ && N <= arena_->capacity) return;
-  arena_.reset();  // free the old arena before allocating the larger one
+  release_arena();  // free the old arena before allocating the larger one
   const MemCategory act = MemCategory::Activations, ws = MemCategory::Workspace;
   const Device dev = device_;
   const ArenaWidths widths = arena_widths(cfg_, lora_, act_dtype_, device_);
@@ -448,12 +451,25 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
     std::vector<OwnedTensor>& t = arena->layer.emplace_back();
     const bool ckpt = checkpointed(int(l));
     any_checkpointed = any_checkpointed || ckpt;
+    if (offloaded(int(l))) {  // its input: a shared device slot, and its own host buffer
+      // Host memory for the host's copy: pinned beside a GPU (asynchronous copies), else the
+      // device's own kind (the CPU, or the meta device of a dry run), tagged as host memory.
+      const size_t bytes = size_t(N) * size_t(widths.layer[0].width) * dtype_size(widths.layer[0].dtype);
+      OwnedTensor& h = arena->host_inputs.emplace_back();
+      h.buffer = dev == Device::CUDA ? Buffer::pinned_host(bytes, MemCategory::OffloadedActivations, false, mem_tag::kHost)
+                                     : Buffer(bytes, MemCategory::OffloadedActivations, false, dev, mem_tag::kHost);
+      h.t = Tensor::view(h.buffer.data(), widths.layer[0].dtype, {N, widths.layer[0].width},
+                         dev == Device::Meta ? Device::Meta : Device::CPU);
+      continue;
+    }
     t.reserve(widths.layer.size());
     for (const ArenaBuffer& b : widths.layer) {
       t.push_back(make(b, act));
       if (ckpt) break;  // x_in only
     }
   }
+  if (!arena->host_inputs.empty())
+    for (int s = 0; s < 2; ++s) arena->slots.push_back(make(widths.layer[0], act));
   if (any_checkpointed) {
     arena->recompute.emplace_back();  // slot 0 (the input) is each layer's own
     for (size_t i = 1; i < widths.layer.size(); ++i) arena->recompute.push_back(make(widths.layer[i], act));
@@ -475,8 +491,12 @@ void LlamaCompute::bind_shape(int64_t B, int64_t T) {
   const std::vector<int> lora_modules = lora_ ? lora_layer_modules(*lora_) : std::vector<int>{};
   const size_t block = std::size(kBlockBuffers);
   for (size_t l = 0; l < acts_.size(); ++l) {
-    // A checkpointed layer: its own input, the shared recompute set for the rest.
-    auto buffer = [&](size_t i) -> const OwnedTensor& { return i < r.layer[l].size() ? r.layer[l][i] : r.recompute[i]; };
+    // A checkpointed layer: its own input (an offloaded one's: its slot), the shared recompute set
+    // for the rest.
+    auto buffer = [&](size_t i) -> const OwnedTensor& {
+      if (i == 0 && offloaded(int(l))) return r.slots[size_t(offload_slot(int(l)))];
+      return i < r.layer[l].size() ? r.layer[l][i] : r.recompute[i];
+    };
     for (size_t i = 0; i < block; ++i) acts_[l].*kBlockBuffers[i].view = view_of(kBlockBuffers[i], buffer(i), B, T, H);
     for (size_t i = 0; i < lora_modules.size(); ++i) acts_[l].lora_u[lora_modules[i]] = buffer(block + i).t.slice(0, N);
   }
@@ -519,6 +539,7 @@ void LlamaCompute::bind_positions(const Batch& batch) {
 
 void LlamaCompute::embed_forward(const Batch& batch) {
   bind_positions(batch);
+  if (cfg_.num_hidden_layers > 0) claim_slot(0);
   const Tensor out = cfg_.num_hidden_layers > 0 ? acts_[0].x_in : arena_->v_h_final;
   ops::embedding_forward(out, w_.embed, arena_->v_ids);
 }
@@ -528,6 +549,7 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   const Tensor seg = batch_.segment_ids ? arena_->v_segments : Tensor{};
   // The block's output is the next block's input (or the final hidden state).
   Tensor out;
+  if (write_output && layer + 1 < cfg_.num_hidden_layers) claim_slot(layer + 1);
   if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
   const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key, arena_->v_drop_x}
@@ -536,17 +558,75 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
                         layer, lf);
 }
 
-void LlamaCompute::set_checkpointing(int every) {
+void LlamaCompute::set_checkpointing(int every, bool offload) {
   SHARDLM_CHECK(every >= 0, "activation checkpointing interval must be >= 0, got {}", every);
-  if (every == checkpoint_every_) return;
+  SHARDLM_CHECK(!offload || every > 0, "activation offload moves checkpointed layers' inputs: it needs activation "
+                "checkpointing");
+  if (every == checkpoint_every_ && offload == offload_) return;
+  release_arena();  // the layout of the arena changes
   checkpoint_every_ = every;
-  arena_.reset();  // the layout of the arena changes
+  offload_ = offload;
+  if (offload_ && !lane_) lane_ = std::make_unique<device::CopyLane>();
+  slot_layer_[0] = slot_layer_[1] = -1;
   B_ = T_ = 0;
 }
 
 bool LlamaCompute::checkpointed(int layer) const { return checkpoint_every_ > 0 && layer % checkpoint_every_ == 0; }
 
-void LlamaCompute::block_forward(int layer) { block_activations(layer, true); }
+// ---- activation offload ----------------------------------------------------------------------------
+void LlamaCompute::release_arena() {
+  // Copies still running on the lane read or write the arena's buffers, device and pinned host
+  // ones: the compute stream waits for them, and the host for the compute stream, before any is
+  // freed.
+  if (lane_) {
+    for (int s = 0; s < 2; ++s) {
+      lane_->wait(slot_saved_[s]);
+      lane_->wait(slot_loaded_[s]);
+      slot_layer_[s] = -1;
+    }
+    if (device_ == Device::CUDA) device::synchronize();
+  }
+  arena_.reset();
+}
+
+// Offloaded layers are every k-th, and take the two slots in turn: layer l is the (l / k)-th.
+int LlamaCompute::offload_slot(int layer) const { return (layer / checkpoint_every_) % 2; }
+
+void LlamaCompute::claim_slot(int layer) {
+  if (!offloaded(layer)) return;
+  const int s = offload_slot(layer);
+  // The slot's last occupant must have left for host memory, and a prefetch into it arrived,
+  // before anything is written into it.
+  lane_->wait(slot_saved_[s]);
+  lane_->wait(slot_loaded_[s]);
+  slot_layer_[s] = layer;
+}
+
+void LlamaCompute::offload_input(int layer) {
+  const int s = offload_slot(layer);
+  slot_saved_[s] = lane_->copy(arena_->host_inputs[size_t(layer / checkpoint_every_)].t.slice(0, B_ * T_),
+                               acts_[size_t(layer)].x_in);
+}
+
+void LlamaCompute::reload_input(int layer) {
+  auto load = [&](int l) {
+    const int s = offload_slot(l);
+    if (slot_layer_[s] == l) return;  // still there (the last offloaded layer, or prefetched)
+    lane_->wait(slot_loaded_[s]);     // a load into it must not land after this one
+    slot_loaded_[s] = lane_->copy(acts_[size_t(l)].x_in, arena_->host_inputs[size_t(l / checkpoint_every_)].t.slice(0, B_ * T_));
+    slot_layer_[s] = l;
+  };
+  load(layer);
+  lane_->wait(slot_loaded_[offload_slot(layer)]);
+  // The next offloaded layer down comes back while this one's backward computes: its slot's last
+  // reader (the backward above this one) is already enqueued, and the lane starts after it.
+  if (layer - checkpoint_every_ >= 0) load(layer - checkpoint_every_);
+}
+
+void LlamaCompute::block_forward(int layer) {
+  block_activations(layer, true);
+  if (offloaded(layer)) offload_input(layer);
+}
 
 ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
   SHARDLM_CHECK(batch.targets, "the batch has no targets");
@@ -603,6 +683,7 @@ void LlamaCompute::block_backward(int layer) {
   // recomputes its activations from its saved input (the same kernels on the same input give the
   // same bits, so gradients equal the non-checkpointed run's exactly). Frozen weights (a LoRA
   // run's base) have no gradient bound: their dW is not computed, only what flows through them.
+  if (offloaded(layer)) reload_input(layer);
   if (checkpointed(layer)) block_activations(layer, false);
   const ModelConfig& c = cfg_;
   const BlockActivations& a = acts_[size_t(layer)];

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "ops/ops.h"
@@ -211,9 +212,15 @@ class LlamaCompute final : public StagedModel {
   Device device() const { return device_; }
 
   // Activation checkpointing: every k-th decoder layer (layer % k == 0; k = 1: all, 0: none) keeps
-  // only its input in the forward and recomputes the rest in its backward.
-  void set_checkpointing(int every);
+  // only its input in the forward and recomputes the rest in its backward. With offload
+  // (offload_activations) that input goes to host memory after the layer's forward (pinned beside
+  // a GPU, copied on a lane of its own while the next layers compute; on a CPU rank a buffer
+  // charged to MemCategory::OffloadedActivations) and comes back before its backward, the next
+  // checkpointed layer's prefetched while this one's backward runs. On the device the checkpointed
+  // layers' inputs then share two buffers. The bits computed are the same either way.
+  void set_checkpointing(int every, bool offload = false);
   bool checkpointed(int layer) const;
+  bool offloaded(int layer) const { return offload_ && checkpointed(layer); }
 
   // Sizes the activation arena for B x T tokens; it only ever grows, and any batch shape with at
   // most that many tokens reuses it.
@@ -243,6 +250,14 @@ class LlamaCompute final : public StagedModel {
   void block_activations(int layer, bool write_output);
   // Adds module m's LoRA gradients of layer `layer` and its input gradient into dx (see llama.cpp).
   void lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x);
+  // Activation offload (see set_checkpointing): the device slot of an offloaded layer's input, made
+  // free for that layer's input to be written into it; its copy to host after the forward; its
+  // return before the backward, with the next offloaded layer below prefetched.
+  void release_arena();
+  int offload_slot(int layer) const;
+  void claim_slot(int layer);
+  void offload_input(int layer);
+  void reload_input(int layer);
 
   ModelConfig cfg_;
   std::optional<LoraSpec> lora_;
@@ -253,7 +268,13 @@ class LlamaCompute final : public StagedModel {
   Tensor inv_freq_t_;            // the view the ops read: of inv_freq_ (CPU) or inv_freq_device_
   int64_t B_ = 0, T_ = 0;
   int checkpoint_every_ = 0;
+  bool offload_ = false;
   std::unique_ptr<Arena> arena_;
+  // Offload: per slot the layer whose input it holds (-1: none) and the fences of the last copy out
+  // of it and into it.
+  std::unique_ptr<device::CopyLane> lane_;
+  int slot_layer_[2] = {-1, -1};
+  device::CopyLane::Fence slot_saved_[2] = {0, 0}, slot_loaded_[2] = {0, 0};
   std::vector<BlockActivations> acts_;
   Batch batch_;
 };

@@ -35,6 +35,7 @@ std::string lever_key(const memory::LeverStep& s) {
     case Lever::ComputeBf16: return "compute_dtype: bf16";
     case Lever::FullShard: return "sharding_strategy: FULL_SHARD";
     case Lever::ActivationCheckpointing: return "activation_checkpointing: true";
+    case Lever::OffloadActivations: return "offload_activations: true";
     case Lever::SmallerMicroBatch:
       return fmt::format("micro_batch_size: {} with gradient_accumulation_steps: {}", s.input.micro_batch_size,
                          s.input.grad_accum);
@@ -117,6 +118,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
                             .grad_accum = c.gradient_accumulation_steps,
                             .checkpoint_every = c.activation_checkpointing,
+                            .offload_activations = c.offload_activations,
                             .offload = p.sharding.offload_params};
   if (p.sharding.auto_strategy) {
     try {

@@ -517,6 +517,10 @@ std::vector<ConfigField<TrainConfig>> make_table() {
             if (on) c.activation_checkpointing = 1;
           },
           "accelerate's: true checkpoints every decoder layer"),
+      F::field("offload_activations", &TrainConfig::offload_activations,
+               "the checkpointed layers' saved inputs in host memory from their forward to their backward (needs "
+               "activation_checkpointing)")
+          .alias("enable_activation_offloading"),
   });
   add(lora_fields());
   return table;
@@ -534,6 +538,9 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
     throw t.error_at("resume_from", "resuming is not implemented yet for device: cuda");
   if (c.sharding.auto_strategy && c.max_memory_per_rank == 0)
     throw t.error_at("sharding_strategy", "auto needs max_memory_per_rank (the memory budget of one rank, e.g. 24GB)");
+  if (c.offload_activations && c.activation_checkpointing == 0)
+    throw t.error_at("offload_activations", "offloads the checkpointed layers' saved inputs: set "
+                                            "activation_checkpointing (true, or a layer interval)");
   if (c.micro_batch_size * c.seq_len > kMaxMicroBatchTokens)
     throw t.error_at("micro_batch_size", fmt::format("micro_batch_size {} x seq_len {} is more than {} tokens per "
                                                      "micro-batch",

@@ -34,6 +34,9 @@ enum class NonFinitePolicy { Stop, Skip };
 struct TrainConfig {
   shard::ShardingConfig sharding;  // strategy, wrapping, prefetch, mixed precision (sharding_config.h)
   int activation_checkpointing = 0;  // every k-th decoder layer recomputes its activations (1 = all, 0 = none)
+  // The checkpointed layers' saved inputs in host memory between forward and backward (torchtune's
+  // enable_activation_offloading; model::LlamaCompute::set_checkpointing). Needs checkpointing.
+  bool offload_activations = false;
   std::string source;  // the YAML file, for messages
   std::string model;   // Hugging Face model directory to start from
   std::string output_dir;

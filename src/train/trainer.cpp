@@ -145,7 +145,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
   if (lead_) output_lock_ = io::DirLock(c.output_dir, "output_dir");
-  model_.set_checkpointing(c.activation_checkpointing);
+  model_.set_checkpointing(c.activation_checkpointing, c.offload_activations);
   model_.reserve(in_.B, in_.T);
 }
 

@@ -50,6 +50,7 @@ struct Case {
   std::optional<model::LoraSpec> lora;  // a LoRA fine-tune of the test model
   bool nf4 = false, nf4_double_quant = true;  // QLoRA
   int ckpt = 0;
+  bool offload_activations = false;  // with ckpt: the checkpointed layers' inputs in host memory
   int accum = 1;
   int rows_per_rank = 2;
 };
@@ -72,7 +73,7 @@ Measured run_case(const Case& c) {
     shard::ShardedModel engine(cfg, ft, c.sc, mesh);
     shard::init_random(engine, 3);
     model::LlamaCompute compute(cfg, c.sc.param_dtype, Device::CPU, ft.lora);
-    compute.set_checkpointing(c.ckpt);
+    compute.set_checkpointing(c.ckpt, c.offload_activations);
     ops::AdamWConfig opt;
     opt.lr = 1e-3;
     const int R = g_world->rank();
@@ -109,6 +110,7 @@ memory::Estimate estimate_case(const Case& c) {
   in.seq_len = kT;
   in.grad_accum = c.accum;
   in.checkpoint_every = c.ckpt;
+  in.offload_activations = c.offload_activations;
   return memory::estimate(in);
 }
 
@@ -163,6 +165,21 @@ std::vector<Case> matrix() {
       c.name = fmt::format("{} bf16, AdamW moments in {}", shard::strategy_name(s), state == DType::U8 ? "8 bits" : "bf16");
       out.push_back(c);
     }
+  // offload_activations: two device slots for the checkpointed layers' inputs, each layer's input
+  // in host memory (its own category), under the levers it goes with.
+  for (S s : {S::NoShard, S::ShardGradOp, S::FullShard}) {
+    c = Case{};
+    c.sc.strategy = s;
+    c.sc.param_dtype = s == S::ShardGradOp ? DType::F32 : DType::BF16;
+    c.sc.state_dtype = s == S::FullShard ? DType::U8 : DType::F32;
+    c.ckpt = s == S::ShardGradOp ? 2 : 1;
+    c.accum = s == S::ShardGradOp ? 2 : 1;
+    c.offload_activations = true;
+    c.name = fmt::format("{} {}, {} layer's input offloaded{}{}", shard::strategy_name(s), dtype_name(c.sc.param_dtype),
+                         c.ckpt == 1 ? "every" : "every 2nd", c.accum > 1 ? ", 2 micro-batches" : "",
+                         c.sc.state_dtype == DType::U8 ? ", 8-bit moments" : "");
+    out.push_back(c);
+  }
   // LoRA: the frozen base in its own buffers, the adapters' state, their activations.
   for (S s : {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard, S::HybridShard, S::HybridShardZero2})
     for (DType d : {DType::F32, DType::BF16}) {

@@ -190,4 +190,65 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 
 void synchronize() { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream())); }
 
+// ---- CopyLane ---------------------------------------------------------------------------------------
+// A stream made on the first copy that touches the GPU. Each such copy: an event recorded on the
+// compute stream that the lane's stream waits for, the copy, an event recorded after it; wait()
+// makes the compute stream wait for that event (the wait captures the event's state when it is
+// enqueued, so the event can be recorded again afterwards and goes back to the free list).
+struct CopyLane::Impl {
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> free;
+  std::unordered_map<Fence, cudaEvent_t> pending;  // fences not waited for yet
+  Fence next = 1;
+  cudaEvent_t event() {
+    if (!free.empty()) {
+      cudaEvent_t e = free.back();
+      free.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+};
+
+CopyLane::CopyLane() : impl_(new Impl) {}
+
+CopyLane::~CopyLane() {
+  if (impl_->stream) (void)cudaStreamSynchronize(impl_->stream);  // may run at exit: errors ignored
+  for (auto& [f, e] : impl_->pending) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : impl_->free) (void)cudaEventDestroy(e);
+  if (impl_->stream) (void)cudaStreamDestroy(impl_->stream);
+  delete impl_;
+}
+
+CopyLane::Fence CopyLane::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.device != Device::CUDA && src.device != Device::CUDA) {
+    device::copy(dst, src);
+    return 0;
+  }
+  SHARDLM_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.dtype == src.dtype && same_shape(dst, src),
+                "copy lane: destination {} does not match source {}", dst.describe(), src.describe());
+  Impl& m = *impl_;
+  if (!m.stream) SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+  cudaEvent_t after_compute = m.event();
+  SHARDLM_CUDA_CHECK(cudaEventRecord(after_compute, cuda::compute_stream()));
+  SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(m.stream, after_compute, 0));
+  m.free.push_back(after_compute);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, m.stream));
+  cudaEvent_t done = m.event();
+  SHARDLM_CUDA_CHECK(cudaEventRecord(done, m.stream));
+  const Fence f = m.next++;
+  m.pending.emplace(f, done);
+  return f;
+}
+
+void CopyLane::wait(Fence fence) {
+  auto it = impl_->pending.find(fence);
+  if (it == impl_->pending.end()) return;  // passed (a synchronous copy) or waited for already
+  SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), it->second, 0));
+  impl_->free.push_back(it->second);
+  impl_->pending.erase(it);
+}
+
 }  // namespace shardlm::device
