@@ -117,3 +117,17 @@ TEST(ConfigTable, SectionsMustBeMaps) {
   const std::string msg = error_of([&] { train::read_train_config(t); });
   EXPECT_TRUE(msg.starts_with("run.yaml:3: key 'data': expected a map")) << msg;
 }
+
+// offload_activations moves the checkpointed layers' inputs: without checkpointing it is refused
+// at its line; torchtune's name reads the same key.
+TEST(ConfigTable, OffloadActivationsNeedsCheckpointing) {
+  const std::string head = "model: m\noutput_dir: o\ndata: {train: x.txt}\n";
+  ConfigTree bare = ConfigTree::parse(head + "offload_activations: true\n", "run.yaml");
+  EXPECT_EQ(error_of([&] { train::read_train_config(bare); }),
+            "run.yaml:4: key 'offload_activations': offloads the checkpointed layers' saved inputs: set "
+            "activation_checkpointing (true, or a layer interval)");
+  ConfigTree torchtune = ConfigTree::parse(head + "activation_checkpointing: 2\nenable_activation_offloading: true\n");
+  const train::TrainConfig c = train::read_train_config(torchtune);
+  EXPECT_TRUE(c.offload_activations);
+  EXPECT_EQ(c.activation_checkpointing, 2);
+}
