@@ -32,10 +32,12 @@ int main(int argc, char** argv) {
   const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
   shard::ShardingConfig sc;
   sc.param_dtype = dtype;
+  sc.state_dtype = args.state_dtype;
   shard::Mesh mesh = shard::make_mesh(*local, sc, 1);
   shard::ShardedModel engine(cfg, ft, sc, mesh);
   shard::init_random(engine, 0);
   model::LlamaCompute model(cfg, dtype, Device::CPU, ft.lora);
+  model.set_checkpointing(args.checkpoint_every, args.offload_activations);
 
   auto random_batch = [&](int64_t s) {
     data::Example e;
@@ -76,8 +78,9 @@ int main(int argc, char** argv) {
   const double model_gflops = 6.0 * nonembedding * tokens / seconds * 1e-9;
   fmt::print("{{\"impl\": \"shardlm\", \"mode\": \"{}\", \"tokens_per_s\": {:.1f}, \"step_ms\": {:.1f}, \"threads\": {}, "
              "\"params\": {}, \"trainable\": {}, \"batch\": {}, \"seq\": {}, \"steps\": {}, \"dtype\": \"{}\", "
-             "\"last_loss\": {:.4f}, \"nonembedding_params\": {:.0f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
+             "\"state_dtype\": \"{}\", \"ckpt\": {}, \"offload_activations\": {}, \"last_loss\": {:.4f}, \"nonembedding_params\": {:.0f}, \"model_gflops\": {:.1f}, \"peak_tracked_bytes\": {}, \"peak_by_category\": {{{}}}}}\n",
              mode, tokens / seconds, seconds / double(steps) * 1e3, omp_get_max_threads(), parameter_count(cfg, ft), trainable,
-             batch, seq, steps, dtype_name(dtype), last_loss, nonembedding, model_gflops, mem.peak_total, peaks);
+             batch, seq, steps, dtype_name(dtype), dtype_name(args.state_dtype), args.checkpoint_every,
+             args.offload_activations, last_loss, nonembedding, model_gflops, mem.peak_total, peaks);
   return 0;
 }
