@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "io/model_files.h"
 #include "memory/estimator.h"
@@ -75,7 +76,9 @@ std::string lever_flag(const memory::LeverStep& s) {
 }
 
 // The table of one estimate, per rank, by category.
-void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget) {
+// budget: bytes per rank to fit (0: none), from `budget_source` (the flag, or this machine's GPU).
+void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, int64_t budget,
+                    const std::string& budget_source) {
   const bool host = in.offload || in.offload_activations;
   fmt::print("\nper rank:\n");
   fmt::print("  {:<44} {:>12} {:>12}  {}\n", "what", "at peak", "own peak", host ? "where" : "tracker category");
@@ -95,7 +98,7 @@ void print_estimate(const memory::EstimateInput& in, const memory::Estimate& e, 
                "  of which device memory", format_bytes(e.device_bytes));
   if (budget > 0) {
     const double used = double(e.device_bytes) / double(budget);
-    fmt::print("  {:<44} {:>12}  {}\n", fmt::format("budget (--device-memory)"), format_bytes(budget),
+    fmt::print("  {:<44} {:>12}  {}\n", fmt::format("budget ({})", budget_source), format_bytes(budget),
                e.device_bytes <= budget ? fmt::format("fits ({:.0f}% used)", 100 * used)
                                         : fmt::format("does NOT fit ({:.0f}%)", 100 * used));
     if (e.device_bytes > budget) {
@@ -180,12 +183,16 @@ void run(const Opts& o) {
   }
   in.finetune.nf4_base = o.qlora;
   int64_t budget = 0;
+  std::string budget_source = "--device-memory";
   if (!o.device_memory.empty()) {
     try {
       budget = int64_t(io::parse_size(o.device_memory));
     } catch (const Error& e) {
       throw Error(fmt::format("--device-memory: {}", e.message()));
     }
+  } else {
+    budget = device::cuda_device_memory();  // this machine's GPU, where it has one
+    if (budget > 0) budget_source = "this machine's GPU";
   }
 
   const ModelConfig& m = in.model;
@@ -258,7 +265,7 @@ void run(const Opts& o) {
              : in.sharding.state_dtype == DType::U8 ? ", AdamW moments 8-bit blockwise"
                                                     : fmt::format(", AdamW moments {}", dtype_name(in.sharding.state_dtype)),
              in.micro_batch_size, in.seq_len, in.grad_accum, in.grad_accum > 1 ? "s" : "", ckpt);
-  print_estimate(in, e, budget);
+  print_estimate(in, e, budget, budget_source);
   print_accelerate(m, in.finetune);
 }
 
@@ -293,7 +300,7 @@ void register_estimate_memory(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-sync", o->no_sync, "Keep full gradients over the micro-batches, reduce once");
   cmd->add_flag("--offload", o->offload,
-                "Estimate only (not built yet): master weights, gradient shard and AdamW state in host memory");
+                "GPU runs (offload_params): master weights, gradient shard and AdamW state in pinned host memory");
   cmd->add_flag("--offload-activations", o->offload_activations,
                 "With --activation-checkpointing: the checkpointed layers' inputs in host memory between forward and "
                 "backward");
@@ -302,7 +309,8 @@ void register_estimate_memory(CLI::App& app) {
                   "With --lora-rank: the adapted modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)")
       ->capture_default_str();
   cmd->add_flag("--qlora", o->qlora, "QLoRA: with --lora-rank, the frozen base's Linear weights in NF4 with double quantization");
-  cmd->add_option("--device-memory", o->device_memory, "Memory per rank to fit, e.g. 80GB or 24GiB");
+  cmd->add_option("--device-memory", o->device_memory,
+                  "Memory per rank to fit, e.g. 80GB or 24GiB (default: this machine's GPU, where it has one)");
   cmd->add_flag("--sweep", o->sweep, "Every strategy at world sizes 1..--world-size, marking what fits --device-memory");
   cmd->footer(
       "The estimate replays what the engine allocates (docs/memory.md): for its tracked buffers it is the\n"

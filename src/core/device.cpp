@@ -54,6 +54,7 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
+int64_t cuda_device_memory() { return 0; }
 void* cuda_malloc(size_t) { no_cuda("cuda_malloc"); }
 void cuda_free(void*) noexcept {}  // nothing can have been allocated
 void cuda_memset_zero(void*, size_t) { no_cuda("cuda_memset_zero"); }

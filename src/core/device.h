@@ -19,6 +19,9 @@ namespace shardlm::device {
 // `why` is given, *why says why in one line ("built without CUDA", "no CUDA device", a driver
 // error).
 bool cuda_available(std::string* why = nullptr);
+// Total bytes of this process's GPU (cudaMemGetInfo), or 0 where cuda_available() is false: the
+// default memory budget of estimate-memory and validate.
+int64_t cuda_device_memory();
 
 // ---- The CUDA caching allocator ------------------------------------------------------------------
 // Requests are rounded up to a size class (multiples of 512 B below 1 MiB, then four classes per

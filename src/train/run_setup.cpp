@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/alloc.h"
+#include "core/device.h"
 #include "io/staged_dir.h"
 #include "memory/levers.h"
 #include "model/hf_dir.h"
@@ -131,9 +132,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
     throw Error(fmt::format("CPU offload needs a strategy that shards gradients, and sharding_strategy: auto chose {}",
                             shard::strategy_name(p.sharding.strategy)),
                 {.file = c.source, .key = "offload_params"});
+  est.sharding = p.sharding;
+  p.input = est;
   p.estimate = memory::estimate(est);
   if (enforce_budget && c.max_memory_per_rank > 0 && p.estimate.device_bytes > c.max_memory_per_rank) {
-    est.sharding = p.sharding;
     const std::vector<memory::LeverStep> levers =
         memory::levers_to_fit(est, c.max_memory_per_rank, c.device == Device::CUDA);
     throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; try, in order of cost "
@@ -181,6 +183,17 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
   if (c.max_memory_per_rank > 0) {  // plan_memory refused a run above it
     out.push_back(fmt::format("fits max_memory_per_rank {} ({:.0f}% used)", format_bytes(c.max_memory_per_rank),
                               100.0 * double(need) / double(c.max_memory_per_rank)));
+  } else if (const int64_t gpu = c.device == Device::CUDA ? device::cuda_device_memory() : 0; gpu > 0) {
+    // No stated budget: this machine's GPU is the one, reported, not enforced (the estimate counts
+    // a CPU rank's scratch, which a GPU run may not need).
+    if (need <= gpu) {
+      out.push_back(fmt::format("fits this machine's GPU, {} ({:.0f}% used)", format_bytes(gpu),
+                                100.0 * double(need) / double(gpu)));
+    } else {
+      const std::vector<memory::LeverStep> levers = memory::levers_to_fit(p.input, gpu, true);
+      out.push_back(fmt::format("does NOT fit this machine's GPU, {}; try, in order of cost to speed: {}", format_bytes(gpu),
+                                memory::describe_levers(levers, gpu, lever_key)));
+    }
   }
   return check;
 }

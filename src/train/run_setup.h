@@ -41,6 +41,7 @@ RunInputs read_inputs(const TrainConfig& c);
 // fit, each with its peak (memory/levers.h); `shardlm eval`, whose engine holds less, does not ask.
 struct MemoryPlan {
   shard::ShardingConfig sharding;
+  memory::EstimateInput input;  // what was estimated (the strategy auto chose included)
   memory::Estimate estimate;
   std::string auto_why;
 };

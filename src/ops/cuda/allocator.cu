@@ -149,6 +149,13 @@ bool cuda_available(std::string* why) {
   return true;
 }
 
+int64_t cuda_device_memory() {
+  if (!cuda_available()) return 0;
+  size_t free_bytes = 0, total = 0;
+  SHARDLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return int64_t(total);
+}
+
 void* cuda_malloc(size_t bytes) {
   SHARDLM_CHECK(bytes > 0, "cuda_malloc: zero bytes requested");
   return allocator().allocate(bytes);
