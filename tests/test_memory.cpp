@@ -180,6 +180,11 @@ TEST(Training, ReportsMemoryAndPicksTheStrategyItself) {
       ADD_FAILURE() << "a 10 kB budget fits nothing";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("nothing fits"), std::string::npos) << e.what();
+      // The smallest strategy's levers, as config keys, and what is left beyond them.
+      EXPECT_NE(std::string(e.what()).find("try, in order of cost to speed: optimizer_state_dtype: bf16 → "),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("beyond that: more ranks"), std::string::npos) << e.what();
     }
   }
   ConfigTree t = ConfigTree::parse(head + "sharding_strategy: auto\nmax_memory_per_rank: 1GiB\n");

@@ -242,7 +242,10 @@ void run(const Opts& o) {
     if (budget > 0) {
       std::string why;
       try {
-        memory::choose_strategy(in, budget, &why);
+        memory::choose_strategy(in, budget, &why, [&](const memory::EstimateInput& smallest) {
+          return "try, in order of cost to speed: " +
+                 memory::describe_levers(memory::levers_to_fit(smallest, budget, true), budget, lever_flag);
+        });
         fmt::print("at world size {}: {}\n", o.world, why);
       } catch (const Error& e) {
         fmt::print("at world size {}: {}\n", o.world, e.message());

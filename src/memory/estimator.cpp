@@ -246,7 +246,8 @@ std::vector<shard::Strategy> auto_candidates(int world_size, int ranks_per_node)
   return {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard};
 }
 
-shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why) {
+shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why,
+                                const WhatToTry& what_to_try) {
   struct Option {
     shard::Strategy s;
     Estimate e;
@@ -265,10 +266,14 @@ shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::
     const Option& best = *std::min_element(too_big.begin(), too_big.end(), [](const Option& x, const Option& y) {
       return x.e.device_bytes < y.e.device_bytes;
     });
+    EstimateInput smallest = base;
+    smallest.sharding.strategy = best.s;
     // No key: the caller names where the budget came from.
     throw Error(fmt::format("sharding_strategy auto: nothing fits a budget of {} per rank: the smallest, {}, needs {} "
-                            "per rank (try activation checkpointing, a smaller micro-batch or more ranks)",
-                            budget_s, shard::strategy_name(best.s), format_bytes(best.e.device_bytes)));
+                            "per rank; {}",
+                            budget_s, shard::strategy_name(best.s), format_bytes(best.e.device_bytes),
+                            what_to_try ? what_to_try(smallest)
+                                        : "try activation checkpointing, a smaller micro-batch or more ranks"));
   }
   // Least traffic over the slow links first, then least in all, then least sharding.
   auto cheaper = [](const Option& x, const Option& y) {

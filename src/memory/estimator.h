@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -100,7 +101,10 @@ std::vector<shard::Strategy> auto_candidates(int world_size, int ranks_per_node)
 // The auto choice: among the candidates whose estimated per-rank peak fits `budget` bytes, the
 // one with the least inter-node, then total, communication per step. `why` gets one line naming
 // the choice and what ruled out the cheaper ones; throws an Error (one line, with no key: the
-// caller names where the budget came from) when none fits.
-shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why);
+// caller names where the budget came from) when none fits. Its advice then is `what_to_try` of the
+// smallest candidate's run (the levers, memory/levers.h, in the caller's words), or a generic line.
+using WhatToTry = std::function<std::string(const EstimateInput& smallest)>;
+shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::string* why,
+                                const WhatToTry& what_to_try = {});
 
 }  // namespace shardlm::memory

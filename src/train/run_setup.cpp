@@ -112,6 +112,18 @@ RunInputs read_inputs(const TrainConfig& c) {
   return in;
 }
 
+namespace {
+// "try, in order of cost to speed: ..." for a run that does not fit `budget`: the levers in config
+// keys, and what is left when even all of them do not fit.
+std::string what_to_try(const memory::EstimateInput& in, int64_t budget, bool gpu) {
+  const std::vector<memory::LeverStep> levers = memory::levers_to_fit(in, budget, gpu);
+  return fmt::format("try, in order of cost to speed: {}{}", memory::describe_levers(levers, budget, lever_key),
+                     levers.empty() || levers.back().device_bytes > budget
+                         ? "; beyond that: more ranks, a shorter seq_len, or LoRA/QLoRA"
+                         : "");
+}
+}  // namespace
+
 MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks, bool enforce_budget) {
   MemoryPlan p;
   p.sharding = c.sharding;
@@ -121,9 +133,13 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             .checkpoint_every = c.activation_checkpointing,
                             .offload_activations = c.offload_activations,
                             .offload = p.sharding.offload_params};
+  const bool gpu = c.device == Device::CUDA;
   if (p.sharding.auto_strategy) {
     try {
-      p.sharding.strategy = est.sharding.strategy = memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why);
+      p.sharding.strategy = est.sharding.strategy =
+          memory::choose_strategy(est, c.max_memory_per_rank, &p.auto_why, [&](const memory::EstimateInput& smallest) {
+            return what_to_try(smallest, c.max_memory_per_rank, gpu);
+          });
     } catch (const Error& e) {
       throw Error(e.message(), c.max_memory_per_rank_at);
     }
@@ -135,19 +151,12 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
   est.sharding = p.sharding;
   p.input = est;
   p.estimate = memory::estimate(est);
-  if (enforce_budget && c.max_memory_per_rank > 0 && p.estimate.device_bytes > c.max_memory_per_rank) {
-    const std::vector<memory::LeverStep> levers =
-        memory::levers_to_fit(est, c.max_memory_per_rank, c.device == Device::CUDA);
-    throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; try, in order of cost "
-                            "to speed: {}{}",
+  if (enforce_budget && c.max_memory_per_rank > 0 && p.estimate.device_bytes > c.max_memory_per_rank)
+    throw Error(fmt::format("{}: the estimated peak per rank, {} ({} on {} rank{}), does not fit; {}",
                             format_bytes(c.max_memory_per_rank), format_bytes(p.estimate.device_bytes),
                             shard::strategy_name(p.sharding.strategy), world_size, world_size == 1 ? "" : "s",
-                            memory::describe_levers(levers, c.max_memory_per_rank, lever_key),
-                            levers.empty() || levers.back().device_bytes > c.max_memory_per_rank
-                                ? "; beyond that: more ranks, a shorter seq_len, or LoRA/QLoRA"
-                                : ""),
+                            what_to_try(est, c.max_memory_per_rank, gpu)),
                 c.max_memory_per_rank_at);
-  }
   return p;
 }
 
@@ -190,9 +199,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
       out.push_back(fmt::format("fits this machine's GPU, {} ({:.0f}% used)", format_bytes(gpu),
                                 100.0 * double(need) / double(gpu)));
     } else {
-      const std::vector<memory::LeverStep> levers = memory::levers_to_fit(p.input, gpu, true);
-      out.push_back(fmt::format("does NOT fit this machine's GPU, {}; try, in order of cost to speed: {}", format_bytes(gpu),
-                                memory::describe_levers(levers, gpu, lever_key)));
+      out.push_back(fmt::format("does NOT fit this machine's GPU, {}; {}", format_bytes(gpu), what_to_try(p.input, gpu, true)));
     }
   }
   return check;
