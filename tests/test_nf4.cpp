@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "model/config.h"
+#include "ops/dynamic_map.h"
 #include "ops/nf4.h"
 #include "testing.h"
 
@@ -30,6 +32,38 @@ TEST(Nf4, ThresholdsAreTheMidpointsOfTheCode) {
   EXPECT_EQ(ops::kNf4Thresholds[0], -0.8480964004993439f);
   for (size_t i = 1; i < 256; ++i) EXPECT_LT(ops::kDynamicMapSigned[i - 1], ops::kDynamicMapSigned[i]) << i;
   EXPECT_EQ(ops::kDynamicMapSigned[255], 1.0f);
+}
+
+// The CPU's 8-bit quantizer finds codes by counting (ops::DynamicCoder), not by bitsandbytes'
+// search: it must give the search's code for every float. Checked on both maps over every map
+// value, every midpoint (the search's ties) and their float neighbours, denormals and a sweep of
+// magnitudes from 1e-38 to 1e3 of both signs, 2^20 random values, NaN, infinities and zeros.
+TEST(DynamicMap, TheCountingCoderGivesTheSearchsCode) {
+  for (bool is_signed : {true, false}) {
+    SCOPED_TRACE(is_signed ? "signed" : "unsigned");
+    const float* map = ops::dynamic_map(is_signed);
+    const ops::DynamicCoder coder(map);
+    std::vector<float> xs = {0.0f, -0.0f, NAN, -NAN, INFINITY, -INFINITY, 1.0f, -1.0f, 1e-45f, -1e-45f};
+    auto with_neighbours = [&](float v) {
+      for (float x : {v, std::nextafter(v, 2.0f), std::nextafter(v, -2.0f)}) xs.push_back(x);
+    };
+    for (int k = 0; k < 256; ++k) {
+      with_neighbours(map[k]);
+      if (k > 0) with_neighbours((map[k - 1] + map[k]) * 0.5f);
+    }
+    for (float v : {1e-45f, 1e-44f, 1e-40f}) xs.insert(xs.end(), {v, -v});  // denormals
+    for (float v = 1e-38f; v < 1e3f; v *= 1.01f) xs.insert(xs.end(), {v, -v});
+    uint64_t state = 12345;
+    for (int i = 0; i < (1 << 20); ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      xs.push_back(float(int64_t(state >> 40) - (1 << 23)) / float(1 << 23) * 1.2f);  // [-1.2, 1.2)
+    }
+    int64_t differ = 0;
+    for (float x : xs)
+      if (coder(x) != ops::dynamic_code(x, map) && ++differ <= 5)
+        ADD_FAILURE() << "x = " << x << ": " << coder(x) << " vs the search's " << ops::dynamic_code(x, map);
+    EXPECT_EQ(differ, 0) << "of " << xs.size();
+  }
 }
 
 TEST(Nf4, LayoutSectionsAndRanges) {

@@ -3,6 +3,12 @@
 // (Parity.Nf4DynamicMap and Parity.Quant8Blockwise compare them with that computation).
 #include "ops/dynamic_map.h"
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "core/error.h"
+
 namespace shardlm::ops {
 
 const std::array<float, 256> kDynamicMapSigned = {
@@ -136,5 +142,31 @@ const std::array<float, 256> kDynamicMapUnsigned = {
     0x1.da3334p-1f, 0x1.ddccccp-1f, 0x1.e16668p-1f, 0x1.e5p-1f,
     0x1.e8999cp-1f, 0x1.ec3334p-1f, 0x1.efccccp-1f, 0x1.f36668p-1f,
     0x1.f7p-1f, 0x1.fa999cp-1f, 0x1.fe3334p-1f, 0x1p0f};
+
+DynamicCoder::DynamicCoder(const float* code) {
+  std::copy(code, code + 256, padded_.begin());
+  std::fill(padded_.begin() + 256, padded_.end(), INFINITY);
+  for (int k = 1; k < 256; ++k) {
+    mid_[size_t(k)] = (code[k - 1] + code[k]) * 0.5f;
+    tie_[size_t(k)] = uint8_t(dynamic_code(mid_[size_t(k)], code));
+  }
+  mid_[0] = -INFINITY;  // k = 0: x > -inf picks code 0 (x is not NaN, and -inf itself ties to 0)
+  mid_[256] = INFINITY;  // k = 256: x > code[255] and below +inf, or +inf itself: code 255
+  tie_[0] = 0;
+  tie_[256] = 255;
+  auto below = [&](float v) { return int(std::lower_bound(code, code + 256, v) - code); };  // count of code < v
+  for (uint32_t b = 0; b < 8192; ++b) {
+    const float lo_end = std::bit_cast<float>(b << 19), hi_end = std::bit_cast<float>((b << 19) | 0x7FFFFu);
+    // Exponent all ones: ±inf at the bucket's start, then NaNs (which never reach the count).
+    if (std::isnan(hi_end)) {
+      first_[b] = uint16_t(below(lo_end));
+      continue;
+    }
+    const float lo = std::min(lo_end, hi_end), hi = std::max(lo_end, hi_end);
+    const int first = below(lo), last = below(hi);  // x in [lo, hi]: first <= count(code < x) <= last
+    SHARDLM_CHECK(last - first <= kSpan, "dynamic map: {} values within one bucket (at most {})", last - first, kSpan);
+    first_[b] = uint16_t(first);
+  }
+}
 
 }  // namespace shardlm::ops

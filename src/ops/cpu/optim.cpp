@@ -132,6 +132,8 @@ namespace shardlm::ops::cpu {
 
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
   const float* map = dynamic_map(is_signed);
+  static const DynamicCoder kSignedCoder(kDynamicMapSigned.data()), kUnsignedCoder(kDynamicMapUnsigned.data());
+  const DynamicCoder& coder = is_signed ? kSignedCoder : kUnsignedCoder;
   const auto zero = uint8_t(std::lower_bound(map, map + 256, 0.0f) - map);  // the code of 0
   const int64_t n = x.numel(), blocks = absmax.numel();
   const float* in = x.f32();
@@ -145,7 +147,7 @@ void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor
       for (int64_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(in[i]));
       amax[b] = m;
       const float inv = 1.0f / m;  // bitsandbytes scales by the reciprocal, not by a division
-      for (int64_t i = lo; i < hi; ++i) out[i] = m == 0.0f ? zero : uint8_t(dynamic_code(in[i] * inv, map));
+      for (int64_t i = lo; i < hi; ++i) out[i] = m == 0.0f ? zero : uint8_t(coder(in[i] * inv));
     }
   });
 }
