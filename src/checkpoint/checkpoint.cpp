@@ -5,7 +5,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -18,7 +17,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/float_bits.h"
 #include "io/atomic_file.h"
 #include "io/json_integer.h"
 #include "io/json_parse.h"
@@ -26,7 +24,6 @@
 #include "io/safetensors.h"
 #include "model/hf_dir.h"
 #include "model/peft_adapter.h"
-#include "ops/dynamic_map.h"
 #include "ops/ops.h"
 #include "shard/engine.h"
 
@@ -585,28 +582,24 @@ void CheckpointReader::read(const std::string& name, Field field, int64_t begin,
   for_each_piece(name, begin, count, [&](File& f, const Range& r, int64_t first, int64_t n, int64_t at) {
     const std::string stored = unit_tensor(r.unit, field);
     const DType dtype = *f.st->info(stored).dtype;  // F32, BF16 or U8, as open_file checked
-    const uint64_t esize = dtype_size(dtype);
-    const uint8_t* from = verified_bytes(f, stored, first * esize, (first + n) * esize) + first * esize;
     float* out = dst + at;
-    if (dtype == DType::F32) {
-      std::memcpy(out, from, size_t(n) * 4);
-    } else if (dtype == DType::BF16) {  // widened exactly
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, from + i * 2, 2);
-        out[i] = std::bit_cast<float>(bits::bf16_to_f32(h));
-      }
-    } else {  // 8-bit: map[code] * its block's absmax, as ops::dequantize_blockwise8
-      constexpr int64_t B = ops::kQuant8Block;
-      const uint8_t* amax = verified_bytes(f, absmax_tensor(r.unit, field), uint64_t(first / B) * 4,
-                                           uint64_t((first + n - 1) / B + 1) * 4);
-      const float* map = ops::dynamic_map(field == Field::ExpAvg);
-      for (int64_t i = 0; i < n; ++i) {
-        float scale;
-        std::memcpy(&scale, amax + (first + i) / B * 4, 4);
-        out[i] = map[from[i]] * scale;
-      }
+    if (dtype != DType::U8) {  // f32 copied, bf16 widened exactly
+      const uint64_t esize = dtype_size(dtype);
+      const uint8_t* from = verified_bytes(f, stored, first * esize, (first + n) * esize) + first * esize;
+      ops::cast(Tensor::view(out, DType::F32, {n}), Tensor::view(const_cast<uint8_t*>(from), dtype, {n}));
+      return;
     }
+    // 8-bit: the whole blocks the piece lies in, dequantized (map[code] * absmax), then its part.
+    constexpr int64_t B = ops::kQuant8Block;
+    const int64_t b0 = first / B, b1 = (first + n - 1) / B + 1, skip = first - b0 * B;
+    const int64_t stored_n = f.st->info(stored).numel(), whole = std::min(b1 * B, stored_n) - b0 * B;
+    const uint8_t* codes = verified_bytes(f, stored, uint64_t(b0 * B), uint64_t(b0 * B + whole)) + b0 * B;
+    const uint8_t* amax = verified_bytes(f, absmax_tensor(r.unit, field), uint64_t(b0) * 4, uint64_t(b1) * 4) + b0 * 4;
+    std::vector<float> blocks(static_cast<size_t>(whole));
+    ops::dequantize_blockwise8(Tensor::view(blocks.data(), DType::F32, {whole}),
+                               Tensor::view(const_cast<uint8_t*>(codes), DType::U8, {whole}),
+                               Tensor::view(const_cast<uint8_t*>(amax), DType::F32, {b1 - b0}), field == Field::ExpAvg);
+    std::memcpy(out, blocks.data() + skip, size_t(n) * 4);
   });
 }
 

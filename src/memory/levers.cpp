@@ -65,11 +65,11 @@ LeverStep smaller_micro_batch(const EstimateInput& in, int64_t budget) {
 }  // namespace
 
 namespace {
-// The levers in order, the moments' one being `state` (StateBf16 or State8bit).
-std::vector<LeverStep> apply_in_order(const EstimateInput& in, int64_t budget, bool offload_possible, Lever state) {
+// The levers in order, the moments' one being `state` (StateBf16 or State8bit); `bytes`: in's peak.
+std::vector<LeverStep> apply_in_order(const EstimateInput& in, int64_t bytes, int64_t budget, bool offload_possible,
+                                      Lever state) {
   std::vector<LeverStep> steps;
   EstimateInput now = in;
-  int64_t bytes = estimate(in).device_bytes;
   for (Lever lever : {state, Lever::ComputeBf16, Lever::FullShard, Lever::ActivationCheckpointing,
                       Lever::OffloadActivations, Lever::SmallerMicroBatch, Lever::Offload}) {
     if (bytes <= budget) break;
@@ -91,11 +91,12 @@ bool fits(const std::vector<LeverStep>& steps, int64_t budget) {
 
 std::vector<LeverStep> levers_to_fit(const EstimateInput& in, int64_t budget, bool offload_possible) {
   SHARDLM_CHECK(budget > 0, "a memory budget must be > 0, got {}", budget);
-  if (estimate(in).device_bytes <= budget) return {};
+  const int64_t bytes = estimate(in).device_bytes;  // once: both sequences start from it
+  if (bytes <= budget) return {};
   // bf16 moments where the whole sequence then fits; 8-bit ones only where it does not.
-  std::vector<LeverStep> bf16 = apply_in_order(in, budget, offload_possible, Lever::StateBf16);
+  std::vector<LeverStep> bf16 = apply_in_order(in, bytes, budget, offload_possible, Lever::StateBf16);
   if (fits(bf16, budget)) return bf16;
-  std::vector<LeverStep> q8 = apply_in_order(in, budget, offload_possible, Lever::State8bit);
+  std::vector<LeverStep> q8 = apply_in_order(in, bytes, budget, offload_possible, Lever::State8bit);
   if (fits(q8, budget) || bf16.empty()) return q8;
   return q8.empty() || q8.back().device_bytes >= bf16.back().device_bytes ? bf16 : q8;
 }
