@@ -109,7 +109,7 @@ TEST(ConfigTable, EnumerationsAreReadIntoTheirEnums) {
             "run.yaml:5: key 'data.chat_format': expected auto, llama3, llama2, chatml or mistral, got 'llama4'");
   ConfigTree r = ConfigTree::parse("model: m\noutput_dir: o\ndata: {train: x, format: csv}\n", "run.yaml");
   EXPECT_EQ(error_of([&] { train::read_train_config(r); }),
-            "run.yaml:3: key 'data.format': expected auto, text, tokens, alpaca, chat or builtin:addition, got 'csv'");
+            "run.yaml:3: key 'data.format': expected auto, text, tokens, alpaca, chat, preference or builtin:addition, got 'csv'");
 }
 
 TEST(ConfigTable, SectionsMustBeMaps) {

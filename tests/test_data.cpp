@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
@@ -457,6 +459,114 @@ TEST(Sampler, LoadStateContinuesAtTheSameRowForAnotherGlobalBatch) {
   a.load_state({0, last}, 4);  // the epoch's end: the next epoch begins
   EXPECT_EQ(a.state(), (data::SamplerState{0, last}));
   EXPECT_EQ(a.next().state, (data::SamplerState{1, 0}));
+}
+
+// A mixture (SamplerOptions::mixture): each epoch draws exactly per_epoch units of each source;
+// a source drawn more than its size per epoch repeats every example equally often, one drawn less
+// continues its own pass in the next epoch (so all of its examples are seen); the state restores
+// the order exactly; source_positions counts what each source gave up to a state.
+TEST(Sampler, MixtureDrawsEachSourcesShareAndResumes) {
+  std::vector<std::unique_ptr<data::Dataset>> parts;
+  parts.push_back(std::make_unique<data::ExampleDataset>(varied_dataset(10, 6)));
+  parts.push_back(std::make_unique<data::ExampleDataset>(varied_dataset(30, 6)));
+  const data::ConcatDataset ds(std::move(parts));
+  ASSERT_EQ(ds.size(), 40);
+  data::SamplerOptions o;
+  o.seq_len = 8;
+  o.micro_batch_size = 2;
+  o.gradient_accumulation_steps = 2;  // G = 4 rows, one example each
+  o.seed = 5;
+  o.mixture = {{"a", 0, 10, 20}, {"b", 10, 30, 20}};  // a: 2 passes an epoch, b: 2/3 of one
+  data::DistributedSampler s(ds, o);
+  EXPECT_EQ(s.steps_in_epoch(0), 10);
+  std::map<int64_t, int> seen;
+  for (int64_t e = 0; e < 3; ++e) {
+    int from_a = 0;
+    for (const auto& row : s.epoch_rows(e)) {
+      ASSERT_EQ(row.size(), 1u);
+      from_a += row[0] < 10;
+      ++seen[row[0]];
+    }
+    EXPECT_EQ(from_a, 20) << e;  // exactly the share, every epoch
+  }
+  // Three epochs: a's 10 examples 6 times each, b's 30 twice each (60 draws, whole passes).
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(seen[i], i < 10 ? 6 : 2) << i;
+  const auto epoch0 = s.epoch_rows(0);  // a copy: epoch_rows returns the sampler's cache
+  EXPECT_NE(epoch0, s.epoch_rows(1));
+  // Resuming at {1, 3} continues exactly, and the positions say where each source stands.
+  data::DistributedSampler a(ds, o), b(ds, o);
+  for (int k = 0; k < 13; ++k) a.next();
+  ASSERT_EQ(a.state(), (data::SamplerState{1, 3}));
+  b.set_state(a.state());
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(a.next().rows, b.next().rows) << k;
+  const std::vector<int64_t> pos = b.source_positions({1, 3});
+  int64_t a_in_first_steps = 0;
+  for (int64_t r = 0; r < 12; ++r) a_in_first_steps += b.epoch_rows(1)[size_t(r)][0] < 10;
+  EXPECT_EQ(pos, (std::vector<int64_t>{20 + a_in_first_steps, 20 + 12 - a_in_first_steps}));
+  EXPECT_EQ(b.source_positions({0, 10}), (std::vector<int64_t>{20, 20}));
+}
+
+// Preference pairs (SamplerOptions::pairs): a pair's two examples are adjacent rows of one
+// micro-batch, chosen first, and every pair is read once per epoch.
+TEST(Sampler, PairsStayTogether) {
+  const data::ExampleDataset ds = varied_dataset(40, 6);  // 20 pairs
+  data::SamplerOptions o;
+  o.seq_len = 8;
+  o.micro_batch_size = 2;  // pairs
+  o.gradient_accumulation_steps = 2;
+  o.pairs = true;
+  data::DistributedSampler s(ds, o);
+  EXPECT_EQ(s.steps_in_epoch(0), 5);
+  std::set<int64_t> pairs;
+  for (int k = 0; k < 5; ++k) {
+    const data::StepBatch sb = s.next();
+    ASSERT_EQ(sb.micro.size(), 2u);
+    EXPECT_EQ(sb.micro[0].B, 4);  // two pairs, two rows each
+    ASSERT_EQ(sb.rows.size(), 8u);
+    for (size_t r = 0; r < sb.rows.size(); r += 2) {
+      EXPECT_EQ(sb.rows[r][0] % 2, 0);
+      EXPECT_EQ(sb.rows[r + 1][0], sb.rows[r][0] + 1);
+      pairs.insert(sb.rows[r][0] / 2);
+    }
+  }
+  EXPECT_EQ(pairs.size(), 20u);
+}
+
+// `data:` as a list: a mixture, each source a data section with weight or epochs; the rules.
+TEST(DataConfig, MixtureListWeightsAndErrors) {
+  const fs::path d = fresh_dir("mix");
+  std::string a, b;
+  for (int i = 0; i < 40; ++i) a += fmt::format(R"({{"instruction": "q {}", "output": "a {}"}})", i, i) + "\n";
+  for (int i = 0; i < 120; ++i)
+    b += fmt::format(R"({{"messages": [{{"role": "user", "content": "u {}"}}, {{"role": "assistant", "content": "v"}}]}})", i) + "\n";
+  const std::string pa = write(d / "a.jsonl", a), pb = write(d / "b.jsonl", b);
+  ConfigTree t = ConfigTree::parse("model: m\noutput_dir: o\nseq_len: 256\ndata:\n  - {train: " + pa +
+                                   ", weight: 3, eval_fraction: 0}\n  - {train: " + pb + ", weight: 1, train_on_input: true}\n",
+                                   "mix.yaml");
+  const train::TrainConfig c = train::read_train_config(t);
+  ASSERT_EQ(c.data.mixture.size(), 2u);
+  EXPECT_EQ(c.data.mixture[0].weight, 3);
+  data::ByteTokenizer tok;
+  const data::RunData r = data::load_run_data(c.data, c.seq_len, c.seed, tok, tok.vocab_size());
+  ASSERT_EQ(r.mixture.size(), 2u);
+  const int64_t nb = r.mixture[1].size, total = 40 + nb;
+  EXPECT_EQ(r.mixture[0].size, 40);
+  EXPECT_EQ(r.mixture[0].per_epoch, std::llround(0.75 * double(total)));  // 3 : 1 of an epoch as large as both
+  EXPECT_EQ(r.mixture[1].per_epoch, std::llround(0.25 * double(total)));
+  EXPECT_EQ(r.mixture[1].begin, 40);
+  EXPECT_EQ(r.train->size(), total);
+  EXPECT_TRUE(r.packing);
+  EXPECT_GT(r.eval->size(), 0);  // b's held-out examples (a holds none out)
+  EXPECT_EQ(r.type, "mixture (alpaca, chat)");
+  auto read = [](const std::string& yaml) {
+    ConfigTree bad = ConfigTree::parse("model: m\noutput_dir: o\ndata:\n" + yaml, "mix.yaml");
+    return train::read_train_config(bad);
+  };
+  expect_error([&] { read("  - {train: a, weight: 1, epochs: 2}\n"); }, "mix.yaml:4: key 'data.0.epochs': set weight or epochs");
+  expect_error([&] { read("  - {train: a, weight: 1}\n  - {train: b}\n"); }, "key 'data.1.train': either every source has a weight");
+  expect_error([&] { read("  - {train: a, wieght: 1}\n"); }, "key 'data.0.wieght': unknown key; did you mean 'data.0.weight'?");
+  expect_error([&] { read("  - {train: a, weight: -1}\n"); }, "key 'data.0.weight': must be positive");
+  expect_error([&] { read("  []\n"); }, "key 'data': an empty list of data sources");
 }
 
 TEST(Sampler, PrefetchKeepsOrderPropagatesErrorsAndShutsDown) {

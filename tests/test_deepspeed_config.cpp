@@ -348,8 +348,11 @@ TEST(RecipeConfigs, EveryRecipeReads) {
     ConfigTree t = ConfigTree::parse(r.yaml, r.name);
     train::TrainConfig c;
     EXPECT_NO_THROW(c = train::read_train_config(t)) << r.name;
-    EXPECT_EQ(c.lora.has_value(), r.method != "full") << r.name;
-    EXPECT_EQ(c.lora_quantize_base, r.method == "qlora") << r.name;
+    const bool dpo = r.method.starts_with("dpo-");
+    const std::string tune = dpo ? r.method.substr(4) : r.method;
+    EXPECT_EQ(c.preference, dpo) << r.name;
+    EXPECT_EQ(c.lora.has_value(), tune != "full") << r.name;
+    EXPECT_EQ(c.lora_quantize_base, tune == "qlora") << r.name;
   }
   EXPECT_EQ(&train::find_recipe("llama3_1-8b-lora-single-device"), &train::find_recipe("llama3_1-8b-lora-single-device"));
   const std::string e = error_of([] { train::find_recipe("llama3_1-8b-lora"); });

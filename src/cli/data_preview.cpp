@@ -59,21 +59,39 @@ void register_data_preview(CLI::App& app) {
     data::SamplerOptions so;
     so.seq_len = d.seq_len;
     so.packing = d.packing;
+    so.pairs = d.pairs;
+    so.mixture = d.mixture;
     so.micro_batch_size = cfg.micro_batch_size;
     so.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
     so.seed = cfg.seed;
     data::DistributedSampler sampler(*d.train, so);
     const auto& rows = sampler.epoch_rows(0);
+    // A pair is two rows, examples 2i and 2i + 1.
+    const int64_t per = d.pairs ? 2 : 1, n_rows = per * int64_t(rows.size());
     int64_t tokens = 0;
     for (const auto& row : rows)
-      for (const int64_t i : row) tokens += std::min(d.train->length(i), d.seq_len);
-    const double fill = rows.empty() ? 0.0 : 100.0 * double(tokens) / double(int64_t(rows.size()) * d.seq_len);
+      for (const int64_t i : row)
+        for (int64_t k = 0; k < per; ++k) tokens += std::min(d.train->length(per * i + k), d.seq_len);
+    const double fill = rows.empty() ? 0.0 : 100.0 * double(tokens) / double(n_rows * d.seq_len);
     fmt::print("\n{}: {} examples -> {} rows of {} tokens ({:.1f}% real tokens{}); {} steps per epoch of {} rows\n",
                d.packing ? "packing" : "no packing (padded to the longest row of each micro-batch)",
-               d.train->size(), rows.size(), d.seq_len, fill,
+               d.train->size(), n_rows, d.seq_len, fill,
                d.packing ? fmt::format(", {:.2f} examples per row", double(d.train->size()) / double(rows.size()))
                          : "",
-               sampler.steps_in_epoch(0), sampler.rows_per_step());
+               sampler.steps_in_epoch(0), per * sampler.rows_per_step());
+    if (!d.mixture.empty()) {  // what the first steps draw from each source, as training will
+      const int64_t steps = std::min<int64_t>(sampler.steps_in_epoch(0), 10);
+      const std::vector<int64_t> pos = sampler.source_positions({0, steps});
+      int64_t all = 0;
+      for (const int64_t p : pos) all += p;
+      fmt::print("mixture: the first {} steps draw", steps);
+      for (size_t i = 0; i < pos.size(); ++i)
+        fmt::print("{} {} from {} ({:.1f}%)", i ? "," : "", pos[i], d.mixture[i].name,
+                   100.0 * double(pos[i]) / double(std::max<int64_t>(all, 1)));
+      fmt::print("; an epoch draws");
+      for (size_t i = 0; i < pos.size(); ++i) fmt::print("{} {} of {}", i ? "," : "", d.mixture[i].per_epoch, d.mixture[i].size);
+      fmt::print("\n");
+    }
   });
 }
 

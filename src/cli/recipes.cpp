@@ -41,7 +41,7 @@ void register_recipes(CLI::App& app) {
   });
   cmd->callback([cmd] {
     if (!cmd->get_subcommands().empty()) return;
-    fmt::print("{:<34} {:<26} {:<6} {:>5} {:>12} {:>8}  {}\n", "recipe", "model", "method", "ranks", "memory/rank",
+    fmt::print("{:<36} {:<26} {:<9} {:>5} {:>12} {:>8}  {}\n", "recipe", "model", "method", "ranks", "memory/rank",
                "budget", "shape (preset)");
     for (const train::Recipe& r : train::recipes()) {
       // The estimate `validate --recipe` checks (a dry run of the engine's plan: milliseconds).
@@ -54,7 +54,7 @@ void register_recipes(CLI::App& app) {
       } catch (const Error&) {  // does not fit its budget: `validate --recipe` says why
         memory = "over budget";
       }
-      fmt::print("{:<34} {:<26} {:<6} {:>5} {:>12} {:>8}  {}\n", r.name, r.model, r.method, r.ranks, memory,
+      fmt::print("{:<36} {:<26} {:<9} {:>5} {:>12} {:>8}  {}\n", r.name, r.model, r.method, r.ranks, memory,
                  r.budget, r.preset);
     }
     fmt::print("\n{} recipes. `shardlm recipes cp NAME FILE` writes one to edit; `shardlm validate --recipe NAME`\n"

@@ -167,4 +167,24 @@ BatchBuffers make_batch(const std::vector<Example>& rows, int64_t T, int32_t pad
   return out;
 }
 
+ConcatDataset::ConcatDataset(std::vector<std::unique_ptr<Dataset>> parts) : parts_(std::move(parts)), begins_{0} {
+  for (const auto& p : parts_) begins_.push_back(begins_.back() + p->size());
+}
+
+std::pair<const Dataset*, int64_t> ConcatDataset::locate(int64_t index) const {
+  SHARDLM_CHECK(index >= 0 && index < size(), "example {} is outside a dataset of {}", index, size());
+  const size_t k = size_t(std::upper_bound(begins_.begin(), begins_.end(), index) - begins_.begin()) - 1;
+  return {parts_[k].get(), index - begins_[k]};
+}
+
+Example ConcatDataset::get(int64_t index) const {
+  const auto [part, i] = locate(index);
+  return part->get(i);
+}
+
+int64_t ConcatDataset::length(int64_t index) const {
+  const auto [part, i] = locate(index);
+  return part->length(i);
+}
+
 }  // namespace shardlm::data

@@ -45,6 +45,22 @@ class ExampleDataset final : public Dataset {
   std::vector<Example> examples_;
 };
 
+// Datasets one after another (a mixture's sources, data/run_data.h): example i of part k is
+// example begin(k) + i. Owns its parts.
+class ConcatDataset final : public Dataset {
+ public:
+  explicit ConcatDataset(std::vector<std::unique_ptr<Dataset>> parts);
+  int64_t size() const override { return begins_.back(); }
+  Example get(int64_t index) const override;
+  int64_t length(int64_t index) const override;
+  int64_t begin(size_t part) const { return begins_[part]; }
+
+ private:
+  std::pair<const Dataset*, int64_t> locate(int64_t index) const;
+  std::vector<std::unique_ptr<Dataset>> parts_;
+  std::vector<int64_t> begins_;  // parts_.size() + 1 offsets
+};
+
 // The byte offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates
 // and code points above U+10FFFF are invalid), or std::string_view::npos when all is valid.
 size_t utf8_error_offset(std::string_view s);

@@ -537,15 +537,79 @@ std::vector<ChatMessage> chat_messages_of(const json& rec) {
   return out;
 }
 
+namespace {
+
+// A preference record's side: a string (standard format) or a list of messages (conversational).
+std::vector<ChatMessage> messages_field(const json& rec, const std::string& name) {
+  const auto it = rec.find(name);
+  if (!it->is_array()) throw Error(fmt::format("field '{}' must be a string or a list of messages, got {}", name, it->type_name()));
+  return chat_messages_of(json{{"messages", *it}});
+}
+
+// The pair as TRL reads it. Standard: BOS + prompt, then the completion and EOS, each tokenized on
+// its own; the completion and EOS are trained. Conversational: the prompt's messages rendered with
+// the generation prompt, then prompt + completion rendered whole with the prompt's tokens masked
+// (a prompt without "prompt" is the longest common prefix of the two conversations, as TRL's
+// extract_prompt takes it).
+std::pair<Example, Example> preference_pair(const Tokenizer& tok, ChatFormat format,
+                                            const std::optional<std::string>& default_system, const json& rec,
+                                            bool* mismatch) {
+  if (!rec.is_object()) throw Error(fmt::format("expected a JSON object with \"chosen\" and \"rejected\", got {}", rec.type_name()));
+  for (const char* k : {"chosen", "rejected"})
+    if (!rec.contains(k) || rec.at(k).is_null()) throw Error(fmt::format("missing field '{}' (a preference record)", k));
+  if (rec.at("chosen").is_string()) {
+    const std::string prompt = string_field(rec, "prompt", true, "a preference record"),
+                      chosen = string_field(rec, "chosen", true, "a preference record"),
+                      rejected = string_field(rec, "rejected", true, "a preference record");
+    const std::vector<int32_t> p = tok.encode_with(prompt, true, false);
+    auto side = [&](const std::string& completion) {
+      std::vector<int32_t> seq = p;
+      std::vector<char> trained(seq.size(), 0);
+      append_masked_prefix(seq, trained, tok.encode_with(completion, false, true), 0, true);
+      return from_sequence(seq, trained);
+    };
+    return {side(chosen), side(rejected)};
+  }
+  std::vector<ChatMessage> chosen = messages_field(rec, "chosen"), rejected = messages_field(rec, "rejected"), prompt;
+  if (rec.contains("prompt")) {
+    prompt = messages_field(rec, "prompt");
+  } else {
+    size_t n = 0;
+    while (n + 1 < chosen.size() && n + 1 < rejected.size() && chosen[n].role == rejected[n].role &&
+           chosen[n].content == rejected[n].content)
+      ++n;
+    if (n == 0) throw Error("no 'prompt', and the two conversations share no first message to take it from");
+    prompt.assign(chosen.begin(), chosen.begin() + int64_t(n));
+    chosen.erase(chosen.begin(), chosen.begin() + int64_t(n));
+    rejected.erase(rejected.begin(), rejected.begin() + int64_t(n));
+  }
+  if (default_system && prompt[0].role != "system") prompt.insert(prompt.begin(), {"system", *default_system});
+  const std::vector<int32_t> p = chat_prompt_ids(tok, format, prompt);
+  auto side = [&](const std::vector<ChatMessage>& completion) {
+    std::vector<ChatMessage> all = prompt;
+    all.insert(all.end(), completion.begin(), completion.end());
+    Example e = chat_example(tok, format, all, false, nullptr);
+    // The rendered conversation starts with the prompt's tokens unless a merge crossed the
+    // boundary; either way that many tokens are prompt (target t predicts token t + 1).
+    if (!starts_with(e.ids, p)) *mismatch = true;
+    for (size_t t = 0; t + 1 < p.size() && t < e.targets.size(); ++t) e.targets[t] = ops::kIgnoreIndex;
+    return e;
+  };
+  return {side(chosen), side(rejected)};
+}
+
+}  // namespace
+
 std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns) {
   const std::string text = io::read_file(path, "data file");
   const std::vector<RawRecord> recs = split_records(path, text);
   if (recs.empty()) throw Error("the data file holds no records", {.file = path});
   const json first = parse_record(path, recs[0]);
+  if (first.is_object() && first.contains("chosen") && first.contains("rejected")) return "preference";
   if (first.is_object() && first.contains("messages")) return "chat";
   if (first.is_object() && first.contains(columns.instruction)) return "alpaca";
-  throw Error(fmt::format("cannot tell the data type from the first record: it has neither '{}' (alpaca) nor "
-                          "'messages' (chat); set data.type or data.columns",
+  throw Error(fmt::format("cannot tell the data type from the first record: it has neither '{}' (alpaca), "
+                          "'messages' (chat) nor 'chosen' and 'rejected' (preference); set data.type or data.columns",
                           columns.instruction),
               {.file = path, .line = recs[0].line});
 }
@@ -553,23 +617,23 @@ std::string detect_json_kind(const std::string& path, const AlpacaColumns& colum
 std::vector<Example> load_instruct_file(const std::string& path, const std::string& kind, const Tokenizer& tok,
                                         const InstructOptions& opt, LoadReport& report,
                                         std::vector<int64_t>* ordinals) {
-  SHARDLM_CHECK(kind == "alpaca" || kind == "chat", "unknown instruction data kind '{}'", kind);
+  SHARDLM_CHECK(kind == "alpaca" || kind == "chat" || kind == "preference", "unknown instruction data kind '{}'", kind);
   const std::string text = io::read_file(path, "data file");
   const std::vector<RawRecord> recs = split_records(path, text);
-  const ChatFormat fmt_ =
-      kind == "chat" ? resolve_chat_format(opt.chat_format, tok, opt.chat_template) : ChatFormat::Llama2;
+  const bool chat = kind != "alpaca";  // preference records may be conversations
+  const ChatFormat fmt_ = chat ? resolve_chat_format(opt.chat_format, tok, opt.chat_template) : ChatFormat::Llama2;
   // ChatML templates that add a default system message (Qwen2's) get it here, as they render.
   const std::optional<std::string> default_system =
-      kind == "chat" && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
-  report.format = kind == "chat" ? fmt::format("chat ({}{})", chat_format_name(fmt_),
-                                               default_system ? ", default system message" : "")
-                                 : "alpaca";
+      chat && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
+  report.format = kind == "alpaca" ? "alpaca"
+                                   : fmt::format("{} ({}{})", kind == "chat" ? "chat" : "preference pairs",
+                                                 chat_format_name(fmt_), default_system ? ", default system message" : "");
   const std::string what = fmt::format("an Alpaca record; data.columns maps {{instruction: {}, input: {}, output: {}}}",
                                        opt.columns.instruction, opt.columns.input, opt.columns.output);
   std::vector<Example> out;
   for (size_t k = 0; k < recs.size(); ++k) {
     ++report.records;
-    Example e;
+    std::vector<Example> rendered;  // the record's example, or its pair (chosen, rejected)
     bool mismatch = false;
     try {
       if (recs[k].text.size() > kMaxRecordBytes)
@@ -580,16 +644,20 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
         const std::string instruction = string_field(rec, opt.columns.instruction, true, what);
         const std::string input = string_field(rec, opt.columns.input, false, what);
         const std::string output = string_field(rec, opt.columns.output, true, what);
-        e = alpaca_example(tok, alpaca_prompt(instruction, input), output, opt.train_on_input, &mismatch);
-      } else {
+        rendered = {alpaca_example(tok, alpaca_prompt(instruction, input), output, opt.train_on_input, &mismatch)};
+      } else if (kind == "chat") {
         std::vector<ChatMessage> msgs = chat_messages_of(rec);
         if (default_system && !msgs.empty() && msgs[0].role != "system")
           msgs.insert(msgs.begin(), {"system", *default_system});
-        e = chat_example(tok, fmt_, msgs, opt.train_on_input, &mismatch);
+        rendered = {chat_example(tok, fmt_, msgs, opt.train_on_input, &mismatch)};
+      } else {
+        auto [chosen, rejected] = preference_pair(tok, fmt_, default_system, rec, &mismatch);
+        rendered = {std::move(chosen), std::move(rejected)};
       }
-      for (int32_t id : e.ids)
-        if (id < 0 || id >= tok.vocab_size())
-          throw Error(fmt::format("token id {} is outside the tokenizer's vocabulary of {}", id, tok.vocab_size()));
+      for (const Example& e : rendered)
+        for (int32_t id : e.ids)
+          if (id < 0 || id >= tok.vocab_size())
+            throw Error(fmt::format("token id {} is outside the tokenizer's vocabulary of {}", id, tok.vocab_size()));
     } catch (Error& err) {
       err.set_file(path);
       err.set_line(recs[k].line);
@@ -598,21 +666,27 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
       continue;
     }
     report.boundary_mismatch += mismatch;
-    if (opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len) {
-      e.ids.resize(size_t(opt.max_seq_len));
-      e.targets.resize(size_t(opt.max_seq_len));
-      ++report.truncated;
+    // A pair is kept or dropped whole: a preference needs both sides.
+    bool empty = false;
+    for (Example& e : rendered) {
+      if (opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len) {
+        e.ids.resize(size_t(opt.max_seq_len));
+        e.targets.resize(size_t(opt.max_seq_len));
+        ++report.truncated;
+      }
+      empty |= std::none_of(e.targets.begin(), e.targets.end(), [](int32_t t) { return t != ops::kIgnoreIndex; });
     }
-    const int64_t trained = std::count_if(e.targets.begin(), e.targets.end(),
-                                          [](int32_t t) { return t != ops::kIgnoreIndex; });
-    if (trained == 0) {  // e.g. a prompt longer than max_seq_len: nothing to learn from it
-      ++report.dropped_no_target;
+    if (empty) {  // e.g. a prompt longer than max_seq_len: nothing to learn from it
+      report.dropped_no_target += int64_t(rendered.size());
       continue;
     }
-    report.tokens += int64_t(e.ids.size());
-    report.trained_tokens += trained;
-    if (ordinals) ordinals->push_back(int64_t(k));
-    out.push_back(std::move(e));
+    for (Example& e : rendered) {
+      report.tokens += int64_t(e.ids.size());
+      report.trained_tokens +=
+          std::count_if(e.targets.begin(), e.targets.end(), [](int32_t t) { return t != ops::kIgnoreIndex; });
+      if (ordinals) ordinals->push_back(int64_t(k));
+      out.push_back(std::move(e));
+    }
   }
   report.examples += int64_t(out.size());
   if (out.empty())

@@ -8,6 +8,11 @@
 //   Chat    {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}, rendered
 //           in the Llama 3, Llama 2, ChatML (Qwen2) or Mistral chat format; loss on assistant
 //           content and its end marker. `shardlm generate --chat` renders prompts with the same code.
+//   Preference  {"prompt", "chosen", "rejected"} in TRL's conventions: strings (the standard
+//           format: BOS + prompt, then completion + EOS) or lists of messages (conversational,
+//           rendered in the chat format; without "prompt", the conversations' common first
+//           messages are the prompt). Each record gives two examples, chosen then rejected, with
+//           the loss on the completion only (DPO, train/preference.h).
 //
 // Every problem with a record (malformed JSON, a missing field, invalid UTF-8, an unknown role)
 // is an Error naming FILE:LINE; with BadRowPolicy::Skip such records are counted and skipped.
@@ -135,12 +140,15 @@ struct LoadReport {
   std::string summary() const;
 };
 
-// The kind of a .json/.jsonl file, from its first record: "alpaca" when it has the instruction
-// column, "chat" when it has "messages". Throws when it is neither.
+// The kind of a .json/.jsonl file, from its first record: "preference" when it has "chosen" and
+// "rejected", "chat" when it has "messages", "alpaca" when it has the instruction column. Throws
+// when it is none of them.
 std::string detect_json_kind(const std::string& path, const AlpacaColumns& columns);
 
-// Reads every record of an Alpaca or chat file ("alpaca" | "chat") and renders it. ordinals (when
-// given) receives each kept example's record number in the file (0-based), for the eval split.
+// Reads every record of an Alpaca, chat or preference file ("alpaca" | "chat" | "preference") and
+// renders it; a preference record gives two consecutive examples (chosen, rejected), kept or dropped
+// together. ordinals (when given) receives each kept example's record number in the file (0-based),
+// for the eval split (a pair's two examples share it, so a pair is never split).
 std::vector<Example> load_instruct_file(const std::string& path, const std::string& kind, const Tokenizer& tok,
                                         const InstructOptions& opt, LoadReport& report,
                                         std::vector<int64_t>* ordinals = nullptr);

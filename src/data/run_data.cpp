@@ -1,7 +1,10 @@
 #include "data/run_data.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/rng.h"
@@ -32,12 +35,82 @@ bool held_out_record(int64_t k, double fraction) {
 }  // namespace
 
 bool reads_text(const DataConfig& dc) {
+  if (!dc.mixture.empty())
+    return std::any_of(dc.mixture.begin(), dc.mixture.end(), [](const DataSource& s) { return reads_text(s.data); });
   const std::string type = resolve_type(dc, dc.train);
-  return type == "text" || type == "alpaca" || type == "chat";
+  return type == "text" || type == "alpaca" || type == "chat" || type == "preference";
 }
+
+namespace {
+
+// A mixture: each source loaded as a run's data of its own, then concatenated, with each source's
+// units per epoch for the sampler (MixPart).
+RunData load_mixture(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
+                     int64_t model_vocab_size) {
+  RunData d;
+  d.seq_len = seq_len;
+  std::vector<std::unique_ptr<Dataset>> train, eval;
+  std::vector<std::string> types;
+  std::optional<bool> packing;  // as the sources set it: they must agree
+  bool any_packs = false;
+  for (size_t i = 0; i < dc.mixture.size(); ++i) {
+    DataConfig sc = dc.mixture[i].data;
+    sc.chat_template = dc.chat_template;
+    sc.evaluate_whole_file = dc.evaluate_whole_file;
+    const ErrorContext at{.file = sc.train};
+    RunData p = load_run_data(sc, seq_len, seed, tok, model_vocab_size);
+    if (p.task) throw Error("builtin:addition cannot be part of a mixture", at);
+    if (i > 0 && p.pairs != d.pairs)
+      throw Error(fmt::format("{} data cannot be mixed with {} data: preference pairs mix only with pairs", p.type,
+                              types[0]),
+                  at);
+    if (sc.packing) {
+      if (packing && *packing != *sc.packing)
+        throw Error("the sources of a mixture disagree on data.packing (their rows are formed together)", at);
+      packing = sc.packing;
+    }
+    any_packs |= p.packing;
+    d.pairs = p.pairs;
+    types.push_back(p.type);
+    for (const std::string& line : p.report) d.report.push_back(fmt::format("source {} ({}): {}", i + 1, sc.train, line));
+    train.push_back(std::move(p.train));
+    eval.push_back(std::move(p.eval));
+  }
+  d.packing = packing.value_or(any_packs);
+  // Units: examples, or pairs of two.
+  const int64_t per = d.pairs ? 2 : 1;
+  int64_t total = 0, begin = 0;
+  double weights = 0;
+  for (size_t i = 0; i < train.size(); ++i) {
+    total += train[i]->size() / per;
+    weights += dc.mixture[i].weight;
+  }
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < train.size(); ++i) {
+    const DataSource& src = dc.mixture[i];
+    const int64_t size = train[i]->size() / per;
+    const double share = src.weight > 0 ? src.weight / weights * double(total) / double(size)
+                                        : src.epochs > 0 ? src.epochs : 1.0;
+    const int64_t n = std::max<int64_t>(1, std::llround(share * double(size)));
+    d.mixture.push_back({src.data.train, begin, size, n});
+    begin += size;
+    parts.push_back(fmt::format("{} {} ({:.2f} passes)", src.data.train, n, double(n) / double(size)));
+  }
+  int64_t epoch = 0;
+  for (const MixPart& m : d.mixture) epoch += m.per_epoch;
+  d.report.push_back(fmt::format("mixture: an epoch of {} {}: {}", epoch, d.pairs ? "pairs" : "examples",
+                                 fmt::join(parts, ", ")));
+  d.type = fmt::format("mixture ({})", fmt::join(types, ", "));
+  d.train = std::make_unique<ConcatDataset>(std::move(train));
+  d.eval = std::make_unique<ConcatDataset>(std::move(eval));
+  return d;
+}
+
+}  // namespace
 
 RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, const Tokenizer& tok,
                       int64_t model_vocab_size) {
+  if (!dc.mixture.empty()) return load_mixture(dc, seq_len, seed, tok, model_vocab_size);
   RunData d;
   d.type = resolve_type(dc, dc.train);
   d.seq_len = seq_len;
@@ -53,8 +126,12 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
                                    dc.train_examples, dc.eval_examples));
     return d;
   }
-  if (d.type == "alpaca" || d.type == "chat") {
-    d.packing = dc.packing.value_or(true);
+  if (d.type == "alpaca" || d.type == "chat" || d.type == "preference") {
+    d.pairs = d.type == "preference";
+    if (d.pairs && dc.packing.value_or(false))
+      throw Error("preference pairs are not packed: each row is one side of a pair (set data.packing: false)",
+                  {.file = dc.train});
+    d.packing = dc.packing.value_or(!d.pairs);
     InstructOptions opt;
     opt.columns = dc.columns;
     opt.train_on_input = dc.train_on_input;
@@ -88,10 +165,11 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
       for (size_t i = 0; i < all.size(); ++i)
         (dc.eval_fraction > 0 && held_out_record(ordinals[i], dc.eval_fraction) ? eval : train)
             .push_back(std::move(all[i]));
-      // A tiny file may draw no held-out record: hold out its last example rather than none.
-      if (dc.eval_fraction > 0 && eval.empty() && train.size() >= 2) {
-        eval.push_back(std::move(train.back()));
-        train.pop_back();
+      // A tiny file may draw no held-out record: hold out its last example (pair) rather than none.
+      const size_t unit = d.pairs ? 2 : 1;
+      if (dc.eval_fraction > 0 && eval.empty() && train.size() >= 2 * unit) {
+        eval.assign(std::make_move_iterator(train.end() - int64_t(unit)), std::make_move_iterator(train.end()));
+        train.resize(train.size() - unit);
       }
       d.report.push_back(fmt::format("{}: {}", dc.train, rep.summary()));
       d.report.push_back(fmt::format("split: {} training examples, {} held out (eval_fraction {}, by a hash of "

@@ -19,11 +19,13 @@ namespace shardlm::data {
 
 // data.type. Auto: builtin:addition by name, .bin/.tokens are token files, .json/.jsonl are
 // alpaca or chat by their first record, the rest is text.
-enum class DataType { Auto, Text, Tokens, Alpaca, Chat, BuiltinAddition };
+enum class DataType { Auto, Text, Tokens, Alpaca, Chat, Preference, BuiltinAddition };
 // data.chat_format. Auto: the family of the model's chat_template (tokenizer_config.json), else
 // llama3 when the tokenizer has <|start_header_id|>, chatml when it has <|im_start|>, else llama2
 // (resolve_chat_format decides, once the tokenizer is known).
 enum class ChatTemplate { Auto, Llama3, Llama2, ChatML, Mistral };
+
+struct DataSource;
 
 struct DataConfig {
   DataType type = DataType::Auto;
@@ -47,15 +49,38 @@ struct DataConfig {
   int digits = 2;
   int64_t train_examples = 20000;
   int64_t eval_examples = 500;
+  // `data:` written as a list: a mixture of these sources (then the fields above are unused).
+  std::vector<DataSource> mixture;
+};
+
+// One source of a mixture (docs/data.md "Mixtures"): its own data section, and how much of it an
+// epoch of the mixture holds: `weight` (the sources' weights are shares of an epoch as large as all
+// the sources together) or `epochs` (passes over the source per epoch, fractions allowed);
+// neither: one pass. A source's examples are drawn in shuffled passes of their own, continuing
+// from epoch to epoch, so a down-weighted source still cycles through all of its examples.
+struct DataSource {
+  DataConfig data;
+  double weight = 0;  // > 0 when given
+  double epochs = 0;  // > 0 when given
+};
+
+// What a mixture's sampler needs of each source: its units (examples, or pairs) in the
+// concatenated dataset, [begin, begin + size), and how many of them an epoch takes.
+struct MixPart {
+  std::string name;  // the source's file
+  int64_t begin = 0, size = 0, per_epoch = 0;
 };
 
 // The training and evaluation data of a run, as `data:` describes it (docs/data.md).
 struct RunData {
   std::unique_ptr<Dataset> train, eval;
   const AdditionTask* task = nullptr;  // the eval set when it is the built-in task
-  std::string type;                          // resolved: text, tokens, alpaca, chat, builtin:addition
+  std::string type;                          // resolved: text, tokens, alpaca, chat, preference, builtin:addition
   int64_t seq_len = 0;                       // row length
   bool packing = false;
+  // Preference data: examples 2i and 2i+1 are pair i's chosen and rejected, always read together.
+  bool pairs = false;
+  std::vector<MixPart> mixture;  // a mixture's sources, in config order (empty: one source)
   std::vector<std::string> report;           // what loading found, one line each, for the log
 };
 // Whether the run's data is text to tokenize (text, alpaca, chat), as opposed to token files or
@@ -92,7 +117,8 @@ template <>
 struct EnumNames<data::DataType> {
   static constexpr std::pair<data::DataType, const char*> values[] = {
       {data::DataType::Auto, "auto"},     {data::DataType::Text, "text"}, {data::DataType::Tokens, "tokens"},
-      {data::DataType::Alpaca, "alpaca"}, {data::DataType::Chat, "chat"}, {data::DataType::BuiltinAddition, "builtin:addition"}};
+      {data::DataType::Alpaca, "alpaca"}, {data::DataType::Chat, "chat"}, {data::DataType::Preference, "preference"},
+      {data::DataType::BuiltinAddition, "builtin:addition"}};
 };
 template <>
 struct EnumNames<data::ChatTemplate> {

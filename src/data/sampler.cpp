@@ -32,6 +32,7 @@ DistributedSampler::DistributedSampler(const Dataset& data, SamplerOptions opt) 
   SHARDLM_CHECK(opt_.micro_batch_size >= 1 && opt_.gradient_accumulation_steps >= 1 && opt_.seq_len >= 1,
                 "micro_batch_size, gradient_accumulation_steps and seq_len must be >= 1");
   G_ = opt_.micro_batch_size * opt_.gradient_accumulation_steps * opt_.world_size;
+  SHARDLM_CHECK(!(opt_.pairs && opt_.packing), "preference pairs are not packed");
   if (opt_.packing) {
     lengths_.resize(size_t(data_.size()));
     for (int64_t i = 0; i < data_.size(); ++i) lengths_[size_t(i)] = data_.length(i);
@@ -46,10 +47,20 @@ DistributedSampler::DistributedSampler(const Dataset& data, SamplerOptions opt) 
 
 const std::vector<std::vector<int64_t>>& DistributedSampler::epoch_rows(int64_t epoch) {
   if (epoch == cached_epoch_) return cached_rows_;
-  std::vector<int64_t> order(static_cast<size_t>(data_.size()));
-  if (opt_.shuffle) {
-    order = epoch_order(data_.size(), opt_.seed, epoch);
+  const int64_t units = opt_.pairs ? data_.size() / 2 : data_.size();  // examples, or pairs
+  std::vector<int64_t> order;
+  if (!opt_.mixture.empty()) {
+    order = mixture_units(epoch);
+    if (opt_.shuffle) {
+      const std::vector<int64_t> perm = epoch_order(int64_t(order.size()), opt_.seed, epoch);
+      std::vector<int64_t> shuffled(order.size());
+      for (size_t k = 0; k < perm.size(); ++k) shuffled[k] = order[size_t(perm[k])];
+      order = std::move(shuffled);
+    }
+  } else if (opt_.shuffle) {
+    order = epoch_order(units, opt_.seed, epoch);
   } else {
+    order.resize(size_t(units));
     std::iota(order.begin(), order.end(), 0);
   }
   cached_rows_.clear();
@@ -65,11 +76,44 @@ const std::vector<std::vector<int64_t>>& DistributedSampler::epoch_rows(int64_t 
   return cached_rows_;
 }
 
+// Epoch e's units of a mixture, source by source (unshuffled): source i's stream positions
+// [e n_i, (e + 1) n_i), position k being element k mod size_i of pass k / size_i.
+std::vector<int64_t> DistributedSampler::mixture_units(int64_t epoch) const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < opt_.mixture.size(); ++i) {
+    const MixPart& p = opt_.mixture[i];
+    std::vector<int64_t> pass;
+    int64_t pass_no = -1;
+    for (int64_t k = epoch * p.per_epoch; k < (epoch + 1) * p.per_epoch; ++k) {
+      if (k / p.size != pass_no) {
+        pass_no = k / p.size;
+        pass = epoch_order(p.size, opt_.seed + uint64_t(i) + 1, pass_no);
+      }
+      out.push_back(p.begin + pass[size_t(k % p.size)]);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> DistributedSampler::source_positions(const SamplerState& s) {
+  std::vector<int64_t> pos;
+  for (const MixPart& p : opt_.mixture) pos.push_back(s.epoch * p.per_epoch);
+  const auto& rows = epoch_rows(s.epoch);
+  for (int64_t r = 0; r < std::min<int64_t>(s.step * G_, int64_t(rows.size())); ++r)
+    for (const int64_t u : rows[size_t(r)])
+      for (size_t i = 0; i < opt_.mixture.size(); ++i)
+        if (u >= opt_.mixture[i].begin && u < opt_.mixture[i].begin + opt_.mixture[i].size) ++pos[i];
+  return pos;
+}
+
 int64_t DistributedSampler::truncated_in_epoch(int64_t epoch) {
   epoch_rows(epoch);
   if (opt_.packing) return cached_truncated_;
   int64_t n = 0;
-  for (const auto& row : cached_rows_) n += data_.length(row[0]) > opt_.seq_len;
+  for (const auto& row : cached_rows_) {
+    if (!opt_.pairs) n += data_.length(row[0]) > opt_.seq_len;
+    else n += (data_.length(2 * row[0]) > opt_.seq_len) + (data_.length(2 * row[0] + 1) > opt_.seq_len);
+  }
   return n;
 }
 
@@ -108,6 +152,13 @@ StepBatch DistributedSampler::next() {
     std::vector<Example> padded;
     for (int64_t b = 0; b < opt_.micro_batch_size; ++b) {
       const std::vector<int64_t>& row = rows[size_t(first + m * opt_.micro_batch_size + b)];
+      if (opt_.pairs) {
+        for (const int64_t i : {2 * row[0], 2 * row[0] + 1}) {
+          out.rows.push_back({i});
+          padded.push_back(data_.get(i));
+        }
+        continue;
+      }
       out.rows.push_back(row);
       if (opt_.packing) {
         packed.emplace_back();

@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/run_data.h"
 
 namespace shardlm::data {
 
@@ -44,7 +45,15 @@ struct SamplerOptions {
   int64_t world_size = 1, rank = 0;
   uint64_t seed = 0;
   bool shuffle = true;  // false: the dataset's own order every epoch (evaluation, previews)
+  // Preference pairs (RunData::pairs): the unit read is pair i, examples 2i and 2i+1 (chosen,
+  // rejected), which become two consecutive rows of a micro-batch; micro_batch_size and the global
+  // batch count pairs (TRL's per_device_train_batch_size), so a micro-batch has 2 x B rows.
+  bool pairs = false;
   int32_t pad_id = 0;
+  // A mixture (RunData::mixture): epoch e takes, from source i, units [e n_i, (e + 1) n_i) of
+  // that source's endless stream of shuffled passes (pass c: epoch_order(size_i, seed + i + 1, c)),
+  // and shuffles them all together (epoch_order(sum n_i, seed, e)). Empty: every unit once per epoch.
+  std::vector<MixPart> mixture;
 };
 
 // One optimizer step's data on this rank.
@@ -78,8 +87,12 @@ class DistributedSampler {
   // of the epoch already read, else an Error (with `batch_at`: where this run's batch is configured).
   void load_state(const SamplerState& saved, int64_t saved_rows_per_step, const ErrorContext& batch_at = {});
   StepBatch next();                       // this rank's batches of the current step; advances
+  // A mixture's position in each source at `s`: the units of each drawn so far, from its stream.
+  std::vector<int64_t> source_positions(const SamplerState& s);
 
  private:
+  std::vector<int64_t> mixture_units(int64_t epoch) const;
+
   const Dataset& data_;
   SamplerOptions opt_;
   int64_t G_;

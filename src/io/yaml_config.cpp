@@ -579,6 +579,10 @@ void ConfigTree::alias(const std::string& from_key, const std::string& to_key) {
   ConfigState& st = *state_;
   const std::string from = full_key(from_key), to = full_key(to_key);
   std::string from_shown, to_shown;
+  // A key under a list names nothing to move (`data` written as a list of sources: its items
+  // are read, with their own aliases, by whoever reads the list).
+  if (const size_t dot = from.rfind('.'); dot != std::string::npos)
+    if (const ConfigNode* up = resolve(st, from.substr(0, dot)); up && up->kind == Kind::Sequence) return;
   ConfigNode* src = resolve(st, from, &from_shown);
   if (!src) return;
   ConfigNode* dst = resolve(st, to, &to_shown);

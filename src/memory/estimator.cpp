@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "model/llama.h"
@@ -110,6 +111,18 @@ struct Tracker final : MetaObserver {
   }
 };
 
+// DPO's head as the dry run sees it: every row's loss on its own and a backward (head_rows), with
+// the same buffers whatever the weights; the loss's own arithmetic allocates nothing.
+class RowHead final : public shard::RowObjective {
+ public:
+  double local_count(const std::vector<model::Batch>& micro) const override { return double(micro.size()); }
+  double head(model::StagedModel& m, const model::Batch& b, size_t, float) override {
+    std::vector<double> rows(size_t(b.B));
+    m.head_rows(b, rows, [](std::span<const double>, std::span<float>) {});
+    return 0;
+  }
+};
+
 }  // namespace
 
 Estimate estimate(const EstimateInput& in) {
@@ -154,15 +167,27 @@ Estimate estimate(const EstimateInput& in) {
     }
     // The final save gathers one unit at a time in f32 (ShardedModel::gather_unit).
     est.save_gather_bytes = largest_unit * 4;
+    std::optional<shard::ShardedModel> reference;
+    if (in.preference && !ft.lora) {
+      reference.emplace(cfg, model::FinetuneSpec{}, dry, mesh, shard::EngineUse::Evaluate);
+      shard::init_random(*reference, 0);
+    }
     model::LlamaCompute model(cfg, act, engine.device(), ft.lora);  // the trainer computes in the parameter dtype
     model.set_checkpointing(in.checkpoint_every, in.offload_activations);
     // Two steps: NO_SHARD and ZERO1 keep their full gradients from the first step on, so the second
     // step starts with more live memory than the first did; later steps repeat the second, whose
-    // communication is counted.
-    engine.train_step(model, micro, ops::AdamWConfig{}, 1, 1.0);
+    // communication is counted. DPO's reference forwards come first, as the trainer runs them.
+    RowHead rows_head;
+    auto step = [&](int64_t k) {
+      std::vector<double> rows(size_t(batch.B));
+      if (reference)
+        for (const model::Batch& b : micro) reference->forward_rows(model, b, rows);
+      engine.train_step(model, micro, ops::AdamWConfig{}, k, 1.0, in.preference ? &rows_head : nullptr);
+    };
+    step(1);
     mesh.shard->reset_stats();
     mesh.replicate->reset_stats();
-    engine.train_step(model, micro, ops::AdamWConfig{}, 2, 1.0);
+    step(2);
   }
 
   est.at_peak = tr.at_peak;

@@ -59,6 +59,11 @@ struct EstimateInput {
   int checkpoint_every = 0;  // activation checkpointing: every k-th layer (1 = all, 0 = none)
   bool offload_activations = false;  // the checkpointed layers' inputs in host memory (needs checkpoint_every)
   bool offload = false;      // master, gradient shard and AdamW state in pinned host memory (device: cuda)
+  // DPO (train/preference.h): the head computes each row's loss on its own (head_rows), and a full
+  // fine-tune's frozen reference is a second engine, built for evaluation over the same mesh, whose
+  // forward precedes each micro-batch's training visit (LoRA's is the base with adapters off).
+  // micro_batch_size counts rows: a pair is two.
+  bool preference = false;
 };
 
 struct Estimate {

@@ -554,6 +554,12 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
   const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key, arena_->v_drop_x}
                               : LoraForward{};
+  if (!adapters_enabled_) {  // the base alone: the block sees no adapter bound
+    LayerWeights base = w_.layers[size_t(layer)];
+    for (int m = 0; m < kNumLoraModules; ++m) base.lora_a[m] = base.lora_b[m] = Tensor{};
+    decoder_block_forward(cfg_, base, a, kv, arena_->v_positions, seg, inv_freq_t_, B_, T_, out, layer, lf);
+    return;
+  }
   decoder_block_forward(cfg_, w_.layers[size_t(layer)], a, kv, arena_->v_positions, seg, inv_freq_t_, B_, T_, out,
                         layer, lf);
 }
@@ -628,23 +634,50 @@ void LlamaCompute::block_forward(int layer) {
   if (offloaded(layer)) offload_input(layer);
 }
 
-ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
+// The final norm of the last hidden state, and the batch's targets where the ops read them.
+Tensor LlamaCompute::head_forward(const Batch& batch) {
   SHARDLM_CHECK(batch.targets, "the batch has no targets");
-  const int64_t N = B_ * T_;
   ops::rmsnorm_forward(arena_->v_xnf, arena_->v_rstdf, arena_->v_h_final, w_.final_norm, float(cfg_.rms_norm_eps));
-  Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {N});
+  Tensor targets = Tensor::view(const_cast<int32_t*>(batch.targets), DType::I32, {B_ * T_});
   if (device_ == Device::CUDA) {  // the targets go up next to the other batch arrays
     device::copy(arena_->v_targets, targets);
-    targets = arena_->v_targets;
-  } else {
-    targets.device = device_;  // on the meta device the host array stands in (never read)
+    return arena_->v_targets;
   }
+  targets.device = device_;  // on the meta device the host array stands in (never read)
+  return targets;
+}
+
+ops::CrossEntropyResult LlamaCompute::head_loss(const Batch& batch, float grad_scale, bool backward) {
+  const Tensor targets = head_forward(batch);
   const int64_t chunk = ops::cross_entropy_chunk_rows(device_, cfg_.vocab_size);
   if (!backward) return ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, Tensor{}, Tensor{}, 1.0f, chunk);
   const ops::CrossEntropyResult r =
       ops::linear_cross_entropy(arena_->v_xnf, w_.lm_head, targets, arena_->v_dxn, g_.lm_head, grad_scale, chunk);
   ops::rmsnorm_backward(arena_->v_dh, g_.final_norm, arena_->v_dxn, arena_->v_h_final, w_.final_norm, arena_->v_rstdf);
   return r;
+}
+
+// Row b's logits are computed by itself (rows [bT, (b+1)T) of the normed hidden state), so its loss
+// sum comes straight from the fused cross-entropy, and its backward takes its own scale; the head's
+// weight gradient accumulates over the rows. The backward recomputes each row's logits (the fused
+// op keeps none): one more lm_head GEMM per step than head_loss, for no [N, V] buffer.
+void LlamaCompute::head_rows(const Batch& batch, std::span<double> row_loss, const RowWeigh& weigh) {
+  SHARDLM_CHECK(int64_t(row_loss.size()) == B_, "head_rows: {} row sums for {} rows", row_loss.size(), B_);
+  SHARDLM_CHECK(!weigh || adapters_enabled_, "head_rows: a backward with the adapters disabled");
+  const Tensor targets = head_forward(batch);
+  const int64_t chunk = ops::cross_entropy_chunk_rows(device_, cfg_.vocab_size);
+  auto rows = [&](const Tensor& t, int64_t b) { return t.slice(b * T_, (b + 1) * T_); };
+  for (int64_t b = 0; b < B_; ++b)
+    row_loss[size_t(b)] =
+        ops::linear_cross_entropy(rows(arena_->v_xnf, b), w_.lm_head, rows(targets, b), Tensor{}, Tensor{}, 1.0f, chunk)
+            .loss_sum;
+  if (!weigh) return;
+  std::vector<float> scale(size_t(B_), 0.0f);
+  weigh(row_loss, scale);
+  for (int64_t b = 0; b < B_; ++b)
+    ops::linear_cross_entropy(rows(arena_->v_xnf, b), w_.lm_head, rows(targets, b), rows(arena_->v_dxn, b), g_.lm_head,
+                              scale[size_t(b)], chunk);
+  ops::rmsnorm_backward(arena_->v_dh, g_.final_norm, arena_->v_dxn, arena_->v_h_final, w_.final_norm, arena_->v_rstdf);
 }
 
 // The backward of lora_forward: with dy = dL/dy [N, out] (f32) and x the module's input,

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,13 @@ class StagedModel {
   virtual ops::CrossEntropyResult head_loss(const Batch& batch, float grad_scale, bool backward) = 0;
   // Final norm and lm_head of every position after the forward: out [B*T, V] f32.
   virtual void head_logits(const Tensor& out) = 0;
+  // Whole-row losses, for objectives over sequences (preference tuning, train/preference.h): the
+  // final norm, lm_head and, per row b < B, the sum of -log p(target) over the row's non-ignored
+  // targets into row_loss[b]. With `weigh`, which turns those sums into each row's gradient scale
+  // (row_scale[b] = dLoss/d row_loss[b]), the head's backward follows as head_loss's does, every
+  // row's gradient scaled by its own factor.
+  using RowWeigh = std::function<void(std::span<const double> row_loss, std::span<float> row_scale)>;
+  virtual void head_rows(const Batch& batch, std::span<double> row_loss, const RowWeigh& weigh) = 0;
   virtual void block_backward(int layer) = 0;
   virtual void embed_backward(const Batch& batch) = 0;
 
@@ -231,8 +239,14 @@ class LlamaCompute final : public StagedModel {
   void block_forward(int layer) override;
   ops::CrossEntropyResult head_loss(const Batch& batch, float grad_scale, bool backward) override;
   void head_logits(const Tensor& out) override;
+  void head_rows(const Batch& batch, std::span<double> row_loss, const RowWeigh& weigh) override;
   void block_backward(int layer) override;
   void embed_backward(const Batch& batch) override;
+
+  // Whether the forward applies the bound LoRA adapters (default true). Off, the blocks compute
+  // the frozen base alone (PEFT's disable_adapter()): DPO's reference model under LoRA, with no
+  // second copy of the weights. Only forwards may run with them off.
+  void set_adapters_enabled(bool on) { adapters_enabled_ = on; }
 
   // Forward to the logits of every position with every part bound (a whole model in one process:
   // tests and scoring tools): out [B*T, V] f32 on this object's device.
@@ -244,6 +258,7 @@ class LlamaCompute final : public StagedModel {
  private:
   struct Arena;
   void bind_positions(const Batch& batch);
+  Tensor head_forward(const Batch& batch);
   void bind_shape(int64_t B, int64_t T);
   // The block's forward; its output (the next block's input) only with write_output (a
   // recomputing backward must not rewrite it).
@@ -269,6 +284,7 @@ class LlamaCompute final : public StagedModel {
   int64_t B_ = 0, T_ = 0;
   int checkpoint_every_ = 0;
   bool offload_ = false;
+  bool adapters_enabled_ = true;
   std::unique_ptr<Arena> arena_;
   // Offload: per slot the layer whose input it holds (-1: none) and the fences of the last copy out
   // of it and into it.

@@ -263,7 +263,8 @@ double ShardedModel::host_sum(double v, bool over_replicas) {
 }
 
 StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<model::Batch>& micro,
-                                   const ops::AdamWConfig& opt, int64_t step, double max_grad_norm) {
+                                   const ops::AdamWConfig& opt, int64_t step, double max_grad_norm,
+                                   RowObjective* objective) {
   SHARDLM_CHECK(use_ == EngineUse::Train, "an engine built for evaluation (EngineUse::Evaluate) takes no optimizer step");
   comm::set_activity({step, "token count"});
   // The global batch's token count, so every rank scales its gradients by the same 1 / tokens.
@@ -272,7 +273,9 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
     if (b.targets)
       for (int64_t i = 0; i < b.B * b.T; ++i) local_tokens += b.targets[i] != ops::kIgnoreIndex;
   const double world_tokens = host_sum(double(local_tokens), true);
-  const float grad_scale = world_tokens > 0 ? float(1.0 / world_tokens) : 0.0f;
+  // What the loss is a mean over: the targets, or the objective's count (DPO's pairs).
+  const double world_count = objective ? host_sum(objective->local_count(micro), true) : world_tokens;
+  const float grad_scale = world_count > 0 ? float(1.0 / world_count) : 0.0f;
 
   for (auto& u : units_) {
     if (u->grad_shard.live()) ops::zero(u->grad_shard.view());
@@ -286,7 +289,9 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
       switch (s.kind) {
         case StageKind::EmbedForward: m.embed_forward(b); break;
         case StageKind::BlockForward: m.block_forward(s.layer); break;
-        case StageKind::Head: loss_sum += m.head_loss(b, grad_scale, true).loss_sum; break;
+        case StageKind::Head:
+          loss_sum += objective ? objective->head(m, b, i, grad_scale) : m.head_loss(b, grad_scale, true).loss_sum;
+          break;
         case StageKind::BlockBackward: m.block_backward(s.layer); break;
         case StageKind::EmbedBackward: m.embed_backward(b); break;
       }
@@ -296,7 +301,7 @@ StepStats ShardedModel::train_step(model::StagedModel& m, const std::vector<mode
   StepStats st;
   st.tokens = int64_t(world_tokens);
   loss_sum = host_sum(loss_sum, true);
-  st.loss = world_tokens > 0 ? loss_sum / world_tokens : 0.0;
+  st.loss = world_count > 0 ? loss_sum / world_count : 0.0;
 
   // Global gradient norm. Sharded optimizer: each shard group holds every element once (replicas
   // hold copies), so sum over the shard group. NO_SHARD: every rank holds all of it.
@@ -397,30 +402,32 @@ void ShardedModel::optimizer_step(const ops::AdamWConfig& opt, int64_t step, flo
   master_weights_changed();
 }
 
-ops::CrossEntropyResult ShardedModel::forward_loss(model::StagedModel& m, const model::Batch& b) {
+// An evaluation pass of batch b: embedding and blocks forward, then `head` at the head stage.
+template <class Head>
+void ShardedModel::forward(model::StagedModel& m, const model::Batch& b, Head head) {
   m.reserve(b.B, b.T);
-  ops::CrossEntropyResult r;
   run_visits(plan_.eval, m, Pass::Evaluation, 0, false, [&](const Stage& s) {
     switch (s.kind) {
       case StageKind::EmbedForward: m.embed_forward(b); break;
       case StageKind::BlockForward: m.block_forward(s.layer); break;
-      case StageKind::Head: r = m.head_loss(b, 1.0f, false); break;
+      case StageKind::Head: head(); break;
       default: break;  // no backward stages in evaluation
     }
   });
+}
+
+ops::CrossEntropyResult ShardedModel::forward_loss(model::StagedModel& m, const model::Batch& b) {
+  ops::CrossEntropyResult r;
+  forward(m, b, [&] { r = m.head_loss(b, 1.0f, false); });
   return r;
 }
 
+void ShardedModel::forward_rows(model::StagedModel& m, const model::Batch& b, std::span<double> row_loss) {
+  forward(m, b, [&] { m.head_rows(b, row_loss, {}); });
+}
+
 void ShardedModel::forward_logits(model::StagedModel& m, const model::Batch& b, const Tensor& out) {
-  m.reserve(b.B, b.T);
-  run_visits(plan_.eval, m, Pass::Evaluation, 0, false, [&](const Stage& s) {
-    switch (s.kind) {
-      case StageKind::EmbedForward: m.embed_forward(b); break;
-      case StageKind::BlockForward: m.block_forward(s.layer); break;
-      case StageKind::Head: m.head_logits(out); break;
-      default: break;
-    }
-  });
+  forward(m, b, [&] { m.head_logits(out); });
 }
 
 // ---- whole units and checkpoints -------------------------------------------------------------------

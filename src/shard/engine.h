@@ -24,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,20 @@ struct StepStats {
   bool weights_nonfinite = false;
 };
 
+// A loss over whole rows in place of the mean token cross-entropy (preference tuning: DPO's loss is
+// a function of each sequence's summed log-probability; train/preference.h). The engine runs its
+// head stage through it and scales gradients by 1 / the global batch's count of it.
+class RowObjective {
+ public:
+  virtual ~RowObjective() = default;
+  // This rank's share of what the loss is a mean over (DPO: its pairs in these micro-batches).
+  virtual double local_count(const std::vector<model::Batch>& micro) const = 0;
+  // The head's forward and backward of micro-batch i (m.head_rows), each row's gradient scaled so
+  // that the sum over every rank's rows is grad_scale x the sum of the losses; returns this rank's
+  // loss sum of the micro-batch.
+  virtual double head(model::StagedModel& m, const model::Batch& b, size_t i, float grad_scale) = 0;
+};
+
 // What an engine is built for. Evaluate: forward passes only (`shardlm eval`), so no optimizer
 // state (AdamW moments) or gradient shards are allocated, which leaves a rank the f32 master shard
 // and the units it gathers; train_step is refused.
@@ -68,10 +83,14 @@ class ShardedModel {
 
   // One optimizer step over this rank's micro-batches of the global batch. The loss is normalized
   // over the non-ignored targets of the whole global batch (all micro-batches of all ranks).
+  // With an objective, the loss is its mean over its global count instead (StepStats::loss), and
+  // StepStats::tokens still counts the targets.
   StepStats train_step(model::StagedModel& model, const std::vector<model::Batch>& micro, const ops::AdamWConfig& opt,
-                       int64_t step, double max_grad_norm);
+                       int64_t step, double max_grad_norm, RowObjective* objective = nullptr);
   // Forward and loss of this rank's batch (evaluation); returns the local sum and count.
   ops::CrossEntropyResult forward_loss(model::StagedModel& model, const model::Batch& batch);
+  // Forward to each row's summed -log p(target) (model::StagedModel::head_rows): row_loss[b], b < B.
+  void forward_rows(model::StagedModel& model, const model::Batch& batch, std::span<double> row_loss);
   // Forward to the logits of every position of this rank's batch: out [B*T, V] f32 (greedy decoding).
   void forward_logits(model::StagedModel& model, const model::Batch& batch, const Tensor& out);
 
@@ -140,6 +159,8 @@ class ShardedModel {
   template <class Compute>
   void run_visits(const std::vector<Visit>& visits, model::StagedModel& m, Pass pass, int64_t step, bool last_micro,
                   Compute compute);
+  template <class Head>
+  void forward(model::StagedModel& m, const model::Batch& b, Head head);
   void optimizer_step(const ops::AdamWConfig& opt, int64_t step, float clip);
   enum class Checked { Gradients, Weights };
   std::string first_nonfinite(Checked what);

@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "data/dataset.h"
@@ -24,6 +27,8 @@ struct EvalResult {
   double accuracy = -1;    // built-in tasks with accuracy_examples > 0; -1 otherwise
   int64_t correct = 0;     // answers that matched,
   int64_t problems = 0;    // of this many held-out problems
+  // DPO: eval_rewards/..., eval_logps/... (train/preference.h), recorded beside eval_loss.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 // The mean loss over the first max_rows rows of the run's evaluation data (all of them when

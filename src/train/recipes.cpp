@@ -37,7 +37,7 @@ constexpr ModelRow kModels[] = {
 };
 
 struct Variant {
-  const char* method;  // full, lora, qlora
+  const char* method;  // full, lora, qlora; dpo-full, dpo-lora, dpo-qlora (preference tuning)
   bool distributed;
 };
 
@@ -47,12 +47,16 @@ struct Variant {
 // and QLoRA.
 std::vector<Variant> variants(Size s) {
   switch (s) {
+    // DPO (docs/preference.md) where its reference fits: adapters' is the base itself, a full
+    // fine-tune's a second (sharded, f32) copy, so no full DPO at 70B.
     case Size::Small:
-      return {{"full", false}, {"full", true}, {"lora", false}, {"lora", true}, {"qlora", false}};
+      return {{"full", false}, {"full", true}, {"lora", false}, {"lora", true}, {"qlora", false},
+              {"dpo-full", true}, {"dpo-lora", false}, {"dpo-qlora", false}};
     case Size::Mid:
-      return {{"full", true}, {"lora", false}, {"lora", true}, {"qlora", false}};
+      return {{"full", true}, {"lora", false}, {"lora", true}, {"qlora", false},
+              {"dpo-full", true}, {"dpo-lora", false}, {"dpo-qlora", false}};
     case Size::Large:
-      return {{"full", true}, {"lora", true}, {"qlora", true}};
+      return {{"full", true}, {"lora", true}, {"qlora", true}, {"dpo-lora", true}, {"dpo-qlora", true}};
   }
   return {};
 }
@@ -63,10 +67,13 @@ Recipe make(const ModelRow& m, const Variant& v) {
   r.model = m.hf_dir;
   r.preset = m.preset;
   r.method = v.method;
-  const bool large = m.size == Size::Large, full = r.method == "full";
+  const bool dpo = r.method.starts_with("dpo-");
+  const std::string tune = dpo ? r.method.substr(4) : r.method;  // full, lora or qlora
+  const bool large = m.size == Size::Large, full = tune == "full";
   r.ranks = !v.distributed ? 1 : large && full ? 32 : 8;
   // One rank accumulates 8 micro-batches of 2 rows; 8 or 32 ranks take 2 (or, at 70B, 1) each.
-  const int micro = large ? 1 : 2, accum = v.distributed ? 1 : 8;
+  // DPO's micro-batch is pairs of two rows: 1 pair, 2 rows, as much memory as SFT's 2 rows.
+  const int micro = large || dpo ? 1 : 2, accum = v.distributed ? 1 : 8;
   // A budget of 80 GB per rank (an A100/H100 80GB), 24 GB for single-device adapters (a
   // consumer GPU; 40 GB at 13B), as torchtune's recipes are sized; `shardlm validate` checks the
   // estimate fits.
@@ -86,10 +93,7 @@ Recipe make(const ModelRow& m, const Variant& v) {
       "# Every key is in docs/training.md.\n"
       "model: models/{model}\n"
       "output_dir: runs/{name}\n"
-      "data:\n"
-      "  train: data/alpaca_data.json   # Alpaca JSON/JSONL; chat JSONL, text and token files too (docs/data.md)\n"
-      "  type: alpaca\n"
-      "seq_len: 2048\n"
+      "{data}"
       "micro_batch_size: {micro}\n"
       "gradient_accumulation_steps: {accum}\n"
       "max_steps: 1000\n"
@@ -105,10 +109,20 @@ Recipe make(const ModelRow& m, const Variant& v) {
       "save_every: 200\n"
       "keep_last_n: 2\n",
       fmt::arg("name", r.name),
-      fmt::arg("what", full ? "full fine-tune" : r.method == "lora" ? "LoRA fine-tune" : "QLoRA (NF4 base) fine-tune"),
+      fmt::arg("what", fmt::format("{}{}", dpo ? "DPO, " : "",
+                                   full ? "full fine-tune" : tune == "lora" ? "LoRA fine-tune" : "QLoRA (NF4 base) fine-tune")),
+      fmt::arg("data", dpo ? "data:\n"
+                             "  train: data/pairs.jsonl   # {\"prompt\", \"chosen\", \"rejected\"} JSONL (docs/preference.md)\n"
+                             "  type: preference\n"
+                             "seq_len: 1024\n"
+                           : "data:\n"
+                             "  train: data/alpaca_data.json   # Alpaca JSON/JSONL; chat JSONL, text and token files too "
+                             "(docs/data.md)\n"
+                             "  type: alpaca\n"
+                             "seq_len: 2048\n"),
       fmt::arg("model", m.hf_dir), fmt::arg("ranks", r.ranks), fmt::arg("s", r.ranks == 1 ? "" : "s"),
       fmt::arg("launch", launch), fmt::arg("micro", micro), fmt::arg("accum", accum),
-      fmt::arg("lr", full ? "2e-5" : "3e-4"), fmt::arg("budget", budget));
+      fmt::arg("lr", dpo ? (full ? "5e-7" : "5e-6") : full ? "2e-5" : "3e-4"), fmt::arg("budget", budget));
   if (!full) {
     // torchtune's LoRA arguments (shardlm reads them as they are): attention and MLP adapted.
     text += fmt::format(
@@ -120,9 +134,15 @@ Recipe make(const ModelRow& m, const Variant& v) {
         "  lora_dropout: 0.0\n"
         "{quant}",
         fmt::arg("rank", large ? 16 : 8), fmt::arg("alpha", large ? 32 : 16),
-        fmt::arg("quant", r.method == "qlora" ? "  quantize_base: nf4        # QLoRA: the frozen base in 4-bit NormalFloat\n"
-                                              : ""));
+        fmt::arg("quant", tune == "qlora" ? "  quantize_base: nf4        # QLoRA: the frozen base in 4-bit NormalFloat\n"
+                                          : ""));
   }
+  if (dpo)
+    text += fmt::format(
+        "dpo:                          # the reference: {}\n"
+        "  beta: 0.1\n"
+        "  loss_type: sigmoid\n",
+        full ? "a frozen, sharded copy of `model`" : "the base with the adapters off");
   r.yaml = std::move(text);
   return r;
 }

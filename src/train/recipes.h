@@ -14,7 +14,7 @@ struct Recipe {
   std::string name;       // llama3_1-8b-lora-single-device
   std::string model;      // the model, as people name it: Llama-3.1-8B-Instruct
   std::string preset;     // the built-in shape it has (model/config.h presets): llama3.1-8b
-  std::string method;     // full, lora or qlora
+  std::string method;     // full, lora or qlora; dpo-full, dpo-lora or dpo-qlora (preference tuning)
   int ranks = 1;          // the world size it is written for (and validated at)
   std::string budget;     // its max_memory_per_rank, as written (80GB)
   std::string yaml;       // the configuration

@@ -106,7 +106,8 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
 }
 
 void Reporter::step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb, double lr, double elapsed,
-                    int64_t tokens_seen, const comm::CommTiming& before) {
+                    int64_t tokens_seen, const comm::CommTiming& before,
+                    const std::vector<std::pair<std::string, double>>& extra) {
   const MemStats mem_now = MemoryTracker::for_device(Device::CPU).stats();
   const memory::ProcessMemory rss_now = memory::process_memory();
   ProgressLine line{step, c_.max_steps, s.loss, lr, s.grad_norm, double(tokens_seen) / elapsed, elapsed,
@@ -119,6 +120,7 @@ void Reporter::step(int64_t step, const shard::StepStats& s, const data::StepBat
   const double flops_per_s = flops_per_token_ * line.tokens_per_s;
   rec["model_flops_per_s"] = flops_per_s;
   if (c_.peak_flops > 0) rec["mfu"] = flops_per_s / (c_.peak_flops * world_.size());
+  for (const auto& [name, v] : extra) rec[name] = v;
   if (!s.finite) {
     // JSON has no NaN: a skipped step's loss and norm are recorded as null.
     rec["loss"] = nullptr;
@@ -146,6 +148,11 @@ void Reporter::eval(int64_t step, const EvalResult& e) {
   if (e.accuracy >= 0) {
     rec["eval_accuracy"] = e.accuracy;
     line += fmt::format(", accuracy {:.1f}% ({}/{} held-out problems)", 100 * e.accuracy, e.correct, e.problems);
+  }
+  for (const auto& [name, v] : e.metrics) {
+    rec[name] = v;
+    if (name == "eval_rewards/margins") line += fmt::format(", reward margin {:.4f}", v);
+    if (name == "eval_rewards/accuracies") line += fmt::format(", preference accuracy {:.1f}%", 100 * v);
   }
   memory::add_memory_fields(rec, MemoryTracker::for_device(Device::CPU).stats(), memory::process_memory());
   write(rec);

@@ -43,8 +43,10 @@ class Reporter {
              const std::vector<std::string>& resume_notes);
   // One step's record (metrics, progress): its stats, learning rate, seconds and tokens since
   // training began (all ranks), and the communication timing before it (comm::timing()).
+  // extra: more named scalars for the record (DPO's rewards/...).
   void step(int64_t step, const shard::StepStats& s, const data::StepBatch& sb, double lr, double elapsed_s,
-            int64_t tokens_seen, const comm::CommTiming& before);
+            int64_t tokens_seen, const comm::CommTiming& before,
+            const std::vector<std::pair<std::string, double>>& extra = {});
   void eval(int64_t step, const EvalResult& e);
   // The profile window's timeline: every rank writes its own trace (atomically).
   void timeline();

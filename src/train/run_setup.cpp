@@ -107,7 +107,13 @@ RunInputs read_inputs(const TrainConfig& c) {
   dc.chat_template = data::read_chat_template(c.model);
   in.data = data::load_run_data(dc, c.seq_len, c.seed, *in.tok, in.model.vocab_size);
   in.T = in.data.seq_len;
-  in.B = c.micro_batch_size;
+  if (c.preference != in.data.pairs)
+    throw Error(c.preference ? fmt::format("the dpo: section needs preference data ({{\"prompt\", \"chosen\", "
+                                           "\"rejected\"}} records); {} is {} data", c.data.train, in.data.type)
+                             : "preference data ({\"prompt\", \"chosen\", \"rejected\"} records) is for DPO: add a "
+                               "dpo: section (docs/preference.md)",
+                {.file = c.source, .key = c.preference ? "dpo" : "data.train"});
+  in.B = rows_per_micro_batch(c);
   check_row_length(c, in.model, in.T);
   return in;
 }
@@ -132,7 +138,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             .grad_accum = c.gradient_accumulation_steps,
                             .checkpoint_every = c.activation_checkpointing,
                             .offload_activations = c.offload_activations,
-                            .offload = p.sharding.offload_params};
+                            .offload = p.sharding.offload_params,
+                            .preference = c.preference};
   const bool gpu = c.device == Device::CUDA;
   if (p.sharding.auto_strategy) {
     try {
@@ -168,7 +175,7 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
   if (shape) {
     in.model = *shape;
     in.finetune = finetune_of(c);
-    in.B = c.micro_batch_size;
+    in.B = rows_per_micro_batch(c);
     in.T = c.seq_len;
     check_row_length(c, in.model, in.T);
   } else {

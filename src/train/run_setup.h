@@ -24,9 +24,13 @@ struct RunInputs {
   model::FinetuneSpec finetune;  // the run's LoRA / QLoRA (QLoRA's double quantization as the base stores it)
   std::unique_ptr<data::Tokenizer> tok;
   data::RunData data;
-  int64_t B = 0, T = 0;  // micro-batch rows and row length
+  int64_t B = 0, T = 0;  // micro-batch rows (rows_per_micro_batch) and row length
   std::string base_note;  // how a bitsandbytes 4-bit model directory's base is read ("" otherwise)
 };
+
+// The rows of a micro-batch: micro_batch_size, or under DPO twice that (micro_batch_size counts
+// pairs, as TRL's per_device_train_batch_size does; each pair is two rows).
+inline int64_t rows_per_micro_batch(const TrainConfig& c) { return c.preference ? 2 * c.micro_batch_size : c.micro_batch_size; }
 
 // Reads config.json, the tokenizer and every data file as training reads them; an Error names
 // what does not fit (a tokenizer for another vocabulary, rows beyond the model's positions, ...).

@@ -86,6 +86,65 @@ std::vector<ConfigField<DataConfig>> data_fields() {
   return table;
 }
 
+// Whether `data:` is written as a list: a mixture of sources (docs/data.md "Mixtures").
+bool data_is_list(const ConfigTree& t) {
+  if (!t.has("data")) return false;
+  try {
+    (void)t.keys("data");  // a map: one source
+    return false;
+  } catch (const Error&) {
+  }
+  try {
+    (void)t.get_optional<std::string>("data");  // a scalar: an error for the map's readers to report
+    return false;
+  } catch (const Error&) {
+    return true;
+  }
+}
+
+// A mixture's source: a data section of its own, with its share of an epoch.
+std::vector<ConfigField<data::DataSource>> source_fields() {
+  using F = ConfigFields<data::DataSource>;
+  std::vector<ConfigField<data::DataSource>> table = nested("", &data::DataSource::data, data_fields());
+  table.push_back(F::field("weight", &data::DataSource::weight, "the source's share of an epoch (relative)", positive));
+  table.push_back(F::field("epochs", &data::DataSource::epochs, "passes over the source per epoch", positive));
+  return table;
+}
+
+// `data:` as a map (one source, read by the nested fields) or a list (a mixture, read here).
+std::vector<ConfigField<TrainConfig>> data_section_fields() {
+  std::vector<ConfigField<TrainConfig>> table = {ConfigFields<TrainConfig>::custom(
+      "data",
+      [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+        if (!data_is_list(t)) return;
+        const std::vector<ConfigTree> items = t.sections(k);
+        if (items.empty()) throw t.error_at(k, "an empty list of data sources");
+        bool weighted = false;
+        for (size_t i = 0; i < items.size(); ++i) {
+          ConfigTree item = items[i];
+          data::DataSource src;
+          read_fields(source_fields(), item, src);
+          if (src.weight > 0 && src.epochs > 0)
+            throw item.error_at("epochs", "set weight or epochs, not both");
+          if (i > 0 && (src.weight > 0) != weighted)
+            throw item.error_at(src.weight > 0 ? "weight" : "train",
+                                "either every source has a weight or none does (the others: epochs, default 1)");
+          weighted = src.weight > 0;
+          c.data.mixture.push_back(std::move(src));
+        }
+      },
+      "one source (a map of the keys below) or a mixture: a list of them, each with weight or epochs")};
+  // The one-source keys, skipped when `data` is a list (its items have them instead; an alias
+  // into a list is no alias, ConfigTree::alias).
+  for (ConfigField<TrainConfig> f : nested("data", &TrainConfig::data, data_fields())) {
+    f.read = [read = f.read](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+      if (!data_is_list(t)) read(t, k, c);
+    };
+    table.push_back(std::move(f));
+  }
+  return table;
+}
+
 // ---- optimizer: and lr_scheduler: -------------------------------------------------------------
 
 std::vector<ConfigField<ops::AdamWConfig>> optimizer_fields() {
@@ -123,6 +182,36 @@ std::vector<ConfigField<LrSchedule>> schedule_fields() {
       F::field("min_lr_ratio", &LrSchedule::min_lr_ratio, "the floor, as a fraction of lr",
                [](double v) { return v >= 0 && v <= 1 ? std::string() : "must be in [0, 1]"; }),
   };
+}
+
+// ---- the dpo: section --------------------------------------------------------------------------
+
+std::vector<ConfigField<TrainConfig>> dpo_fields() {
+  using F = ConfigFields<DpoConfig>;
+  std::vector<ConfigField<TrainConfig>> table = {ConfigFields<TrainConfig>::custom(
+      "dpo",
+      [](const ConfigTree& t, const std::string& k, TrainConfig& c) {
+        (void)t.section(k);  // `dpo: true` is an error: expected a map
+        try {  // as lora: below, `dpo:` and `dpo: {}` are marked known by reading the section as a value
+          (void)t.get_optional<std::string>(k);
+        } catch (const Error&) {
+        }
+        c.preference = t.has(k);
+      },
+      "the section: present (even `dpo: {}`) makes the run DPO on preference data")};
+  for (ConfigField<TrainConfig>& f :
+       nested("dpo", &TrainConfig::dpo,
+              std::vector<ConfigField<DpoConfig>>{
+                  F::field("beta", &DpoConfig::beta, "the KL penalty's weight (TRL's beta)", positive),
+                  F::field("loss_type", &DpoConfig::loss_type, "sigmoid (DPO), ipo or hinge"),
+                  F::field("label_smoothing", &DpoConfig::label_smoothing,
+                           "sigmoid: the assumed probability that a pair's labels are flipped (cDPO)",
+                           [](double v) { return v >= 0 && v < 0.5 ? std::string() : "must be in [0, 0.5)"; }),
+                  F::field("reference_model", &DpoConfig::reference_model,
+                           "full fine-tunes: the frozen reference's directory (default: model)"),
+              }))
+    table.push_back(std::move(f));
+  return table;
 }
 
 // ---- the lora: section -------------------------------------------------------------------------
@@ -383,7 +472,7 @@ std::vector<ConfigField<TrainConfig>> make_table() {
           "a DeepSpeed JSON file, or accelerate's deepspeed_config section (docs/deepspeed.md)"),
       F::field("seed", &TrainConfig::seed, "data order (and built-in task problems)"),
   });
-  add(nested("data", &TrainConfig::data, data_fields()));
+  add(data_section_fields());
   add({
       F::field("seq_len", &TrainConfig::seq_len, "tokens per row", positive_at_most(kMaxSeqLen)),
       F::field("micro_batch_size", &TrainConfig::micro_batch_size, "rows per forward/backward",
@@ -523,6 +612,7 @@ std::vector<ConfigField<TrainConfig>> make_table() {
           .alias("enable_activation_offloading"),
   });
   add(lora_fields());
+  add(dpo_fields());
   return table;
 }
 
@@ -546,6 +636,11 @@ void check_relations(const ConfigTree& t, TrainConfig& c) {
                                                      "micro-batch",
                                                      c.micro_batch_size, c.seq_len, kMaxMicroBatchTokens));
   check_lora(t, c);
+  if (c.preference && c.lora && !c.dpo.reference_model.empty())
+    throw t.error_at("dpo.reference_model", "under LoRA the reference is the base model with the adapters off; a "
+                                            "reference_model is for full fine-tunes");
+  if (c.preference && c.dpo.label_smoothing > 0 && c.dpo.loss_type != DpoLossType::Sigmoid)
+    throw t.error_at("dpo.label_smoothing", "applies to loss_type: sigmoid only");
   // The schedule's peak and length are the optimizer's and the run's.
   c.schedule.lr = c.optimizer.lr;
   if (!t.has("lr_scheduler.total_steps")) c.schedule.total_steps = c.max_steps;

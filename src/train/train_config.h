@@ -16,6 +16,7 @@
 #include "shard/sharding.h"
 #include "train/config_fields.h"
 #include "train/deepspeed_config.h"
+#include "train/dpo_config.h"
 #include "train/progress.h"
 #include "train/schedule.h"
 
@@ -93,6 +94,10 @@ struct TrainConfig {
   bool lora_quantize_base = false;  // lora.quantize_base: nf4 (or qlora: true): the frozen base in NF4 (QLoRA)
   bool lora_double_quant = true;    // lora.double_quant: double quantization of the NF4 absmax values
   bool merge_on_save = false;       // lora.merge_on_save: also write the merged model (W + scale B A) at the end
+
+  // Preference tuning (docs/preference.md): a `dpo:` section makes the run DPO on preference pairs.
+  bool preference = false;
+  DpoConfig dpo;
 
   // Sharded checkpoints (docs/checkpoints.md). Saving is on when either interval is set; a final
   // checkpoint is then also written at the end.

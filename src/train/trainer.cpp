@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "shard/engine.h"
 #include "shard/load.h"
 #include "train/evaluation.h"
+#include "train/preference.h"
 #include "train/preflight.h"
 #include "train/reporting.h"
 #include "train/resume.h"
@@ -95,6 +97,9 @@ class Trainer {
   shard::Mesh mesh_;
   shard::ShardedModel engine_;
   model::LlamaCompute model_;
+  // DPO (a dpo: section): the reference's row losses and the loss at the engine's head stage.
+  std::unique_ptr<ReferenceModel> reference_;
+  std::unique_ptr<DpoObjective> dpo_;
   io::DirLock output_lock_;  // rank 0 holds output_dir from the end of setup to the run's end (io/dir_lock.h)
   ckpt::CheckpointSaver saver_;  // after engine_ and the lock: a write in flight ends before either goes
   Reporter out_;
@@ -112,7 +117,9 @@ data::SamplerOptions sampler_options(const TrainConfig& c, const RunInputs& in, 
   so.rank = world.rank();
   so.seq_len = in.T;
   so.packing = in.data.packing;
-  so.micro_batch_size = in.B;
+  so.pairs = in.data.pairs;
+  so.mixture = in.data.mixture;
+  so.micro_batch_size = in.data.pairs ? in.B / 2 : in.B;  // pairs of two rows, or rows
   so.gradient_accumulation_steps = c.gradient_accumulation_steps;
   so.seed = c.seed;
   so.pad_id = in.tok->eos_id();
@@ -144,6 +151,13 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       out_(c, world, in_, mem_),
       sampler_(*in_.data.train, sampler_options(c, in_, world)) {
   load_or_resume();
+  if (c.preference) {
+    const std::string ref = c.dpo.reference_model.empty() ? c.model : c.dpo.reference_model;
+    reference_ = std::make_unique<ReferenceModel>(engine_, model_, in_.finetune.lora.has_value(), ref, c.seed);
+    dpo_ = std::make_unique<DpoObjective>(c.dpo);
+    resume_notes_.push_back(fmt::format("dpo: loss {}, beta {}; the reference is {}", enum_name(c.dpo.loss_type),
+                                        c.dpo.beta, reference_->describe()));
+  }
   if (lead_) output_lock_ = io::DirLock(c.output_dir, "output_dir");
   model_.set_checkpointing(c.activation_checkpointing, c.offload_activations);
   model_.reserve(in_.B, in_.T);
@@ -166,6 +180,12 @@ void Trainer::load_or_resume() {
   start_step_ = load_training_state(*resume_, c_, sampler_) + 1;
   resume_notes_.push_back(fmt::format("resumed from {} (step {}; data at epoch {}, step {} of the epoch)",
                                       resume_->dir(), start_step_ - 1, sampler_.state().epoch, sampler_.state().step));
+  if (!in_.data.mixture.empty()) {  // where each source's stream stands (a function of the state)
+    const std::vector<int64_t> pos = sampler_.source_positions(sampler_.state());
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < pos.size(); ++i) parts.push_back(fmt::format("{} at {}", in_.data.mixture[i].name, pos[i]));
+    resume_notes_.push_back("mixture: the sources continue: " + fmt::format("{}", fmt::join(parts, ", ")));
+  }
   resume_notes_.push_back(fmt::format("loaded {:.1f} MB of checkpoint state per rank in {:.2f}s ({:.0f} MB/s per rank)",
                                       double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9)));
 }
@@ -195,7 +215,13 @@ TrainResult Trainer::run() {
     ops::AdamWConfig opt = c_.optimizer;
     opt.lr = c_.schedule.at(step);
     const comm::CommTiming comm_before = comm::timing();
-    const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm);
+    if (dpo_) {  // the reference's forwards of the step's micro-batches, before the policy's visits
+      const timeline::Span span("reference forward", "compute");
+      std::vector<std::vector<double>> ref;
+      for (const model::Batch& b : micro) ref.push_back(reference_->row_losses(b));
+      dpo_->set_reference(std::move(ref));
+    }
+    const shard::StepStats s = engine_.train_step(model_, micro, opt, step, c_.max_grad_norm, dpo_.get());
     if (!s.finite) skip_or_stop(step, s);
     log_step(step, s, sb, comm_before);
     kill_rank_at_step(world_.rank(), step);
@@ -250,7 +276,14 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
                        const comm::CommTiming& before) {
   if (s.finite) skipped_in_a_row_ = 0;
   for (const data::BatchBuffers& mb : sb.micro) tokens_seen_ += mb.B * mb.T * world_.size();
-  out_.step(step, s, sb, c_.schedule.at(step), seconds_since(t_train_), tokens_seen_, before);
+  Metrics extra;
+  if (dpo_) {  // TRL's rewards/ and logps/ records, over every rank's pairs (the loss is the step's)
+    PreferenceSums sums = dpo_->sums();
+    sums.all_reduce(world_);
+    extra = sums.means("");
+    extra.erase(extra.begin());
+  }
+  out_.step(step, s, sb, c_.schedule.at(step), seconds_since(t_train_), tokens_seen_, before, extra);
   result_.losses.push_back(s.loss);
   result_.grad_norms.push_back(s.grad_norm);
   if (step == start_step_) result_.first_loss = s.loss;
@@ -260,7 +293,15 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
 
 // Held-out loss and, for a built-in task, accuracy (evaluation.h), recorded and printed.
 void Trainer::evaluate(int64_t step) {
-  const EvalResult e = train::evaluate(engine_, model_, in_, c_, world_);
+  EvalResult e;
+  if (dpo_) {  // DPO's loss, rewards and accuracy over held-out pairs
+    e.metrics = evaluate_preference(engine_, model_, *reference_, c_.dpo, *in_.data.eval, in_.B / 2, in_.T,
+                                    c_.eval_batches * (in_.B / 2) * world_.size(), in_.tok->eos_id(), world_);
+    e.loss = e.metrics.front().second;
+    e.metrics.erase(e.metrics.begin());
+  } else {
+    e = train::evaluate(engine_, model_, in_, c_, world_);
+  }
   out_.eval(step, e);
   if (step == start_step_ - 1) {
     result_.initial_eval_loss = e.loss;
