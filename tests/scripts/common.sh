@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # `work` is the caller's
+# shellcheck shell=bash disable=SC2154,SC2034  # `work` is the caller's; `cluster` is for it
 # Helpers shared by the script tests that run jobs the way a scheduler does (slurm_cli.sh,
 # slurm_multinode.sh, kubernetes_entry.sh, multinode.sh). Sourced, not run; the caller sets
 # `set -euo pipefail` and the variable `work` (its work directory).
@@ -64,6 +64,26 @@ bad = [i for i, r in enumerate(rel) if r > 1e-5]
 assert not bad, f"{label}: loss {bad[0] + 1} is {got[bad[0]]}, the reference's {ref[bad[0]]}"
 print(f"  {label}: {len(got)} losses equal to the reference's (largest relative difference {max(rel):.1e})")
 PY
+}
+
+# emulated_cluster NAME START_ARGS...: skipped (77) with the reason unless emulated nodes can be
+# made here (root, the tools, network and UTS namespaces); else starts scripts/cluster/start.sh
+# --name NAME START_ARGS... (the caller's `src` is the source tree), sets `cluster` to its state
+# directory, and on exit kills the processes in `bg` and removes the cluster, failures included.
+bg=()
+emulated_cluster() {
+  [[ $(id -u) -eq 0 ]] || skip "emulated nodes are network and UTS namespaces, which need root; this runs as $(id -un)"
+  for tool in ip nsenter unshare mpirun; do command -v $tool >/dev/null || skip "needs $tool (iproute2, util-linux, openmpi-bin)"; done
+  unshare --net --uts true 2>/dev/null || skip "cannot create namespaces here (unshare --net --uts: no CAP_SYS_ADMIN?)"
+  cluster_name=$1
+  shift
+  cluster=/run/shardlm-cluster/$cluster_name
+  trap remove_cluster EXIT
+  "$src/scripts/cluster/start.sh" --name "$cluster_name" "$@" >/dev/null
+}
+remove_cluster() {
+  for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  "$src/scripts/cluster/stop.sh" "$cluster_name" >/dev/null || echo "cleanup: stop.sh $cluster_name failed"
 }
 
 # Slurm's clients (scontrol, ...) run through this command prefix: empty for a cluster of this

@@ -21,38 +21,26 @@ src=$(realpath "$2")
 work=$3
 # shellcheck source=tests/scripts/common.sh
 source "$src/tests/scripts/common.sh"
-[[ $(id -u) -eq 0 ]] || skip "emulated pods are network and UTS namespaces, which need root; this runs as $(id -un)"
-for tool in ip nsenter unshare mpirun; do command -v $tool >/dev/null || skip "needs $tool (iproute2, util-linux, openmpi-bin)"; done
-unshare --net --uts true 2>/dev/null || skip "cannot create namespaces here (unshare --net --uts: no CAP_SYS_ADMIN?)"
-ctl=$src/scripts/cluster
 entry=$src/examples/kubernetes/entrypoint.sh
 t_start=$(date +%s)
-rm -rf "$work" && mkdir -p "$work"
-
 name=ke$$
-cluster=/run/shardlm-cluster/$name
-pods=()
-cleanup() {
-  for p in "${pods[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  "$ctl/stop.sh" "$name" >/dev/null || echo "cleanup: stop.sh $name failed"
-}
-trap cleanup EXIT
-"$ctl/start.sh" --name "$name" --nodes 3 >/dev/null
+emulated_cluster "$name" --nodes 3
+rm -rf "$work" && mkdir -p "$work"
 # What Kubeflow Trainer's ConfigMap holds: the node pods, numProcPerNode slots each.
 printf '%s slots=2\n%s slots=2\n' "$name-node2" "$name-node3" >"$work/hostfile"
 tiny_run "$shardlm" "$work"
 
 # pod NODE ROLE LOG ARGS...: the entry on emulated node NODE as a container starts it (a bare
-# environment: the image's PATH, the runtime's env), in the background; its pid is appended to pods.
+# environment: the image's PATH, the runtime's env), in the background; its pid is appended to bg.
 pod() {
   local node=$1 role=$2 log=$3
   shift 3
-  "$ctl/run.sh" "$name" "$node" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root SHARDLM="$shardlm" \
+  "$src/scripts/cluster/run.sh" "$name" "$node" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root SHARDLM="$shardlm" \
     CONFIG="$work/run.yaml" THREADS_PER_RANK=1 SSHD="sleep 100000" \
     OMPI_MCA_orte_default_hostfile="$work/hostfile" OMPI_MCA_orte_set_default_slots=2 \
     OMPI_MCA_orte_keep_fqdn_hostnames=true OMPI_MCA_plm_rsh_agent="$cluster/node-shell" \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$entry" "$role" "$@" >"$log" 2>&1 &
-  pods+=($!)
+  bg+=($!)
 }
 # group LOG RUN ARGS...: a pod group (launcher on node 1, node pods on 2 and 3) training into
 # $work/RUN, its entries' output in $work/LOG.log (the launcher), LOG.node2.log and LOG.node3.log;
@@ -106,7 +94,7 @@ for n in 2 3; do
 done
 grep -q "SIGTERM: left to the node pods" "$work/cut.log" || fail "the launcher did not note SIGTERM"
 step=$(stopped_at "$work/cut.log" "$work/cut")
-left=$(pod_processes 1 2 3)
+for _ in $(seq 50); do left=$(pod_processes 1 2 3); [[ -z $left ]] && break; sleep 0.1; done  # daemons ending
 [[ -z $left ]] || { ps -o pid,args -p "${left//$'\n'/,}"; fail "processes left in the pods after their entries ended"; }
 echo "  stopped after step $step with a complete checkpoint; launcher exit 75, node pods 0, within $grace s; nothing left running"
 
