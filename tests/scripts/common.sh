@@ -8,16 +8,18 @@
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# tiny_run SHARDLM DIR: a tiny model (DIR/init, seed 5) and DIR/run.yaml, a FULL_SHARD fine-tune of
-# it for 400 steps on 2-digit additions that logs every 10 steps (`step N/400 ... loss L`).
+# tiny_run SHARDLM DIR [SEED [MAX_STEPS [YAML]]]: a tiny model (DIR/init, seed SEED, default 5) and
+# DIR/run.yaml, a FULL_SHARD fine-tune of it for MAX_STEPS (default 400) steps on 2-digit additions
+# that logs every 10 steps (`step N/400 ... loss L`), with the lines YAML added (e.g. "save_every: 10").
 tiny_run() {
-  "$1" init --preset tiny --out "$2/init" --seed 5 >/dev/null
+  "$1" init --preset tiny --out "$2/init" --seed "${3:-5}" >/dev/null
   cat >"$2/run.yaml" <<YAML
 model: $2/init
 data: {train: builtin:addition, digits: 2, train_examples: 4000, eval_examples: 32}
 seq_len: 16
 micro_batch_size: 4
-max_steps: 400
+max_steps: ${4:-400}
+${5:-}
 optimizer: {lr: 1e-3}
 eval_every: 0
 accuracy_examples: 0
