@@ -34,9 +34,11 @@
 #   - launcher: SIGTERM is noted, not passed on: a second signal to a rank ends it at once, without
 #     saving, and the node pods have passed it already. The script waits for the job to end. (A
 #     launcher pod deleted alone is not saved: mpirun dies with it, and its ranks with mpirun.)
-#   - launcher exit status: launch's, except 75 when the run was stopped by a signal after saving: the
-#     training is not finished, so the pod group must not count as succeeded; with the runtime's
-#     failurePolicy the JobSet restarts it, and the new launcher resumes.
+#   - launcher exit status: launch's, except 75 when the run was stopped by a signal with a complete
+#     checkpoint: the training is not finished, so the pod group must not count as succeeded; with
+#     the runtime's failurePolicy the JobSet restarts it, and the new launcher resumes. (A pod whose
+#     SIGTERM comes late, after the job agreed to stop and saved, may kill its ranks as they end:
+#     mpirun then exits non-zero; the checkpoint is complete all the same, and the exit is 75.)
 # shellcheck disable=SC2317  # stop_node runs from a trap
 set -euo pipefail
 
@@ -99,9 +101,12 @@ launcher() {
   # In the foreground: a trap runs once the pipeline has ended, and launch's output is seen as it comes.
   status=0
   "$SHARDLM" launch "${args[@]}" -- train --config "$CONFIG" resume_from=auto "$@" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
-  if ((status == 0)) && grep -q "stopped by a signal after step" "$log"; then
+  # Stopped with a complete checkpoint: 75, whatever launch's status. (Pods get their SIGTERM at
+  # slightly different times: a rank whose pod's SIGTERM comes after the job agreed to stop, and after
+  # it saved, may die of it while ending, and mpirun then reports that rank and exits non-zero.)
+  if grep -qE "^stopped by a signal after step [0-9]+: checkpoint .* is complete" "$log"; then
     rm -f "$log"
-    say "the run was stopped and saved its checkpoint; exit 75 so that the pod group is restarted and resumes"
+    say "the run was stopped and saved its checkpoint (launch exit $status); exit 75 so that the pod group is restarted and resumes"
     exit 75
   fi
   rm -f "$log"
