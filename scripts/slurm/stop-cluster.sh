@@ -3,6 +3,9 @@
 # (they would otherwise keep running under slurmstepd, which outlives slurmd), then stops slurmd,
 # slurmctld and, if start-cluster.sh started it, munged. Packages, slurm.conf and saved state stay,
 # so start-cluster.sh brings it back quickly. Stopping a cluster that is not running is not an error.
+#   scripts/slurm/stop-cluster.sh               # the one-machine cluster
+#   scripts/slurm/stop-cluster.sh --name NAME   # emulated nodes (start-cluster.sh --nodes N --name NAME):
+#                                               # the whole emulated cluster NAME goes, Slurm's files with it
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -10,6 +13,29 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 
 [[ $(id -u) -eq 0 ]] || fail "must run as root (it stops daemons started as root)"
+
+if [[ ${1:-} == --name ]]; then
+  [[ $# -eq 2 ]] || fail "usage: $self --name NAME"
+  cluster=$(cd "$here/../cluster" && pwd)
+  # shellcheck source=scripts/cluster/common.sh
+  source "$cluster/common.sh"
+  cluster_vars "$2"
+  # The daemons, the jobs' steps and ranks all run in the nodes' namespaces: scripts/cluster/stop.sh
+  # kills every process there, and removes Slurm's state, logs and pid files with the cluster's
+  # directory. munged is the machine's: stopped only if this cluster started it and no other
+  # cluster of these scripts still runs.
+  if [[ -e $CLUSTER_DIR/slurm/munged.started ]]; then
+    others=0
+    daemon_alive slurmctld && others=1
+    for pidfile in "$CLUSTER_ROOT"/*/slurm/run/slurmctld.pid; do
+      [[ -e $pidfile && $pidfile != "$CLUSTER_DIR"/* ]] && daemon_alive slurmctld "$pidfile" && others=1
+    done
+    ((others)) && rm -f "$CLUSTER_DIR/slurm/munged.started"
+    munge_stop "$CLUSTER_DIR/slurm/munged.started"
+  fi
+  exec "$cluster/stop.sh" "$CLUSTER_NAME"
+fi
+[[ $# -eq 0 ]] || fail "unknown arguments '$*' (see the top of $0)"
 
 if daemon_alive slurmctld && command -v squeue >/dev/null; then
   jobs=$(squeue -h -t RUNNING,PENDING,SUSPENDED,COMPLETING -o %i 2>/dev/null || true)
@@ -32,10 +58,4 @@ stop() {
 }
 stop slurmd
 stop slurmctld
-if [[ -e $SLURM_RUN_DIR/munged.started ]]; then
-  # munged's pid file is its own (Debian: /run/munge/munged.pid).
-  if pid=$(cat /run/munge/munged.pid 2>/dev/null) && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == munged ]]; then
-    kill -TERM "$pid" && echo "stopped munged (pid $pid)"
-  fi
-  rm -f "$SLURM_RUN_DIR/munged.started"
-fi
+munge_stop "$SLURM_RUN_DIR/munged.started"

@@ -13,21 +13,9 @@ work=$2
 rm -rf "$work" && mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-"$shardlm" init --preset tiny --out "$work/init" --seed 9 >/dev/null
-cat > "$work/run.yaml" <<YAML
-model: $work/init
-data: {train: builtin:addition, digits: 2, train_examples: 4000, eval_examples: 32}
-seq_len: 16
-micro_batch_size: 4
-max_steps: 50
-save_every: 10
-optimizer: {lr: 1e-3}
-eval_every: 0
-accuracy_examples: 0
-progress: lines
-log_every: 10
-sharding_strategy: FULL_SHARD
-YAML
+# shellcheck source=tests/scripts/common.sh
+source "$(dirname "$0")/common.sh"
+tiny_run "$shardlm" "$work" 9 50 "save_every: 10"
 run() { "$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" "$@"; }
 
 run output_dir="$work/sync" >"$work/sync.log" 2>&1 || { tail -20 "$work/sync.log"; exit 1; }

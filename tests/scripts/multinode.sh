@@ -21,24 +21,13 @@ set -euo pipefail
 shardlm=$(realpath "$1")
 src=$2
 work=$3
-skip() { echo "SKIPPED: $*"; exit 77; }
-fail() { echo "FAIL: $*"; exit 1; }
-[[ $(id -u) -eq 0 ]] || skip "emulated nodes are network and UTS namespaces, which need root; this runs as $(id -un)"
-for tool in ip nsenter unshare mpirun; do command -v $tool >/dev/null || skip "needs $tool (iproute2, util-linux, openmpi-bin)"; done
-unshare --net --uts true 2>/dev/null || skip "cannot create namespaces here (unshare --net --uts: no CAP_SYS_ADMIN?)"
+# shellcheck source=tests/scripts/common.sh
+source "$src/tests/scripts/common.sh"
 ctl=$src/scripts/cluster
 t_start=$(date +%s)
-rm -rf "$work" && mkdir -p "$work"
-
 name=mt$$
-cluster=/run/shardlm-cluster/$name
-bg=()
-cleanup() {
-  for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  "$ctl/stop.sh" "$name" >/dev/null || echo "cleanup: stop.sh $name failed"
-}
-trap cleanup EXIT
-"$ctl/start.sh" --name "$name" --nodes 2 --slots 2 >/dev/null
+emulated_cluster "$name" --nodes 2 --slots 2
+rm -rf "$work" && mkdir -p "$work"
 host1=$name-node1 host2=$name-node2
 hostfile=$cluster/hostfile
 # On node 1, as a user logged in to the head node would, with the cluster's OpenMPI settings.
@@ -66,18 +55,8 @@ YAML
 "$shardlm" train --config "$work/lora.yaml" output_dir="$work/ref_qlora" micro_batch_size=16 lora.quantize_base=nf4 \
   >/dev/null
 
-# same_losses RUN REF: RUN's 8 losses (from rank 0's metrics) equal REF's to 1e-5 relative.
-same_losses() {
-  /usr/bin/python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$1" <<'PY'
-import json, sys
-def losses(path):
-    return [r["loss"] for r in map(json.loads, open(path)) if "loss" in r]
-got, ref, run = losses(sys.argv[1]), losses(sys.argv[2]), sys.argv[3]
-rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-assert len(got) == len(ref) == 8 and rel <= 1e-5, f"{run}: losses differ from one process: {got} vs {ref}"
-print(f"  {run}: 8 losses equal to one process's (largest relative difference {rel:.1e})")
-PY
-}
+# same_as RUN REF: RUN's 8 losses (from rank 0's metrics) equal one process's REF, to 1e-5 relative.
+same_as() { same_losses "$work/$1" "$work/$2" "$1"; }
 # check_mesh LOG HYBRID: 4 mesh lines, 2 ranks per host; under HYBRID every shard group is the 2
 # ranks of the rank's own host; a group that uses shared memory never spans hosts.
 check_mesh() {
@@ -120,7 +99,7 @@ for spec in "${runs[@]}"; do
   # shellcheck disable=SC2046
   SHARDLM_PRINT_MESH=1 on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 --hostfile "$hostfile" -- \
     $(args_of "$spec") output_dir="$work/l_$tag" > "$work/l_$tag.log" 2>&1 || { cat "$work/l_$tag.log"; fail "launch $tag failed"; }
-  same_losses "l_$tag" "$(ref_of "$spec")"
+  same_as "l_$tag" "$(ref_of "$spec")"
   check_mesh "$work/l_$tag.log" "$([[ $spec == *HYBRID* ]] && echo 1 || echo 0)"
 done
 grep -q "shard group \[0@$host1 1@$host1\] shared memory" "$work/l_hybrid.log" ||
@@ -133,7 +112,7 @@ SHARDLM_SHM=0 SHARDLM_PRINT_MESH=1 on1 "$shardlm" launch --nproc-per-node 2 --nn
   { cat "$work/l_noshm.log"; fail "launch with SHARDLM_SHM=0 failed"; }
 check_mesh "$work/l_noshm.log" 1
 ! grep -q "shared memory" "$work/l_noshm.log" || { grep "^mesh" "$work/l_noshm.log"; fail "SHARDLM_SHM=0 did not reach every rank"; }
-same_losses l_noshm ref
+same_as l_noshm ref
 echo "  SHARDLM_SHM=0 given to launch: no rank on either node uses shared memory"
 
 echo "1. the same through plain mpirun:"
@@ -150,7 +129,7 @@ for spec in "${runs[@]}"; do
   # shellcheck disable=SC2046
   mpirun_on1 "$work/m_$tag.log" -np 4 --map-by ppr:2:node -- $(args_of "$spec") output_dir="$work/m_$tag" ||
     { cat "$work/m_$tag.log"; fail "mpirun $tag failed"; }
-  same_losses "m_$tag" "$(ref_of "$spec")"
+  same_as "m_$tag" "$(ref_of "$spec")"
 done
 
 echo "3. mpirun --map-by node (ranks 0,2 on $host1, 1,3 on $host2), HYBRID_SHARD:"
@@ -159,7 +138,7 @@ mpirun_on1 "$work/m_bynode.log" -np 4 --map-by node -- train --config "$work/run
 check_mesh "$work/m_bynode.log" 1
 grep -q "^mesh: rank 0 on $host1: shard group \[0@$host1 2@$host1\]" "$work/m_bynode.log" ||
   { grep "^mesh" "$work/m_bynode.log"; fail "--map-by node: rank 0's shard group is not ranks 0 and 2 of $host1"; }
-same_losses m_bynode ref
+same_as m_bynode ref
 echo "  shard groups: $(grep "^mesh: rank [01] " "$work/m_bynode.log" | sed -E 's/.*shard group (\[[^]]*\]).*/\1/' | tr '\n' ' ')"
 printf '%s slots=3\n%s slots=1\n' "$host1" "$host2" > "$work/unequal"
 if on1 mpirun --hostfile "$work/unequal" --bind-to none -x OMP_NUM_THREADS=1 -np 4 "$shardlm" train \
@@ -174,7 +153,7 @@ echo "  nodes of 3 and 1 ranks: $errors"
 echo "4. the 2x2 hybrid run's step-4 checkpoint resumed on one node (2 ranks, FULL_SHARD):"
 on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 --hostfile "$hostfile" -- train --config "$work/run.yaml" \
   sharding_strategy=HYBRID_SHARD save_every=4 output_dir="$work/ck" > "$work/ck.log" 2>&1 || { cat "$work/ck.log"; fail "2x2 with checkpoints failed"; }
-same_losses ck ref
+same_as ck ref
 on1 "$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" micro_batch_size=8 \
   resume_from="$work/ck/checkpoints/step_00000004" output_dir="$work/ck1" > "$work/ck1.log" 2>&1 ||
   { cat "$work/ck1.log"; fail "resuming on one node failed"; }

@@ -12,20 +12,9 @@ work=$2
 rm -rf "$work" && mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-"$shardlm" init --preset tiny --out "$work/init" --seed 5 >/dev/null
-cat > "$work/run.yaml" <<YAML
-model: $work/init
-data: {train: builtin:addition, digits: 2, train_examples: 4000, eval_examples: 32}
-seq_len: 16
-micro_batch_size: 4
-max_steps: 400
-optimizer: {lr: 1e-3}
-eval_every: 0
-accuracy_examples: 0
-progress: lines
-log_every: 10
-sharding_strategy: FULL_SHARD
-YAML
+# shellcheck source=tests/scripts/common.sh
+source "$(dirname "$0")/common.sh"
+tiny_run "$shardlm" "$work"
 run() { "$shardlm" launch --nproc-per-node 2 -- train --config "$work/run.yaml" "$@"; }
 # The rank processes (as Slurm signals every task), not mpirun, which would take the job down itself.
 ranks() {

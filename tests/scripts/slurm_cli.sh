@@ -17,9 +17,8 @@ shardlm=$(realpath "$1")  # jobs run in WORKDIR
 src=$(realpath "$2")
 work=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-
-skip() { echo "SKIPPED: $*"; exit 77; }
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/scripts/common.sh
+source "$src/tests/scripts/common.sh"
 [[ $(id -u) -eq 0 ]] || skip "Slurm's daemons are installed and started as root; this test runs as $(id -un)"
 
 was_running=0
@@ -37,20 +36,7 @@ cleanup() {
 trap cleanup EXIT
 
 rm -rf "$work" && mkdir -p "$work"
-"$shardlm" init --preset tiny --out "$work/init" --seed 5 >/dev/null
-cat >"$work/run.yaml" <<YAML
-model: $work/init
-data: {train: builtin:addition, digits: 2, train_examples: 4000, eval_examples: 32}
-seq_len: 16
-micro_batch_size: 4
-max_steps: 400
-optimizer: {lr: 1e-3}
-eval_every: 0
-accuracy_examples: 0
-progress: lines
-log_every: 10
-sharding_strategy: FULL_SHARD
-YAML
+tiny_run "$shardlm" "$work"
 
 # submit NAME LAUNCHER key=value...: the example sbatch with this test's config and binary; prints the job id.
 submit() {
@@ -60,27 +46,6 @@ submit() {
     sbatch --parsable --chdir "$work" --job-name "shardlm-test-$name" --output "$work/$name.out" \
     "$src/examples/slurm/finetune.sbatch" "$@"
 }
-field() { scontrol show job -o "$1" | grep -oE "(^| )$2=[^ ]*" | cut -d= -f2; }
-# wait_done JOB SECONDS: until the job has ended; fails naming its state if it did not end well.
-# A requeued job may start only cred_expire + 1 s (121 s by default) after the requeue, so that the
-# first run's credentials have expired; on one machine there is nothing to wait for, and a job held
-# for that (Reason=BeginTime) is released at once.
-wait_done() {
-  local state=""
-  for _ in $(seq $((${2} * 5))); do
-    state=$(field "$1" JobState)
-    case $state in
-      COMPLETED) break ;;
-      PENDING) [[ $(field "$1" Reason) == BeginTime ]] && scontrol update JobId="$1" StartTime=now ;;
-      FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-        tail -n 5 "$work"/*.out; fail "job $1 ended $state, exit code $(field "$1" ExitCode)" ;;
-    esac
-    sleep 0.2
-  done
-  [[ $state == COMPLETED ]] || fail "job $1 is still $state after $2 s (reason $(field "$1" Reason))"
-  [[ $(field "$1" ExitCode) == 0:0 ]] || fail "job $1 completed with exit code $(field "$1" ExitCode)"
-}
-
 # Each job takes both CPUs, so Slurm runs them one after another.
 full=$(submit full srun output_dir="$work/full")
 jobs+=("$full")
@@ -111,22 +76,17 @@ echo "shardlm launch inside job $viamp: final weights identical to srun's"
 
 # 3. Preemption: SIGTERM to the step's ranks (scancel --signal, without --batch/--full, spares the
 # batch script) once past step 20, then requeue.
-for _ in $(seq 2400); do grep -qE "^step +20/" "$work/cut.out" 2>/dev/null && break; sleep 0.05; done
-grep -qE "^step +20/" "$work/cut.out" || fail "job $cut did not reach step 20 in 120 s (state $(field "$cut" JobState))"
+wait_step "$work/cut.out" 20 120
 scancel --signal=TERM "$cut"
 wait_done "$cut" 60
-line=$(grep "stopped by a signal after step" "$work/cut.out") || fail "job $cut: no 'stopped by a signal' line"
-echo "$line"
-echo "$line" | grep -q "resume_from=auto" || fail "the stop line does not say how to resume"
-step=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
+step=$(stopped_at "$work/cut.out" "$work/cut")
+grep "stopped by a signal after step" "$work/cut.out"
 ((step >= 20 && step < 400)) || fail "stopped at step $step"
 ckpt=$(printf "%s/cut/checkpoints/step_%08d" "$work" "$step")
-[[ -f $ckpt/COMPLETE ]] || fail "no complete checkpoint at $ckpt"
-[[ ! -e $work/cut/model.safetensors ]] || fail "a stopped run wrote a final model"
 
 scontrol requeue "$cut"
 wait_done "$cut" 120
-[[ $(field "$cut" Restarts) == 1 ]] || fail "job $cut: Restarts=$(field "$cut" Restarts), expected 1"
+[[ $(job_field "$cut" Restarts) == 1 ]] || fail "job $cut: Restarts=$(job_field "$cut" Restarts), expected 1"
 grep -q "resumed from $ckpt" "$work/cut.out" || fail "the requeued job did not resume from $ckpt"
 cmp "$work/full/model.safetensors" "$work/cut/model.safetensors" ||
   fail "the requeued job's final weights differ from the uninterrupted run's"
@@ -137,13 +97,12 @@ echo "requeued job $cut resumed from step $step: final weights identical to the 
 # goes back to the queue and resumes. Submitted now, so that it does not run while job $cut waits.
 live=$(submit live srun output_dir="$work/live" save_every=1000)
 jobs+=("$live")
-for _ in $(seq 2400); do grep -qE "^step +20/" "$work/live.out" 2>/dev/null && break; sleep 0.05; done
-grep -qE "^step +20/" "$work/live.out" || fail "job $live did not reach step 20 in 120 s (state $(field "$live" JobState))"
+wait_step "$work/live.out" 20 120
 scontrol requeue "$live"
 wait_done "$live" 180
-[[ $(field "$live" Restarts) == 1 ]] || fail "job $live: Restarts=$(field "$live" Restarts), expected 1"
-line=$(grep "stopped by a signal after step" "$work/live.out") || fail "job $live: no 'stopped by a signal' line"
-step=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
+[[ $(job_field "$live" Restarts) == 1 ]] || fail "job $live: Restarts=$(job_field "$live" Restarts), expected 1"
+step=$(sed -nE 's/.*stopped by a signal after step ([0-9]+).*/\1/p' "$work/live.out")
+[[ -n $step ]] || fail "job $live: no 'stopped by a signal' line"
 grep -q "resumed from $(printf "%s/live/checkpoints/step_%08d" "$work" "$step")" "$work/live.out" ||
   fail "job $live did not resume from its step-$step checkpoint"
 cmp "$work/full/model.safetensors" "$work/live/model.safetensors" ||
@@ -154,14 +113,10 @@ echo "running job $live requeued at step $step: checkpointed, resumed, final wei
 # the script, which passes it to launch, which relays it to every rank through mpirun.
 lcut=$(submit launch_cut launch output_dir="$work/launch_cut" save_every=1000)
 jobs+=("$lcut")
-for _ in $(seq 2400); do grep -qE "^step +20/" "$work/launch_cut.out" 2>/dev/null && break; sleep 0.05; done
-grep -qE "^step +20/" "$work/launch_cut.out" || fail "job $lcut did not reach step 20 in 120 s"
+wait_step "$work/launch_cut.out" 20 120
 scancel --batch --signal=TERM "$lcut"
 wait_done "$lcut" 60
-line=$(grep "stopped by a signal after step" "$work/launch_cut.out") || fail "job $lcut: no 'stopped by a signal' line"
-step=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
-[[ -f $(printf "%s/launch_cut/checkpoints/step_%08d/COMPLETE" "$work" "$step") ]] ||
-  fail "job $lcut: no complete checkpoint at step $step"
+step=$(stopped_at "$work/launch_cut.out" "$work/launch_cut")
 echo "shardlm launch job $lcut stopped by scancel --batch --signal=TERM: checkpoint at step $step, exit code 0:0"
 
 # 4. srun without PMIx: one line saying what to do, not MPI_Init's abort.
