@@ -62,10 +62,12 @@ void register_validate(CLI::App& app) {
     for (const std::string& w : cfg.deepspeed.warnings) fmt::print(stderr, "shardlm: warning: {}\n", w);
     std::optional<ModelConfig> shape;
     if (!preset_name.empty()) shape = preset(preset_name);
-    const std::vector<std::string> lines =
-        train::check_run(cfg, world_size, o->nproc > 0 ? o->nproc : world_size, shape ? &*shape : nullptr).lines;
+    const train::RunCheck check =
+        train::check_run(cfg, world_size, o->nproc > 0 ? o->nproc : world_size, shape ? &*shape : nullptr);
+    for (const std::string& w : check.warnings) fmt::print(stderr, "shardlm: warning: {}\n", w);
     fmt::print("{}: valid\n", o->recipe.empty() ? o->config : "recipe " + o->recipe);
-    for (const std::string& line : lines) fmt::print("  {}\n", line);
+    for (const std::string& line : check.lines) fmt::print("  {}\n", line);
+    if (!check.sample.empty()) fmt::print("\nsample {}\n", check.sample);
   });
 }
 

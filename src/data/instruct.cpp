@@ -561,6 +561,7 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
   // ChatML templates that add a default system message (Qwen2's) get it here, as they render.
   const std::optional<std::string> default_system =
       kind == "chat" && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
+  if (kind == "chat") report.chat_format = fmt_;
   report.format = kind == "chat" ? fmt::format("chat ({}{})", chat_format_name(fmt_),
                                                default_system ? ", default system message" : "")
                                  : "alpaca";
@@ -598,7 +599,9 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
       continue;
     }
     report.boundary_mismatch += mismatch;
-    if (opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len) {
+    report.longest = std::max(report.longest, int64_t(e.ids.size()));
+    const bool truncated = opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len;
+    if (truncated) {
       e.ids.resize(size_t(opt.max_seq_len));
       e.targets.resize(size_t(opt.max_seq_len));
       ++report.truncated;
@@ -612,6 +615,7 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
     report.tokens += int64_t(e.ids.size());
     report.trained_tokens += trained;
     if (ordinals) ordinals->push_back(int64_t(k));
+    if (report.samples.size() < LoadReport::kSamples) report.samples.push_back({recs[k].line, e, truncated});
     out.push_back(std::move(e));
   }
   report.examples += int64_t(out.size());

@@ -65,6 +65,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     LoadReport rep;
     std::vector<int64_t> ordinals;
     std::vector<Example> all = load_instruct_file(dc.train, d.type, tok, opt, rep, &ordinals);
+    d.loads.emplace_back(dc.train, rep);
     std::vector<Example> train, eval;
     if (dc.evaluate_whole_file) {
       eval = std::move(all);
@@ -81,6 +82,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
                     {.file = dc.eval});
       LoadReport erep;
       eval = load_instruct_file(dc.eval, d.type, tok, opt, erep);
+      d.loads.emplace_back(dc.eval, erep);
       train = std::move(all);
       d.report.push_back(fmt::format("train {}: {}", dc.train, rep.summary()));
       d.report.push_back(fmt::format("eval {}: {}", dc.eval, erep.summary()));

@@ -57,6 +57,8 @@ struct RunData {
   int64_t seq_len = 0;                       // row length
   bool packing = false;
   std::vector<std::string> report;           // what loading found, one line each, for the log
+  // alpaca / chat: what loading found in each file read (the training file, then the eval file)
+  std::vector<std::pair<std::string, LoadReport>> loads;
 };
 // Whether the run's data is text to tokenize (text, alpaca, chat), as opposed to token files or
 // the built-in task.
