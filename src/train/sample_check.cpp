@@ -46,11 +46,15 @@ int64_t check_stop_labels(const std::string& path, const std::vector<data::Loade
                 {.file = path, .line = s.line});
   }
   if (with_stop == 0)
-    throw Error(fmt::format("none of the first {} examples (lines {} to {}) has a token generation stops on ({}) in "
-                            "its loss: seq_len {} cuts {} of them before their end; a model trained on them does not "
-                            "learn to end its answer: raise seq_len",
-                            samples.size(), samples.front().line, samples.back().line, token_list(tok, stop_ids),
-                            seq_len, cut),
+    throw Error(fmt::format("{} token generation stops on ({}) in its loss: seq_len {} cuts {} before {} end; "
+                            "a model trained on {} does not learn to end its answer: raise seq_len",
+                            samples.size() == 1
+                                ? fmt::format("the only example loading kept (line {}) has no", samples.front().line)
+                                : fmt::format("none of the first {} examples (lines {} to {}) has a", samples.size(),
+                                              samples.front().line, samples.back().line),
+                            token_list(tok, stop_ids), seq_len,
+                            samples.size() == 1 ? "it" : fmt::format("{} of them", cut),
+                            samples.size() == 1 ? "its" : "their", samples.size() == 1 ? "it" : "them"),
                 {.file = path, .line = samples.front().line});
   return with_stop;
 }
