@@ -6,7 +6,8 @@
 #     copied from the base) fails, exit 1, one line naming the directory and the largest
 #     difference; so do the base itself and a bf16 merge held to --tolerance 1e-9;
 #  C. QLoRA on a dense base: --merge-into dequantized merges into the base rounded through NF4 and
-#     passes; the dense merge checked against the NF4 base fails, and the reverse;
+#     passes; the dense merge checked against the NF4 base fails, and the reverse; `shardlm eval`
+#     of the adapter on the NF4 base through the training engine has the loss of that merge;
 #  D. a bitsandbytes 4-bit base (tests/bnb_dir.h): merged into its dequantization, passes;
 #     --merge-into dense is refused naming its quantization_config; a bad --merge-into is refused.
 # Usage: merge_verify_cli.sh SHARDLM PEFT_TOOL PYTHON WORKDIR
@@ -74,6 +75,19 @@ grep -q "^verify: $work/q32 computes what $work/base with its decoder Linear wei
   "$work/q32.txt" || fail "--merge-into dequantized --verify: $(cat "$work/q32.txt")"
 must_fail dense_vs_nf4 "${m[@]}" --merged "$work/m32" --merge-into dequantized
 must_fail nf4_vs_dense "${m[@]}" --merged "$work/q32" --merge-into dense
+# The base QLoRA training sees: `shardlm eval` through the training engine with the base in NF4
+# (lora.quantize_base: nf4) and the adapter unmerged has the loss of the --merge-into dequantized
+# merge, and plain LoRA's is the dense merge's.
+seq 1 600 | tr '\n' ' ' > "$work/text.txt"
+loss() { "$shardlm" eval --data "$work/text.txt" --data-type text --seq-len 64 "$@" 2>/dev/null | sed -n 's/^eval: loss \([0-9.]*\),.*/\1/p'; }
+same() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(a != "" && (d < 0 ? -d : d) < 1e-5) }'; }
+qlora=$(loss --model "$work/base" --adapter "$work/lora" lora.quantize_base=nf4)
+lora=$(loss --model "$work/base" --adapter "$work/lora")
+q32=$(loss --model "$work/q32")
+m32=$(loss --model "$work/m32")
+same "$qlora" "$q32" || fail "QLoRA's eval loss $qlora is not the --merge-into dequantized merge's $q32"
+same "$lora" "$m32" || fail "LoRA's eval loss $lora is not the dense merge's $m32"
+! same "$qlora" "$m32" || fail "QLoRA's eval loss $qlora equals the dense merge's $m32: the test cannot tell them apart"
 
 # ---- D ----
 "$tool" bnb-dir "$work/base" "$work/bnb"
