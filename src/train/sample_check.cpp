@@ -84,9 +84,18 @@ SampleCheck check_samples(const TrainConfig& c, const RunInputs& in) {
                   {.file = c.source, .key = "data.chat_format"});
     }
   }
-  if (chat)
+  if (chat) {
     out.lines.push_back(fmt::format("chat format: {}, as `generate --chat` and `serve` use it for {}",
                                     data::chat_format_name(generation.format), c.model));
+    // shardlm renders only the families it knows; other tools render the template itself.
+    const std::string chat_template = data::read_chat_template(c.model);
+    if (!chat_template.empty() && !data::chat_format_of_template(chat_template))
+      out.warnings.push_back(fmt::format(
+          "{}/tokenizer_config.json: its chat_template is none of the formats shardlm renders (llama3, llama2, chatml, "
+          "mistral): training and `generate --chat` use {} (from the tokenizer's special tokens), but tools that "
+          "apply the template (transformers' apply_chat_template, vLLM) will prompt the model differently",
+          c.model, data::chat_format_name(generation.format)));
+  }
   else
     out.lines.push_back(fmt::format("{} data: prompts at generation must follow its template (`generate --chat` and "
                                     "`serve`'s chat endpoint would use {})",

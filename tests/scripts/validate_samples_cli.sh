@@ -8,7 +8,9 @@
 #     generation stops on -> exit 1, one line naming the file and the first example's line;
 #  C. data.chat_format llama2 on a model whose template is llama3 -> exit 1, one line naming the
 #     key and both formats;
-#  D. seq_len cutting 5 of 50 examples (the first 8 whole) -> valid, with a warning giving 10.0%.
+#  D. seq_len cutting 5 of 50 examples (the first 8 whole) -> valid, with a warning giving 10.0%;
+#  E. a chat_template of no family shardlm renders (Gemma's markers) -> valid, with a warning that
+#     tools applying the template prompt differently.
 # Usage: validate_samples_cli.sh SHARDLM DATA_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -81,4 +83,14 @@ config some_cut "$work/some_long.jsonl" 64
 [[ $(validate some_cut) == 0 ]] || fail "a config truncating 10% was refused: $(cat "$work/some_cut.err")"
 grep -q "warning: $work/some_long.jsonl: seq_len 64 truncates 5 of 50 examples (10.0%, the longest has [0-9]* tokens)" \
   "$work/some_cut.err" || fail "no truncation warning: $(cat "$work/some_cut.err")"
+
+# ---- E ----
+cp -r "$work/m" "$work/m_other_template"
+printf '{"chat_template": "{%% for m in messages %%}<start_of_turn>{{ m.role }}\\n{{ m.content }}<end_of_turn>\\n{%% endfor %%}"}\n' \
+  > "$work/m_other_template/tokenizer_config.json"
+config other_template "$work/short.jsonl" 128
+sed -i "s|^model: .*|model: $work/m_other_template|" "$work/other_template.yaml"
+[[ $(validate other_template) == 0 ]] || fail "a template of another family was refused: $(cat "$work/other_template.err")"
+grep -q "warning: $work/m_other_template/tokenizer_config.json: its chat_template is none of the formats shardlm renders .*use llama3 (from the tokenizer's special tokens)" \
+  "$work/other_template.err" || fail "no warning for a template of another family: $(cat "$work/other_template.err")"
 echo "OK"
