@@ -7,6 +7,9 @@
 //       changes the model), element i of tensor `name` from the counter-based RNG at (S, name, i).
 //   peft_tool logits MODEL IDS.npy OUT.npy
 //       shardlm's f32 logits [B, T, V] of the model in MODEL on the int32 ids [B, T].
+//   peft_tool bnb-dir DENSE OUT
+//       the model in DENSE in bitsandbytes' 4-bit layout (tests/bnb_dir.h: bf16, double-quantized
+//       NF4 decoder Linear weights), with DENSE's tokenizer files.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "model/llama.h"
 #include "model/peft_adapter.h"
 #include "testing.h"
+#include "bnb_dir.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
 
@@ -87,13 +91,25 @@ int logits(int argc, char** argv) {
   return 0;
 }
 
+int bnb_dir(int argc, char** argv) {
+  if (argc != 4) throw Error("usage: peft_tool bnb-dir DENSE OUT");
+  const std::string dense = argv[2], out = argv[3];
+  const ModelConfig cfg = load_hf_config(dense);
+  infer::ParamStore params(cfg, DType::F32);
+  params.load(io::ModelWeights(dense), dense);
+  shardlm::testing::write_bnb_dir(out, cfg, params);
+  copy_tokenizer_files(dense, out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (argc >= 2 && std::strcmp(argv[1], "make-adapter") == 0) return make_adapter(argc, argv);
     if (argc >= 2 && std::strcmp(argv[1], "logits") == 0) return logits(argc, argv);
-    std::fprintf(stderr, "usage: peft_tool make-adapter ... | logits ...\n");
+    if (argc >= 2 && std::strcmp(argv[1], "bnb-dir") == 0) return bnb_dir(argc, argv);
+    std::fprintf(stderr, "usage: peft_tool make-adapter ... | logits ... | bnb-dir ...\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "peft_tool: error: %s\n", e.what());

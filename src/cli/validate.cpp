@@ -1,5 +1,6 @@
 // `shardlm validate`: check a training configuration as `shardlm train` would read it (keys,
-// values, model directory, tokenizer, data files, memory per rank), without training.
+// values, model directory, tokenizer, data files and their first examples, memory per rank),
+// without training.
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -34,7 +35,12 @@ void register_validate(CLI::App& app) {
   cmd->footer(
       "Reads the file exactly as `shardlm train` does (the same reader, the same errors), then loads the model's\n"
       "config.json, its tokenizer and the data as training would, and estimates the memory per rank against\n"
-      "max_memory_per_rank. Exit 0 when all is well, else one line naming the file and key at fault.\n"
+      "max_memory_per_rank. Of each alpaca or chat file it checks the first 8 examples as training renders\n"
+      "and masks them: each that seq_len does not cut must train a token generate and serve stop on (EOS,\n"
+      "end of turn), and the chat format must be the one generate --chat and serve use for the model; it\n"
+      "warns when seq_len truncates more than 2% of the examples, and prints the first example with its\n"
+      "context in «guillemets» (docs/data.md). Exit 0 when all is well, else one line naming the file and\n"
+      "key (or line) at fault.\n"
       "Examples:\n"
       "  shardlm validate --config run.yaml\n"
       "  shardlm validate --config run.yaml --world-size 8 micro_batch_size=4\n"
@@ -62,10 +68,12 @@ void register_validate(CLI::App& app) {
     for (const std::string& w : cfg.deepspeed.warnings) fmt::print(stderr, "shardlm: warning: {}\n", w);
     std::optional<ModelConfig> shape;
     if (!preset_name.empty()) shape = preset(preset_name);
-    const std::vector<std::string> lines =
-        train::check_run(cfg, world_size, o->nproc > 0 ? o->nproc : world_size, shape ? &*shape : nullptr).lines;
+    const train::RunCheck check =
+        train::check_run(cfg, world_size, o->nproc > 0 ? o->nproc : world_size, shape ? &*shape : nullptr);
+    for (const std::string& w : check.warnings) fmt::print(stderr, "shardlm: warning: {}\n", w);
     fmt::print("{}: valid\n", o->recipe.empty() ? o->config : "recipe " + o->recipe);
-    for (const std::string& line : lines) fmt::print("  {}\n", line);
+    for (const std::string& line : check.lines) fmt::print("  {}\n", line);
+    if (!check.sample.empty()) fmt::print("\nsample {}\n", check.sample);
   });
 }
 

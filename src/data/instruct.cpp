@@ -625,6 +625,7 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
   // ChatML templates that add a default system message (Qwen2's) get it here, as they render.
   const std::optional<std::string> default_system =
       chat && fmt_ == ChatFormat::ChatML ? chat_default_system(opt.chat_template) : std::nullopt;
+  if (chat) report.chat_format = fmt_;
   report.format = kind == "alpaca" ? "alpaca"
                                    : fmt::format("{} ({}{})", kind == "chat" ? "chat" : "preference pairs",
                                                  chat_format_name(fmt_), default_system ? ", default system message" : "");
@@ -668,8 +669,11 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
     report.boundary_mismatch += mismatch;
     // A pair is kept or dropped whole: a preference needs both sides.
     bool empty = false;
+    std::vector<char> truncated;
     for (Example& e : rendered) {
-      if (opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len) {
+      report.longest = std::max(report.longest, int64_t(e.ids.size()));
+      truncated.push_back(opt.max_seq_len > 0 && int64_t(e.ids.size()) > opt.max_seq_len);
+      if (truncated.back()) {
         e.ids.resize(size_t(opt.max_seq_len));
         e.targets.resize(size_t(opt.max_seq_len));
         ++report.truncated;
@@ -680,11 +684,13 @@ std::vector<Example> load_instruct_file(const std::string& path, const std::stri
       report.dropped_no_target += int64_t(rendered.size());
       continue;
     }
-    for (Example& e : rendered) {
+    for (size_t i = 0; i < rendered.size(); ++i) {
+      Example& e = rendered[i];
       report.tokens += int64_t(e.ids.size());
       report.trained_tokens +=
           std::count_if(e.targets.begin(), e.targets.end(), [](int32_t t) { return t != ops::kIgnoreIndex; });
       if (ordinals) ordinals->push_back(int64_t(k));
+      if (report.samples.size() < LoadReport::kSamples) report.samples.push_back({recs[k].line, e, bool(truncated[i])});
       out.push_back(std::move(e));
     }
   }

@@ -126,8 +126,16 @@ struct InstructOptions {
   int64_t max_seq_len = 0;  // > 0: examples longer than this many input tokens are truncated
 };
 
+// One of the first examples loading kept, as training renders it, and where its record is.
+struct LoadedSample {
+  int64_t line = 0;        // 1-based line of the record's first character
+  Example example;         // after truncation to max_seq_len
+  bool truncated = false;  // cut to max_seq_len
+};
+
 // What loading found; summary() is the line the trainer prints.
 struct LoadReport {
+  static constexpr size_t kSamples = 8;  // how many of the first kept examples `samples` holds
   int64_t records = 0;            // records read (including skipped ones)
   int64_t examples = 0;           // examples kept
   int64_t skipped = 0;            // bad records skipped (on_bad_row: skip)
@@ -137,6 +145,9 @@ struct LoadReport {
   int64_t boundary_mismatch = 0;  // prompt/answer tokenization boundary effects (see alpaca_example)
   int64_t tokens = 0, trained_tokens = 0;  // input tokens and loss-counted targets of the kept examples
   std::string format;             // "alpaca", "chat (llama3)", ...
+  std::optional<ChatFormat> chat_format;  // chat files: the format their conversations were rendered in
+  int64_t longest = 0;            // input tokens of the longest example before truncation
+  std::vector<LoadedSample> samples;  // the first kSamples kept examples (`shardlm validate` checks them)
   std::string summary() const;
 };
 

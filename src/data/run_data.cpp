@@ -73,6 +73,7 @@ RunData load_mixture(const DataConfig& dc, int64_t seq_len, uint64_t seed, const
     d.pairs = p.pairs;
     types.push_back(p.type);
     for (const std::string& line : p.report) d.report.push_back(fmt::format("source {} ({}): {}", i + 1, sc.train, line));
+    for (auto& load : p.loads) d.loads.push_back(std::move(load));
     train.push_back(std::move(p.train));
     eval.push_back(std::move(p.eval));
   }
@@ -142,6 +143,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
     LoadReport rep;
     std::vector<int64_t> ordinals;
     std::vector<Example> all = load_instruct_file(dc.train, d.type, tok, opt, rep, &ordinals);
+    d.loads.emplace_back(dc.train, rep);
     std::vector<Example> train, eval;
     if (dc.evaluate_whole_file) {
       eval = std::move(all);
@@ -158,6 +160,7 @@ RunData load_run_data(const DataConfig& dc, int64_t seq_len, uint64_t seed, cons
                     {.file = dc.eval});
       LoadReport erep;
       eval = load_instruct_file(dc.eval, d.type, tok, opt, erep);
+      d.loads.emplace_back(dc.eval, erep);
       train = std::move(all);
       d.report.push_back(fmt::format("train {}: {}", dc.train, rep.summary()));
       d.report.push_back(fmt::format("eval {}: {}", dc.eval, erep.summary()));

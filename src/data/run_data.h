@@ -82,6 +82,8 @@ struct RunData {
   bool pairs = false;
   std::vector<MixPart> mixture;  // a mixture's sources, in config order (empty: one source)
   std::vector<std::string> report;           // what loading found, one line each, for the log
+  // alpaca / chat: what loading found in each file read (the training file, then the eval file)
+  std::vector<std::pair<std::string, LoadReport>> loads;
 };
 // Whether the run's data is text to tokenize (text, alpaca, chat), as opposed to token files or
 // the built-in task.

@@ -4,7 +4,7 @@
 
 #include "io/model_files.h"
 #include "model/peft_adapter.h"
-#include "ops/nf4.h"
+#include "model/nf4_loader.h"
 
 namespace shardlm::infer {
 
@@ -19,13 +19,7 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
       for (const model::ParamInfo& info : part.params) {
         // The weights QLoRA keeps in NF4; another rank's, in a split model, are not here.
         if (!model::quantized_by_qlora(part, info) || !params.has(info.name)) continue;
-        const Tensor t = params.master(info.name);
-        const ops::Nf4Layout layout = ops::Nf4Layout::of(t.numel(), true);
-        const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
-        const ops::Nf4Tensor q = ops::nf4_view(buf.data(), layout, info.shape, DType::F32);
-        const Tensor flat = t.reshape({t.numel()});
-        ops::nf4_quantize(q, flat);
-        ops::nf4_dequantize(flat, q);
+        model::nf4_round_in_place(params.master(info.name));
         ++n;
       }
     note(fmt::format("{}: {} Linear weights quantized to NF4 and dequantized to f32", w.load_in_4bit_role, n));

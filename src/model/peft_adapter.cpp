@@ -310,10 +310,29 @@ void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& l
   }
 }
 
+MergeInto merge_into_of(const std::string& name, const std::string& role) {
+  if (name == "dequantized") return MergeInto::Dequantized;
+  if (name == "dense") return MergeInto::Dense;
+  throw Error(fmt::format("'{}': expected dequantized (the NF4 weights a QLoRA run trained against) or dense (the "
+                          "dense base itself)",
+                          name),
+              {.key = role});
+}
+
+bool rounds_base_to_nf4(const ModelConfig& cfg, const std::string& base, MergeInto into) {
+  const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
+  if (into == MergeInto::Dense && stored_nf4)
+    throw Error("a bitsandbytes 4-bit model holds no dense weights to merge into (merge into its dequantized NF4 "
+                "weights, or give the dense model it was quantized from)",
+                {.file = (fs::path(base) / "config.json").string(), .key = "quantization_config"});
+  return into == MergeInto::Dequantized && !stored_nf4;
+}
+
 MergeReport merge_peft_adapter(const MergeOptions& opt) {
   io::refuse_output_over_input(opt.out, opt.role, opt.base, "base model directory");
   io::refuse_output_over_input(opt.out, opt.role, opt.adapter, "adapter directory");
   const ModelConfig cfg = load_model_config(opt.base);
+  const bool round_nf4 = rounds_base_to_nf4(cfg, opt.base, opt.merge_into);
   const io::ModelWeights weights(opt.base);
   // A directory saved by transformers from a bitsandbytes 4-bit model: its NF4 weights are read as
   // bitsandbytes dequantizes them (in f32), and the merged model is a plain one.
@@ -324,7 +343,7 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
 
   // Every tensor of the model, in part order, checked against the base files.
   std::vector<io::PlannedTensor> plan;
-  std::set<std::string> known;
+  std::set<std::string> known, rounded;
   MergeReport report;
   report.spec = adapter.spec;
   std::optional<DType> stored;
@@ -332,6 +351,7 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
     for (const model::ParamInfo& p : part.params) {
       if (!weights.has(p.name)) throw Error("missing from the base model's weights", {.file = opt.base, .tensor = p.name});
       known.insert(p.name);
+      if (round_nf4 && model::quantized_by_qlora(part, p)) rounded.insert(p.name);
       plan.emplace_back(p.name, DType::F32, p.shape);  // dtype set below
       if (nf4.is_quantized(p.name)) {
         const model::Nf4State st = nf4.state(p.name);
@@ -370,9 +390,10 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
   io::publish_dir(opt.out, opt.publish, opt.role, [&](const std::string& out) {
   io::write_model_weights_streaming(out, plan, opt.max_shard_bytes, [&](const std::string& name, const io::TensorSink& sink) {
     const auto it = adapted.find(name);
-    if (it != adapted.end() || nf4.is_quantized(name)) {
-      // The whole weight in f32 (an NF4 one dequantized as bitsandbytes does), W += scale * B A
-      // when adapted, then stored in the output dtype.
+    if (it != adapted.end() || nf4.is_quantized(name) || rounded.count(name)) {
+      // The whole weight in f32 (an NF4 one dequantized as bitsandbytes does; a dense one rounded
+      // through NF4 for MergeInto::Dequantized), W += scale * B A when adapted, then stored in the
+      // output dtype.
       OwnedTensor w;
       if (nf4.is_quantized(name)) {
         w = nf4.dequantize_f32(name);
@@ -382,6 +403,10 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
         const OwnedTensor raw(*info.dtype, {info.numel()}, MemCategory::Workspace, false);
         weights.read_range(name, 0, uint64_t(info.numel()), raw.t.data);
         ops::cast(Tensor::view(w.t.data, DType::F32, {info.numel()}), raw.t);
+        if (rounded.count(name)) {
+          model::nf4_round_in_place(w.t);
+          ++report.rounded;
+        }
       }
       const int64_t n = w.t.numel();
       if (it != adapted.end()) {

@@ -64,8 +64,23 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
 // Hugging Face name (e.g. a ParamStore's master weights, for generation without a merged copy).
 void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& lookup);
 
+// Which base weights an adapter is merged into (`merge --merge-into`), for QLoRA adapters:
+//  AsStored: the base as its directory stores it: a dense base's weights, a bitsandbytes 4-bit
+//            base's NF4 weights dequantized as bitsandbytes does (what training from it saw);
+//  Dequantized: the NF4 weights training saw: a bitsandbytes base's as stored, a dense base's decoder
+//            Linear weights rounded through NF4 (model::nf4_round_in_place, as lora.quantize_base:
+//            nf4 keeps them), so the merged model computes what the QLoRA run trained;
+//  Dense: the dense base itself (an Error for a bitsandbytes base, which holds no dense weights).
+enum class MergeInto { AsStored, Dequantized, Dense };
+// "dequantized" / "dense" (an Error naming `role` otherwise).
+MergeInto merge_into_of(const std::string& name, const std::string& role);
+// Whether the base `cfg` (of directory `base`) is to be rounded through NF4 for `into`: true for
+// Dequantized on a dense base; an Error naming `base` for Dense on a bitsandbytes 4-bit base.
+bool rounds_base_to_nf4(const ModelConfig& cfg, const std::string& base, MergeInto into);
+
 struct MergeOptions {
   std::string base, adapter, out;  // directories
+  MergeInto merge_into = MergeInto::AsStored;
   std::optional<DType> dtype;      // of the merged weights; unset: the base's stored dtype
   uint64_t max_shard_bytes = 5'000'000'000;
   io::Publish publish = io::Publish::Replace;  // how `out` appears (io/staged_dir.h)
@@ -77,6 +92,7 @@ struct MergeReport {
   int64_t tensors = 0; // tensors written (the others copied, converted if --dtype asks)
   DType dtype = DType::F32;
   int64_t dequantized = 0;  // NF4 weights of a bitsandbytes 4-bit base, read dequantized (the merged model is plain)
+  int64_t rounded = 0;      // weights of a dense base rounded through NF4 (MergeInto::Dequantized)
 };
 // A merged Hugging Face model directory: every base tensor, in the order of the model's parts,
 // with W' = W + scale * B A computed in f32 from the base's stored dtype for each adapted weight,

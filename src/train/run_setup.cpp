@@ -11,6 +11,7 @@
 #include "model/hf_dir.h"
 #include "model/llama.h"
 #include "model/nf4_loader.h"
+#include "train/sample_check.h"
 
 namespace shardlm::train {
 
@@ -182,6 +183,10 @@ RunCheck check_run(const TrainConfig& config, int world_size, int node_ranks, co
     in = load_inputs(c);  // config.json, the tokenizer and every data file, exactly as training reads them
     out.push_back(fmt::format("tokenizer: {} ({} ids)", in.tok->name(), in.tok->vocab_size()));
     for (const std::string& line : in.data.report) out.push_back("data: " + line);
+    SampleCheck samples = check_samples(c, in);
+    for (const std::string& line : samples.lines) out.push_back("samples: " + line);
+    check.warnings = std::move(samples.warnings);
+    check.sample = std::move(samples.sample);
   }
   const double params = double(parameter_count(in.model, in.finetune));
   out.insert(out.begin(), fmt::format("model: {} ({}, {} layers, hidden {}, vocab {}){}", c.model,

@@ -58,9 +58,14 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
 // them), and the memory estimate per rank against max_memory_per_rank (an Error naming the key
 // when it does not fit). `shape`, when given, stands in for the model directory's config.json and
 // then nothing on disk is read.
+// With the data read, the first examples of each instruction file are checked too (sample_check.h):
+// an Error when generation would not stop or would prompt in another chat format, a warning when
+// seq_len truncates many examples.
 struct RunCheck {
-  std::vector<std::string> lines;  // what was found, one line each
-  int64_t memory_per_rank = 0;     // the estimated peak per rank (device memory), bytes
+  std::vector<std::string> lines;     // what was found, one line each
+  std::vector<std::string> warnings;  // what may be wrong, one line each
+  std::string sample;                 // the first training example as training sees it ("" without data)
+  int64_t memory_per_rank = 0;        // the estimated peak per rank (device memory), bytes
 };
 RunCheck check_run(const TrainConfig& cfg, int world_size, int ranks_per_node, const ModelConfig* shape = nullptr);
 

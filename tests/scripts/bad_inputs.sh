@@ -329,6 +329,7 @@ row data_empty              "empty\.json"                                       
 row data_token_id_range     "ids\.bin.*600"                                            T data.train="$fx/ids.bin" data.type=tokens
 row data_bad_type           "data\.type.*csv"                                          T data.type=csv
 row data_preview_missing    "no_such_data\.json"                                       S data-preview --config "$fx/alpaca.yaml" data.train="$work/no_such_data.json"
+row validate_answers_cut    "alpaca_en_demo\.json:2: none of the first 8 examples \(lines 2 to 77\) has a token generation stops on .*seq_len 48 cuts 8 of them" S validate --config "$fx/alpaca.yaml" seq_len=48
 # tokenizers
 row tokenizer_missing       "notok.*tokenizer"                                                    TA model="$d_notok"
 row tokenizer_corrupt       "badtok/tokenizer\.model"                                  TA model="$d_badtok"
@@ -346,6 +347,8 @@ row merge_wrong_peft_type   "ad_type/adapter_config\.json.*peft_type"           
 row merge_other_model       "lora_other/adapter/adapter_model\.safetensors: tensor 'base_model\.model\.model\.layers\.[0-9]+\.self_attn\.(q|v)_proj\.lora_[AB]\.weight'" S merge --base "$m" --adapter "$fx/lora_other/adapter" --out "$work/merged"
 row generate_other_adapter  "lora_other/adapter.*lora_[AB]"                            S generate --model "$m" --adapter "$fx/lora_other/adapter" --prompt hi
 row merge_missing_adapter   "no_such_adapter"                                          S merge --base "$m" --adapter "$work/no_such_adapter" --out "$work/merged"
+row merge_into_unknown      "key '--merge-into': 'nf4': expected dequantized"          S merge --base "$m" --adapter "$adapter" --out "$work/merged" --merge-into nf4
+row merge_verify_no_out     "give --out DIR \(to merge\) or --merged DIR \(to verify\)"   S merge --base "$m" --adapter "$adapter" --verify
 # parsers with limits (issue 30): nesting, alias expansion, numbers past a double, sizes past 64 bits
 row model_config_deep       "deepcfg/config\.json: invalid JSON: .*nested deeper than 128" T model="$d_deepcfg"
 row weights_header_deep     "deephdr/model\.safetensors: header is not valid JSON: .*nested deeper" T model="$d_deephdr"
