@@ -414,15 +414,11 @@ std::vector<int> lora_layer_modules(const LoraSpec& lora) {
   std::sort(out.begin(), out.end());
   return out;
 }
-// The widest input of an adapted module (the dropout scratch's width), or output.
-int64_t lora_widest_input(const ModelConfig& c, const LoraSpec& lora) {
+// The widest input (the dropout scratch's width) or output of an adapted module: `side` is
+// &LoraTarget::in_features or &LoraTarget::out_features.
+int64_t lora_widest(const ModelConfig& c, const LoraSpec& lora, int64_t LoraTarget::*side) {
   int64_t w = 0;
-  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.in_features);
-  return w;
-}
-int64_t lora_widest_output(const ModelConfig& c, const LoraSpec& lora) {
-  int64_t w = 0;
-  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.out_features);
+  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.*side);
   return w;
 }
 
@@ -448,10 +444,12 @@ ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, const std
     case Width::Heads: w = c.num_attention_heads; break;
     case Width::Intermediate: w = c.intermediate_size; break;
     case Width::LoraRank: w = lora->rank; break;
-    case Width::LoraWidest: w = lora_widest_input(c, *lora); break;
-    case Width::LoraWidestOut: w = lora_widest_output(c, *lora); break;
+    case Width::LoraWidest: w = lora_widest(c, *lora, &LoraTarget::in_features); break;
+    case Width::LoraWidestOut: w = lora_widest(c, *lora, &LoraTarget::out_features); break;
     // DoRA's base term [N, out], which also holds whole rows of a weight [., in] for its norm.
-    case Width::DoraZ: w = std::max(lora_widest_input(c, *lora), lora_widest_output(c, *lora)); break;
+    case Width::DoraZ:
+      w = std::max(lora_widest(c, *lora, &LoraTarget::in_features), lora_widest(c, *lora, &LoraTarget::out_features));
+      break;
   }
   return {s.elem == Elem::Act ? act : s.elem == Elem::F32 ? DType::F32 : DType::I32, w, s.shape != RowView::Vector};
 }
