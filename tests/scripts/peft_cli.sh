@@ -13,7 +13,8 @@
 #  E. DoRA (use_dora): an adapter written by shardlm (GQA Llama, q/v/o/down) merges to the
 #     reference's m / ||W + s B A|| (W + s B A) and the merged model's logits equal the reference's
 #     unmerged DoRA; one written by the reference (PEFT's files) is read and merged by shardlm the
-#     same way; `generate --adapter` with a DoRA adapter equals generating from its merge.
+#     same way; `generate --adapter` with a DoRA adapter equals generating from its merge, and
+#     `eval --adapter` (DoRA applied unmerged, as in training) gives the merged model's loss.
 # Usage: peft_cli.sh SHARDLM PEFT_TOOL PYTHON SOURCE_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -93,4 +94,13 @@ gen --model "$work/tiny" --adapter "$work/tiny_dora" > "$work/gen_dora.txt" 2>/d
 gen --model "$work/tiny_dora_merged" > "$work/gen_dora_merged.txt"
 cmp -s "$work/gen_dora.txt" "$work/gen_dora_merged.txt" || fail "generate --adapter (DoRA) and its merged model differ"
 cmp -s "$work/gen_dora.txt" "$work/gen_base.txt" && fail "the DoRA adapter does not change generation (vacuous test)"
+# eval --adapter applies it unmerged, as training does: the loss of the merged model.
+"$py" -c "print('\n'.join(f'line {i}: the quick brown fox jumps over {i * 7 % 13} lazy dogs' for i in range(60)))" > "$work/eval.txt"
+ev() { "$shardlm" eval --data "$work/eval.txt" --seq-len 64 --quiet "$@" 2>&1 | tail -1 | sed 's/ ([0-9.]*s)$//'; }
+ev_adapter=$(ev --model "$work/tiny" --adapter "$work/tiny_dora")
+ev_merged=$(ev --model "$work/tiny_dora_merged")
+[[ "$ev_adapter" == "$ev_merged" && "$ev_adapter" == eval:* ]] ||
+  fail "eval --adapter (DoRA, unmerged) and eval of the merged model differ: '$ev_adapter' vs '$ev_merged'"
+[[ "$ev_adapter" != "$(ev --model "$work/tiny")" ]] || fail "the DoRA adapter does not change the eval loss (vacuous test)"
+echo "DoRA: eval --adapter (unmerged) == eval of the merged model: $ev_adapter"
 echo "peft_cli: ok"
