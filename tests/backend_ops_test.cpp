@@ -768,6 +768,53 @@ std::vector<Case> make_cases() {
     cases.push_back(std::move(c));
   }
 
+  // DoRA: row norms (double sums, another order), and the elementwise pieces (the same f32
+  // operations; dm's column sums in the same order). m > 0 and norm > 0 as in a model.
+  for (DType xt : {F, H}) {
+    Case c;
+    c.op = "row_norms";
+    c.label = fmt::format("x {}[37x300]", dn(xt));
+    c.args = {out("norms", F, {37}), in("x", xt, {37, 300}, randn(rng, 37 * 300))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::row_norms(t[0], t[1]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-6, 1e-6};
+    cases.push_back(std::move(c));
+  }
+  auto positive = [&](int64_t n) {
+    std::vector<float> v = randn(rng, n);
+    for (float& x : v) x = 0.5f + std::fabs(x);
+    return v;
+  };
+  for (auto [yt, mt] : {std::pair{F, F}, std::pair{H, H}}) {
+    Case c;
+    c.op = "dora_forward";
+    c.label = fmt::format("y {}[9x33] m {}", dn(yt), dn(mt));
+    c.args = {inout("y", yt, {9, 33}, randn(rng, 9 * 33)), in("z", F, {9, 33}, randn(rng, 9 * 33)),
+              in("l", F, {9, 33}, randn(rng, 9 * 33)), in("m", mt, {33}, positive(33)), in("norm", F, {33}, positive(33))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::dora_forward(t[0], t[1], t[2], t[3], t[4]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c;
+    c.op = "dora_backward";
+    c.label = "dy f32[9x33]";
+    c.args = {out("dz", F, {9, 33}), out("dl", F, {9, 33}), inout("dm", F, {33}, randn(rng, 33)),
+              in("dy", F, {9, 33}, randn(rng, 9 * 33)), in("z", F, {9, 33}, randn(rng, 9 * 33)),
+              in("l", F, {9, 33}, randn(rng, 9 * 33)), in("m", F, {33}, positive(33)), in("norm", F, {33}, positive(33))};
+    c.run = [](const std::vector<Tensor>& t) {
+      ops::dora_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+      return std::vector<double>{};
+    };
+    c.tol = {1e-7, 1e-6};
+    cases.push_back(std::move(c));
+  }
+
   // casts, bitwise, including NaN, infinities, subnormals and rounding ties (random bit patterns)
   for (DType st : {F, H, DType::F16}) {
     for (DType dt : {F, H, DType::F16}) {

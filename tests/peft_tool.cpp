@@ -1,10 +1,12 @@
 // The shardlm side of the PEFT adapter tests (tests/scripts/peft_cli.sh):
 //
-//   peft_tool make-adapter BASE OUT --rank R --alpha A --targets q_proj,v_proj [--rslora]
+//   peft_tool make-adapter BASE OUT --rank R --alpha A --targets q_proj,v_proj [--rslora] [--dora]
 //                          [--dtype f32|bf16] [--seed S] [--std X]
 //       writes a PEFT LoRA adapter for the model in BASE with write_peft_adapter: every A and B
 //       drawn from normal(0, X) (default 0.1; non-zero B, unlike a fresh LoRA, so the adapter
 //       changes the model), element i of tensor `name` from the counter-based RNG at (S, name, i).
+//       With --dora (use_dora: true) each magnitude vector is its base weight's row norms times
+//       1 + normal(0, X) (near PEFT's start, ||W||, but not equal to it, so it matters).
 //   peft_tool logits MODEL IDS.npy OUT.npy
 //       shardlm's f32 logits [B, T, V] of the model in MODEL on the int32 ids [B, T].
 //   peft_tool bnb-dir DENSE OUT
@@ -24,6 +26,7 @@
 #include "bnb_dir.h"
 #include "model/hf_dir.h"
 #include "infer/param_store.h"
+#include "ops/ops.h"
 
 using namespace shardlm;
 
@@ -46,6 +49,7 @@ int make_adapter(int argc, char** argv) {
     if (a == "--rank") spec.rank = std::stoll(next());
     else if (a == "--alpha") spec.alpha = std::stod(next());
     else if (a == "--rslora") spec.use_rslora = true;
+    else if (a == "--dora") spec.use_dora = true;
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--std") std_dev = std::stof(next());
     else if (a == "--dtype") dtype = parse_dtype(next());
@@ -60,9 +64,21 @@ int make_adapter(int argc, char** argv) {
   const ModelConfig cfg = load_hf_config(base);
   std::vector<std::vector<float>> data;
   std::map<std::string, Tensor> tensors;
+  std::unique_ptr<infer::ParamStore> params;  // the base, for DoRA's magnitudes
+  if (spec.use_dora) {
+    params = std::make_unique<infer::ParamStore>(cfg, DType::F32);
+    params->load(io::ModelWeights(base), base);
+  }
   for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(cfg, spec)) {
-    std::vector<float>& v = data.emplace_back(shardlm::testing::randn(t.shape[0] * t.shape[1], seed, t.name, std_dev));
-    tensors[t.name] = Tensor::view(v.data(), DType::F32, {t.shape[0], t.shape[1]});
+    const int64_t n = t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0];
+    std::vector<float>& v = data.emplace_back(shardlm::testing::randn(n, seed, t.name, std_dev));
+    if (t.shape.size() == 1) {  // a DoRA magnitude: ||W_j|| (1 + noise)
+      const Tensor w = params->master(model::dora_base_weight_name(t.name));
+      std::vector<float> norms(static_cast<size_t>(n));
+      ops::row_norms(Tensor::view(norms.data(), DType::F32, {n}), w);
+      for (int64_t j = 0; j < n; ++j) v[size_t(j)] = norms[size_t(j)] * (1.0f + v[size_t(j)]);
+    }
+    tensors[t.name] = Tensor::view(v.data(), DType::F32, t.shape.data(), int(t.shape.size()));
   }
   write_peft_adapter(out, spec, cfg, tensors, dtype);
   std::printf("wrote %s: %zu tensors, rank %lld, scale %g\n", out.c_str(), tensors.size(), (long long)spec.rank,

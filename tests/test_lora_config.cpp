@@ -50,6 +50,7 @@ TEST(LoraConfig, Defaults) {
     EXPECT_DOUBLE_EQ(c.lora->dropout, 0);
     EXPECT_EQ(c.lora->target_modules, (Modules{"q_proj", "v_proj"}));
     EXPECT_FALSE(c.lora->use_rslora);
+    EXPECT_FALSE(c.lora->use_dora);
     EXPECT_EQ(c.lora->init, model::LoraInit::Kaiming);
     EXPECT_EQ(c.lora->base_model_name_or_path, "models/llama");
     EXPECT_EQ(c.lora->task_type, "CAUSAL_LM");
@@ -71,6 +72,7 @@ TEST(LoraConfig, EveryKey) {
       "  dropout: 0.05\n"
       "  target_modules: [v_proj, down_proj, q_proj]\n"
       "  use_rslora: true\n"
+      "  use_dora: true\n"
       "  init: gaussian\n"
       "  quantize_base: nf4\n"
       "  double_quant: false\n"
@@ -81,6 +83,7 @@ TEST(LoraConfig, EveryKey) {
   EXPECT_DOUBLE_EQ(c.lora->dropout, 0.05);
   EXPECT_EQ(c.lora->target_modules, (Modules{"q_proj", "v_proj", "down_proj"}));  // in the layer's order
   EXPECT_TRUE(c.lora->use_rslora);
+  EXPECT_TRUE(c.lora->use_dora);
   EXPECT_DOUBLE_EQ(c.lora->scale(), 32 / 4.0);
   EXPECT_EQ(c.lora->init, model::LoraInit::Gaussian);
   EXPECT_TRUE(c.lora_quantize_base);
@@ -185,6 +188,8 @@ TEST(LoraConfig, BadValuesNameTheKey) {
             "run.yaml:5: key 'lora.init': expected kaiming or gaussian, got 'xavier'");
   EXPECT_EQ(error_reading("lora:\n  use_rslora: maybe\n"),
             "run.yaml:5: key 'lora.use_rslora': expected true or false, got 'maybe'");
+  EXPECT_EQ(error_reading("lora:\n  use_dora: 1.5\n"),
+            "run.yaml:5: key 'lora.use_dora': expected true or false, got '1.5'");
   EXPECT_EQ(error_reading("lora:\n  double_quant: 2\n"),
             "run.yaml:5: key 'lora.double_quant': expected true or false, got '2'");
   // The command line's values are placed there.

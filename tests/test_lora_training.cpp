@@ -1,5 +1,6 @@
 // LoRA training in one process, beyond the golden tests (which run without dropout): dropout's
-// determinism by key, its absence in evaluation, and its backward by finite differences.
+// determinism by key, its absence in evaluation, and its backward by finite differences (LoRA's,
+// and DoRA's magnitudes).
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
@@ -82,11 +83,11 @@ TEST(LoraTraining, DropoutIsDeterministicByKeyAndOffInEvaluation) {
   EXPECT_NE(step_loss(with, mw, b0, 5, 0.0, 1), step_loss(without, mo, b0, 5, 0.0, 1));
 }
 
-TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
-  // The loss of one training forward with a fixed mask key, as a function of one adapter's A and
-  // B (lr 0: the step changes nothing), against the gradients the backward computed.
+// The loss of one training forward with a fixed mask key (dropout 0.25), as a function of each
+// named adapter tensor (lr 0: the step changes nothing), against the gradients the backward computed.
+static void expect_dropout_gradients_match_finite_differences(const model::FinetuneSpec& ft,
+                                                              std::initializer_list<const char*> names) {
   const ModelConfig cfg = lora_config();
-  const model::FinetuneSpec ft = lora_spec(0.25);
   LocalEngine eng(cfg, {}, ft);
   shard::init_random(eng.engine, 2);
   randomize_b(eng);
@@ -94,9 +95,7 @@ TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
   const data::BatchBuffers b = batch(1);
   constexpr uint64_t kKey = 77;
   step_loss(eng, m, b, kKey, 0.0, 1);
-  for (const char* name : {"base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight",
-                           "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight",
-                           "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"}) {
+  for (const char* name : names) {
     std::vector<float> w = eng.weight(name);
     const std::vector<float> g = eng.grad(name);
     auto loss = [&] {
@@ -106,4 +105,23 @@ TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(check_gradient(loss, w.data(), int64_t(w.size()), g.data(),
                                {.eps = 1e-2, .atol = 1e-4, .rtol = 2e-2, .max_checks = 24}, name));
   }
+}
+
+TEST(LoraTraining, DropoutBackwardMatchesFiniteDifferences) {
+  expect_dropout_gradients_match_finite_differences(
+      lora_spec(0.25), {"base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight",
+                        "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight",
+                        "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"});
+}
+
+TEST(LoraTraining, DoraDropoutBackwardMatchesFiniteDifferences) {
+  // DoRA with dropout (PEFT's: the base term on the dropped input too): the weight norm does not
+  // depend on m, so these are exact checks of dm; layer 0's also check, through the input
+  // gradients of layer 1's DoRA modules, their dx path (the (g - 1) dy W term and the mask).
+  model::FinetuneSpec ft = lora_spec(0.25);
+  ft.lora->use_dora = true;
+  expect_dropout_gradients_match_finite_differences(
+      ft, {"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
+           "base_model.model.model.layers.0.mlp.down_proj.lora_magnitude_vector",
+           "base_model.model.model.layers.1.mlp.gate_proj.lora_magnitude_vector"});
 }

@@ -41,13 +41,17 @@ model::LoraSpec spec(std::vector<std::string> targets, int64_t r = 4, double alp
   return s;
 }
 
-// Random A and B for every tensor of the adapter (kept alive by `store`).
+// Random A and B (and positive DoRA magnitudes) for every tensor of the adapter (kept alive by `store`).
 std::map<std::string, Tensor> random_tensors(const ModelConfig& cfg, const model::LoraSpec& s,
                                              std::vector<std::vector<float>>& store) {
   std::map<std::string, Tensor> out;
   for (const model::LoraTensorInfo& t : model::lora_adapter_tensors(cfg, s)) {
-    store.push_back(shardlm::testing::randn(t.shape[0] * t.shape[1], 9, t.name, 0.5f));
-    out[t.name] = Tensor::view(store.back().data(), DType::F32, {t.shape[0], t.shape[1]});
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    store.push_back(shardlm::testing::randn(n, 9, t.name, 0.5f));
+    if (t.shape.size() == 1)
+      for (float& x : store.back()) x = 1.0f + std::fabs(x);
+    out[t.name] = Tensor::view(store.back().data(), DType::F32, t.shape.data(), int(t.shape.size()));
   }
   return out;
 }
@@ -136,6 +140,93 @@ TEST(Lora, MergeAddsScaledProductOfBAndA) {
                                      shardlm::testing::view(b, {r, out}), 1.0);
             }).find("do not fit the weight"),
             std::string::npos);
+}
+
+// DoRA's merge: W' = m / ||W + s B A||_row * (W + s B A), row by row; a magnitude of the wrong
+// length is refused.
+TEST(Lora, DoraMergeScalesEachRowOfTheLoraMergeToItsMagnitude) {
+  const int64_t out = 5, in = 7, r = 3;
+  std::vector<float> w = shardlm::testing::randn(out * in, 1, "w"), a = shardlm::testing::randn(r * in, 1, "a"),
+                     b = shardlm::testing::randn(out * r, 1, "b"), m = shardlm::testing::randn(out, 1, "m");
+  std::vector<float> lora = w;
+  model::lora_merge_into(shardlm::testing::view(lora, {out, in}), shardlm::testing::view(a, {r, in}),
+                         shardlm::testing::view(b, {out, r}), 0.75);
+  model::lora_merge_into(shardlm::testing::view(w, {out, in}), shardlm::testing::view(a, {r, in}),
+                         shardlm::testing::view(b, {out, r}), 0.75, shardlm::testing::view(m, {out}));
+  for (int64_t i = 0; i < out; ++i) {
+    double norm = 0;
+    for (int64_t j = 0; j < in; ++j) norm += double(lora[size_t(i * in + j)]) * lora[size_t(i * in + j)];
+    norm = std::sqrt(norm);
+    for (int64_t j = 0; j < in; ++j)
+      EXPECT_NEAR(w[size_t(i * in + j)], m[size_t(i)] / norm * lora[size_t(i * in + j)], 1e-5) << i << ", " << j;
+  }
+  EXPECT_NE(error_of([&] {
+              model::lora_merge_into(shardlm::testing::view(w, {out, in}), shardlm::testing::view(a, {r, in}),
+                                     shardlm::testing::view(b, {out, r}), 1.0, shardlm::testing::view(m, {out - 1}));
+            }).find("DoRA merge: the magnitude [4] does not fit the weight [5, 7]"),
+            std::string::npos);
+}
+
+// use_dora: the magnitude vectors, under PEFT's names, round-trip with the config's use_dora; a
+// magnitude of the wrong shape, a missing one, or one in an adapter without use_dora is refused in
+// one line naming the file and the tensor.
+TEST(PeftAdapter, DoraMagnitudesRoundTripAndBadOnesAreRefused) {
+  TempDir d;
+  const ModelConfig cfg = config();
+  model::LoraSpec s = spec({"q_proj", "down_proj"});
+  s.use_dora = true;
+  std::vector<std::vector<float>> store;
+  const std::map<std::string, Tensor> tensors = random_tensors(cfg, s, store);
+  const std::string mag = "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector";
+  ASSERT_TRUE(tensors.count(mag));
+  EXPECT_EQ(tensors.at(mag).shape_str(), "[64]");
+  EXPECT_EQ(tensors.size(), 12u);  // 2 layers x 2 modules x (A, B, m)
+  write_peft_adapter(d / "a", s, cfg, tensors);
+  const json j = json::parse(std::ifstream(d / "a/adapter_config.json"));
+  EXPECT_EQ(j["use_dora"], true);
+  const PeftAdapter back = read_peft_adapter(d / "a", cfg);
+  EXPECT_TRUE(back.spec.use_dora);
+  for (const auto& [name, t] : tensors) {
+    const Tensor& got = back.tensors.at(name).t;
+    ASSERT_EQ(got.shape_str(), t.shape_str()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(got.f32()[i], t.f32()[i]) << name << " element " << i;
+  }
+  EXPECT_EQ(back.m(back.targets.back()).numel(), 64);
+
+  const std::string st = d / "a/adapter_model.safetensors";
+  auto rewrite = [&](const std::string& drop, const std::string& reshape) {
+    std::vector<std::pair<std::string, Tensor>> list;
+    std::vector<float> longer(65, 1.0f);
+    for (const auto& [name, t] : tensors) {
+      if (name == drop) continue;
+      list.emplace_back(name, name == reshape ? Tensor::view(longer.data(), DType::F32, {65}) : t);
+    }
+    io::write_safetensors(st, list);
+  };
+  rewrite("", mag);
+  std::string e = read_error(d / "a");
+  EXPECT_NE(e.find(st), std::string::npos) << e;
+  EXPECT_NE(e.find(mag), std::string::npos) << e;
+  EXPECT_NE(e.find("shape [65] in the file"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs [64] (DoRA's magnitude: [out_features])"), std::string::npos) << e;
+  rewrite(mag, "");
+  e = read_error(d / "a");
+  EXPECT_NE(e.find(mag), std::string::npos) << e;
+  EXPECT_NE(e.find("missing"), std::string::npos) << e;
+  rewrite("", "");
+  json no_dora = j;
+  no_dora["use_dora"] = false;
+  write_json(d / "a", no_dora);
+  e = read_error(d / "a");
+  EXPECT_NE(e.find("lora_magnitude_vector"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not say use_dora: true"), std::string::npos) << e;
+  // Writing checks the magnitudes too.
+  std::map<std::string, Tensor> wrong = tensors;
+  std::vector<float> longer(65, 1.0f);
+  wrong[mag] = Tensor::view(longer.data(), DType::F32, {65});
+  e = error_of([&] { write_peft_adapter(d / "b", s, cfg, wrong); });
+  EXPECT_NE(e.find(mag), std::string::npos) << e;
+  EXPECT_NE(e.find("shape [65] given"), std::string::npos) << e;
 }
 
 TEST(PeftAdapter, WritesPeftConfigAndTensorsAndReadsThemBack) {
@@ -247,7 +338,7 @@ TEST(PeftAdapter, BadConfigsAreRefusedInOneLineNamingTheKey) {
       {"target_modules", 3, "expected a list"},
       {"bias", "all", "only \"none\""},
       {"bias", "lora_only", "only \"none\""},
-      {"use_dora", true, "DoRA adapters are not supported"},
+      {"use_dora", "yes", "expected true or false"},
       {"fan_in_fan_out", true, "fan_in_fan_out is for GPT-2"},
       {"modules_to_save", json({"lm_head"}), "save whole modules"},
       // json::array: json({0}) is null under clang (0 is a null pointer constant), [0] under gcc.
@@ -325,7 +416,7 @@ TEST(PeftAdapter, BadTensorsAreRefusedInOneLineNamingTheTensor) {
   });
   e = read_error(d / "a");
   EXPECT_NE(e.find(mag), std::string::npos) << e;
-  EXPECT_NE(e.find("DoRA"), std::string::npos) << e;
+  EXPECT_NE(e.find("DoRA magnitude vector, but adapter_config.json does not say use_dora: true"), std::string::npos) << e;
 
   const std::string head = "base_model.model.lm_head.lora_A.weight";
   rewrite([&](auto& v, auto& s) {

@@ -22,7 +22,7 @@ struct Opts {
   int world = 1, nproc = 0, shard_group = 0;
   int64_t micro_batch = 8, seq_len = 256, accum = 1, lora_rank = 0, min_num_params = 100000000;
   bool forward_prefetch = false, no_sync = false, offload = false, offload_activations = false, qlora = false,
-       sweep = false;
+       dora = false, sweep = false;
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default, as the lora: section's
 };
 
@@ -172,8 +172,9 @@ void run(const Opts& o) {
     throw Error("--offload-activations moves the checkpointed layers' inputs: set --activation-checkpointing");
   if (o.lora_rank < 0) throw Error(fmt::format("--lora-rank {}: must be >= 1", o.lora_rank));
   if (o.qlora && o.lora_rank == 0) throw Error("--qlora needs --lora-rank R (e.g. 16)");
+  if (o.dora && o.lora_rank == 0) throw Error("--dora needs --lora-rank R (e.g. 16)");
   if (o.lora_rank > 0) {
-    model::LoraSpec spec{.rank = o.lora_rank, .target_modules = o.target_modules};
+    model::LoraSpec spec{.rank = o.lora_rank, .target_modules = o.target_modules, .use_dora = o.dora};
     try {
       model::expand_lora_targets(spec.target_modules);
     } catch (const Error& e) {
@@ -312,6 +313,7 @@ void register_estimate_memory(CLI::App& app) {
                   "With --lora-rank: the adapted modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear)")
       ->capture_default_str();
   cmd->add_flag("--qlora", o->qlora, "QLoRA: with --lora-rank, the frozen base's Linear weights in NF4 with double quantization");
+  cmd->add_flag("--dora", o->dora, "DoRA: with --lora-rank, a trained magnitude per output feature too (lora.use_dora)");
   cmd->add_option("--device-memory", o->device_memory,
                   "Memory per rank to fit, e.g. 80GB or 24GiB (default: this machine's GPU, where it has one)");
   cmd->add_flag("--sweep", o->sweep, "Every strategy at world sizes 1..--world-size, marking what fits --device-memory");

@@ -92,7 +92,8 @@ void register_merge(CLI::App& app) {
       "--merge-into dequantized --verify\n"
       "\n"
       "Every adapted weight becomes W + scale * B A (scale = lora_alpha / r, or lora_alpha / sqrt(r)\n"
-      "with use_rslora), computed in f32 from the base's stored dtype, then stored in --dtype; the\n"
+      "with use_rslora), computed in f32 from the base's stored dtype, then stored in --dtype; for a\n"
+      "DoRA adapter (use_dora) each row of it is then scaled to its magnitude m / ||row||. The\n"
       "other tensors are copied. Streams tensor by tensor (memory: one weight in f32 and the adapter).\n"
       "Writes config.json, generation_config.json, the base's tokenizer files and model.safetensors\n"
       "(or shards and an index) into a staging directory beside --out, then publishes it whole.\n"
@@ -122,7 +123,10 @@ void register_merge(CLI::App& app) {
                  "{}) in {:.2f}s; peak RSS {}\n",
                  r.merged, model::expand_lora_targets(r.spec.target_modules).size(),
                  fmt::join(model::expand_lora_targets(r.spec.target_modules), " "), o->adapter, r.spec.rank, r.spec.alpha,
-                 r.spec.scale(), r.spec.use_rslora ? " (rsLoRA: alpha / sqrt(r))" : " (alpha / r)", o->out, r.tensors,
+                 r.spec.scale(),
+                 fmt::format("{}{}", r.spec.use_rslora ? " (rsLoRA: alpha / sqrt(r))" : " (alpha / r)",
+                             r.spec.use_dora ? ", DoRA: rows scaled to their magnitudes" : ""),
+                 o->out, r.tensors,
                  dtype_name(r.dtype), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  format_bytes(std::max<int64_t>(0, memory::process_memory().rss_peak)));
       if (r.dequantized > 0)

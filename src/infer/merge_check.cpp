@@ -79,6 +79,7 @@ MergeCheck check_merge(const MergeCheckOptions& opt) {
       const int m = lora_module_index(t.module);
       w.layers[size_t(t.layer)].lora_a[m] = adapter.a(t);
       w.layers[size_t(t.layer)].lora_b[m] = adapter.b(t);
+      w.layers[size_t(t.layer)].lora_m[m] = adapter.m(t);  // DoRA's magnitude (undefined for LoRA)
     }
     model::LlamaCompute compute(cfg, DType::F32, Device::CPU, adapter.spec);
     compute.set_weights(w);

@@ -92,7 +92,9 @@ std::vector<ModelPart> llama_parts(const ModelConfig& c, const FinetuneSpec& ft)
       ModelPart& layer = parts[size_t(1 + t.layer)];
       layer.params.push_back({t.a_name, {lora.rank, t.in_features}, a_init, true, true});
       layer.params.push_back({t.b_name, {t.out_features, lora.rank}, Init::Zeros, true, true});
-      layer.lora.push_back({lora_module_index(t.module), t.a_name, t.b_name});
+      // DoRA's magnitude is decayed like A and B: Hugging Face's Trainer exempts only biases and norms.
+      if (lora.use_dora) layer.params.push_back({t.m_name, {t.out_features}, Init::DoraMagnitude, true, true});
+      layer.lora.push_back({lora_module_index(t.module), t.a_name, t.b_name, t.m_name});
     }
   }
   return parts;
@@ -114,6 +116,7 @@ void bind_part(const ModelConfig& c, const ModelPart& part, LlamaWeights& w, con
       for (const LoraSlot& slot : part.lora) {
         L.lora_a[slot.module] = lookup ? lookup(slot.a_name) : Tensor{};
         L.lora_b[slot.module] = lookup ? lookup(slot.b_name) : Tensor{};
+        L.lora_m[slot.module] = lookup && !slot.m_name.empty() ? lookup(slot.m_name) : Tensor{};
       }
       return;
     }
@@ -166,12 +169,48 @@ void copy(const Tensor& dst, const Tensor& src) { ops::cast(dst, src); }
 // recomputed forward.
 uint64_t dropout_stream(int64_t layer, int module) { return uint64_t(layer) * kNumLoraModules + uint64_t(module) + 1; }
 
+// DoRA's weight norm: norm[j] = ||W_j + scale (B A)_j|| for every row j of the module's weight
+// W [out, in], taken over chunks of rows assembled in `scratch` (f32, at least `in` elements), so
+// no weight-sized buffer is needed. PEFT computes it afresh in every forward, from the weight as
+// the layer uses it (a QLoRA base dequantized), and treats it as a constant (no gradient).
+void dora_weight_norm(const Tensor& norm, const Tensor& W, const Tensor& A, const Tensor& B, float scale,
+                      const Tensor& scratch) {
+  const int64_t out = W.shape[0], in = W.shape[1];
+  const int64_t rows = std::min(out, scratch.numel() / in);
+  SHARDLM_CHECK(rows >= 1, "DoRA: scratch of {} elements for rows of {}", scratch.numel(), in);
+  for (int64_t j = 0; j < out; j += rows) {
+    const int64_t n = std::min(rows, out - j);
+    const Tensor v = Tensor::view(scratch.data, DType::F32, {n, in}, scratch.device);
+    copy(v, W.slice(j, j + n));
+    ops::matmul(v, B.slice(j, j + n), A, false, false, scale, 1.0f);
+    ops::row_norms(norm.slice(j, j + n), v);
+  }
+}
+
+// DoRA's scratch for N rows of a module of `out` features: its base term z, its LoRA term l (each
+// [N, out]) and its weight norm [out].
+struct DoraScratch {
+  Tensor z, l, norm;
+};
+DoraScratch dora_scratch(const LoraForward& lf, int64_t N, int64_t out) {
+  const Device d = lf.dora_z.device;
+  SHARDLM_CHECK(lf.dora_z.defined(), "DoRA weights are bound, but the forward was given no DoRA scratch");
+  return {Tensor::view(lf.dora_z.data, DType::F32, {N, out}, d), Tensor::view(lf.dora_l.data, DType::F32, {N, out}, d),
+          lf.dora_norm.slice(0, out)};
+}
+
 // PEFT's lora.Linear on top of a base projection already in y [N, out]:
 //   u = dropout(x) A^T  [N, r] (saved for the backward),   y += scale * u B^T.
-// x [N, in]; A [r, in]; B [out, r]. Nothing when the module has no adapter; only u when y is
-// undefined (a recomputed forward that does not rewrite the block's output).
-void lora_forward(const LayerWeights& w, int m, const Tensor& y, const Tensor& x, const Tensor& u, int64_t layer,
-                  const LoraForward& lf) {
+// x [N, in]; A [r, in]; B [out, r]; W [out, in] the module's base weight. Nothing when the module
+// has no adapter; only u when y is undefined (a recomputed forward that does not rewrite the
+// block's output). With DoRA (a magnitude m bound), PEFT's DoraLinearLayer instead: with
+// g = m / ||W + scale B A||_row (the norm a constant),
+//   y += (g - 1) * dropout(x) W^T + g * scale * u B^T,
+// i.e. without dropout y = g * (x (W + scale B A)^T) (+ bias, which is not rescaled). With dropout
+// PEFT's base term uses the dropped x as the LoRA term does (its DoRA variant passes dropout(x)
+// and recomputes the base product), so this does too.
+void lora_forward(const LayerWeights& w, int m, const Tensor& W, const Tensor& y, const Tensor& x, const Tensor& u,
+                  int64_t layer, const LoraForward& lf) {
   if (!w.lora_a[m].defined()) return;
   Tensor in = x;
   if (lf.key != 0 && lf.dropout > 0) {
@@ -179,7 +218,16 @@ void lora_forward(const LayerWeights& w, int m, const Tensor& y, const Tensor& x
     ops::dropout(in, x, lf.dropout, lf.key, dropout_stream(layer, m));
   }
   ops::matmul(u, in, w.lora_a[m], false, true);
-  if (y.defined()) ops::matmul(y, u, w.lora_b[m], false, true, lf.scale, 1.0f);
+  if (!y.defined()) return;
+  if (!w.lora_m[m].defined()) {
+    ops::matmul(y, u, w.lora_b[m], false, true, lf.scale, 1.0f);
+    return;
+  }
+  const DoraScratch d = dora_scratch(lf, x.shape[0], W.shape[0]);
+  dora_weight_norm(d.norm, W, w.lora_a[m], w.lora_b[m], lf.scale, lf.dora_z);
+  ops::matmul(d.z, in, W, false, true);
+  ops::matmul(d.l, u, w.lora_b[m], false, true, lf.scale, 0.0f);
+  ops::dora_forward(y, d.z, d.l, w.lora_m[m], d.norm);
 }
 }  // namespace
 
@@ -190,14 +238,16 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   using M = LoraModule;
-  auto lora = [&](M m, const Tensor& y, const Tensor& x) { lora_forward(w, int(m), y, x, a.lora_u[int(m)], layer, lf); };
+  auto lora = [&](M m, const Tensor& W, const Tensor& y, const Tensor& x) {
+    lora_forward(w, int(m), W, y, x, a.lora_u[int(m)], layer, lf);
+  };
   ops::rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, eps);
   linear(a.q, a.xn1, w.wq, w.bq);
-  lora(M::Q, a.q, a.xn1);
+  lora(M::Q, w.wq, a.q, a.xn1);
   linear(a.k, a.xn1, w.wk, w.bk);
-  lora(M::K, a.k, a.xn1);
+  lora(M::K, w.wk, a.k, a.xn1);
   linear(a.v, a.xn1, w.wv, w.bv);
-  lora(M::V, a.v, a.xn1);
+  lora(M::V, w.wv, a.v, a.xn1);
   const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
   ops::rope_forward(q4, q4, positions, inv_freq);
   ops::rope_forward(k4, k4, positions, inv_freq);
@@ -227,19 +277,19 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   copy(a.h1, a.x_in);
   ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, 1.0f);
   if (w.bo.defined()) ops::add_bias(a.h1, w.bo);
-  lora(M::O, a.h1, a.att);
+  lora(M::O, w.wo, a.h1, a.att);
   ops::rmsnorm_forward(a.xn2, a.rstd2, a.h1, w.mlp_norm, eps);
   ops::matmul(a.gate, a.xn2, w.w_gate, false, true);
-  lora(M::Gate, a.gate, a.xn2);
+  lora(M::Gate, w.w_gate, a.gate, a.xn2);
   ops::matmul(a.up, a.xn2, w.w_up, false, true);
-  lora(M::Up, a.up, a.xn2);
+  lora(M::Up, w.w_up, a.up, a.xn2);
   ops::swiglu_forward(a.act, a.gate, a.up);
   // out = h1 + down_proj(act).
   if (out.defined()) {
     copy(out, a.h1);
     ops::matmul(out, a.act, w.w_down, false, true, 1.0f, 1.0f);
   }
-  lora(M::Down, out, a.act);
+  lora(M::Down, w.w_down, out, a.act);
 }
 
 // ---- LlamaCompute --------------------------------------------------------------------------
@@ -250,6 +300,7 @@ struct ArenaViews {
   Tensor v_h_final, v_xnf, v_rstdf, v_ids, v_positions, v_segments, v_targets;
   Tensor v_dh, v_dtmp, v_dxn, v_datt, v_dq, v_dk, v_dv, v_d_act, v_dgate, v_dup;
   Tensor v_du, v_drop_x, v_drop_dx;
+  Tensor v_dora_z, v_dora_l, v_dora_norm;
 };
 
 // Everything LlamaCompute allocates, sized for a capacity of tokens (rows). Each batch works on
@@ -274,14 +325,16 @@ namespace {
 struct ArenaBuffer {
   DType dtype;
   int64_t width;
+  bool per_token = true;  // N rows of `width`; else one vector of `width` (whatever N is)
 };
 struct ArenaWidths {
   std::vector<ArenaBuffer> layer;      // per decoder layer, in BlockActivations order (x_in first; then
                                        // lora_u of each adapted module)
   std::vector<ArenaBuffer> top;        // h_final, xnf, rstdf, ids, positions, segments (+ targets on a GPU)
   std::vector<ArenaBuffer> workspace;  // the backward's d-buffers: dh dtmp dxn datt dq dk dv d_act dgate dup;
-                                       // with LoRA also du [r] (f32), and with LoRA dropout the
-                                       // dropped input and its gradient [widest input] (f32)
+                                       // with LoRA also du [r] (f32), with LoRA dropout the
+                                       // dropped input and its gradient [widest input] (f32), and
+                                       // with DoRA its scratch (f32; LoraForward)
 };
 
 // ---- the arena's table ---------------------------------------------------------------------------
@@ -290,10 +343,11 @@ struct ArenaWidths {
 // buffer to its member, as kLayerTensors binds weights. The memory estimator counts the arena by
 // running LlamaCompute on the meta device.
 enum class Elem : uint8_t { Act, F32, I32 };
-enum class Width : uint8_t { One, Hidden, QDim, KvDim, Heads, Intermediate, LoraRank, LoraWidest };
-enum class RowView : uint8_t { Rows, Flat, HeadsByTokens, Grid };
+enum class Width : uint8_t { One, Hidden, QDim, KvDim, Heads, Intermediate, LoraRank, LoraWidest, LoraWidestOut, DoraZ };
+// Vector: not rows at all, one [width] vector.
+enum class RowView : uint8_t { Rows, Flat, HeadsByTokens, Grid, Vector };
 // Which runs have the buffer.
-enum class Needs : uint8_t { Always, Device, Lora, LoraDropout };
+enum class Needs : uint8_t { Always, Device, Lora, LoraDropout, Dora };
 template <class Owner>
 struct ArenaSlot {
   Tensor Owner::*view;
@@ -348,6 +402,9 @@ constexpr ArenaSlot<ArenaViews> kWorkspaceBuffers[] = {
     {&ArenaViews::v_du, Elem::F32, Width::LoraRank, RowView::Rows, Needs::Lora},
     {&ArenaViews::v_drop_x, Elem::F32, Width::LoraWidest, RowView::Rows, Needs::LoraDropout},
     {&ArenaViews::v_drop_dx, Elem::F32, Width::LoraWidest, RowView::Rows, Needs::LoraDropout},
+    {&ArenaViews::v_dora_z, Elem::F32, Width::DoraZ, RowView::Rows, Needs::Dora},
+    {&ArenaViews::v_dora_l, Elem::F32, Width::LoraWidestOut, RowView::Rows, Needs::Dora},
+    {&ArenaViews::v_dora_norm, Elem::F32, Width::LoraWidestOut, RowView::Vector, Needs::Dora},
 };
 
 // The LoraModule indices a layer adapts (every layer adapts the same), ascending.
@@ -357,10 +414,11 @@ std::vector<int> lora_layer_modules(const LoraSpec& lora) {
   std::sort(out.begin(), out.end());
   return out;
 }
-// The widest input of an adapted module (the dropout scratch's width).
-int64_t lora_widest_input(const ModelConfig& c, const LoraSpec& lora) {
+// The widest input (the dropout scratch's width) or output of an adapted module: `side` is
+// &LoraTarget::in_features or &LoraTarget::out_features.
+int64_t lora_widest(const ModelConfig& c, const LoraSpec& lora, int64_t LoraTarget::*side) {
   int64_t w = 0;
-  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.in_features);
+  for (const LoraTarget& t : lora_targets(c, lora)) w = std::max(w, t.*side);
   return w;
 }
 
@@ -370,6 +428,7 @@ bool needed(Needs n, const std::optional<LoraSpec>& lora, Device device) {
     case Needs::Device: return device == Device::CUDA;  // the meta device stands for a CPU rank
     case Needs::Lora: return lora.has_value();
     case Needs::LoraDropout: return lora && lora->dropout > 0;
+    case Needs::Dora: return lora && lora->use_dora;
   }
   return false;
 }
@@ -385,20 +444,27 @@ ArenaBuffer buffer_of(const ArenaSlot<Owner>& s, const ModelConfig& c, const std
     case Width::Heads: w = c.num_attention_heads; break;
     case Width::Intermediate: w = c.intermediate_size; break;
     case Width::LoraRank: w = lora->rank; break;
-    case Width::LoraWidest: w = lora_widest_input(c, *lora); break;
+    case Width::LoraWidest: w = lora_widest(c, *lora, &LoraTarget::in_features); break;
+    case Width::LoraWidestOut: w = lora_widest(c, *lora, &LoraTarget::out_features); break;
+    // DoRA's base term [N, out], which also holds whole rows of a weight [., in] for its norm.
+    case Width::DoraZ:
+      w = std::max(lora_widest(c, *lora, &LoraTarget::in_features), lora_widest(c, *lora, &LoraTarget::out_features));
+      break;
   }
-  return {s.elem == Elem::Act ? act : s.elem == Elem::F32 ? DType::F32 : DType::I32, w};
+  return {s.elem == Elem::Act ? act : s.elem == Elem::F32 ? DType::F32 : DType::I32, w, s.shape != RowView::Vector};
 }
 
 // The view of a buffer's first B x T rows, shaped as the slot says.
 template <class Owner>
 Tensor view_of(const ArenaSlot<Owner>& s, const OwnedTensor& t, int64_t B, int64_t T, int64_t H) {
+  if (s.shape == RowView::Vector) return t.t.reshape({t.t.numel()});
   const Tensor rows = t.t.slice(0, B * T);
   switch (s.shape) {
     case RowView::Rows: return rows;
     case RowView::Flat: return rows.reshape({B * T});
     case RowView::HeadsByTokens: return rows.reshape({B, H, T});
     case RowView::Grid: return rows.reshape({B, T});
+    case RowView::Vector: break;  // above
   }
   return rows;
 }
@@ -440,7 +506,7 @@ void LlamaCompute::reserve(int64_t B, int64_t T) {
   const Device dev = device_;
   const ArenaWidths widths = arena_widths(cfg_, lora_, act_dtype_, device_);
   auto make = [&](const ArenaBuffer& b, MemCategory c) {
-    return OwnedTensor(b.dtype, std::initializer_list<int64_t>{N, b.width}, c, false, dev);
+    return OwnedTensor(b.dtype, std::initializer_list<int64_t>{b.per_token ? N : 1, b.width}, c, false, dev);
   };
   auto arena = std::make_unique<Arena>();
   arena->capacity = N;
@@ -552,11 +618,12 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   if (write_output && layer + 1 < cfg_.num_hidden_layers) claim_slot(layer + 1);
   if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
   const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
-  const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key, arena_->v_drop_x}
+  const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key,
+                                             arena_->v_drop_x, arena_->v_dora_z, arena_->v_dora_l, arena_->v_dora_norm}
                               : LoraForward{};
   if (!adapters_enabled_) {  // the base alone: the block sees no adapter bound
     LayerWeights base = w_.layers[size_t(layer)];
-    for (int m = 0; m < kNumLoraModules; ++m) base.lora_a[m] = base.lora_b[m] = Tensor{};
+    for (int m = 0; m < kNumLoraModules; ++m) base.lora_a[m] = base.lora_b[m] = base.lora_m[m] = Tensor{};
     decoder_block_forward(cfg_, base, a, kv, arena_->v_positions, seg, inv_freq_t_, B_, T_, out, layer, lf);
     return;
   }
@@ -683,30 +750,48 @@ void LlamaCompute::head_rows(const Batch& batch, std::span<double> row_loss, con
 // The backward of lora_forward: with dy = dL/dy [N, out] (f32) and x the module's input,
 //   dB += scale dy^T u,   du = scale dy B  [N, r],   dA += du^T dropout(x),   dx += dropout(du A),
 // the dropout's mask regenerated from its key. Nothing when the module has no adapter or its
-// adapter is not being trained (no gradient bound).
-void LlamaCompute::lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x) {
+// adapter is not being trained (no gradient bound). DoRA recomputes its norm and terms z and l
+// (lora_forward), gets dm, dz = (g - 1) dy and dl = g dy from ops::dora_backward, uses dl where
+// LoRA uses dy, and adds dz W to the dropped input's gradient (the base term's path).
+void LlamaCompute::lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x,
+                                 const Tensor& W) {
   const LayerWeights& w = w_.layers[size_t(layer)];
   const LayerWeights& g = g_.layers[size_t(layer)];
   if (!w.lora_a[m].defined() || !g.lora_a[m].defined()) return;
   const Arena& r = *arena_;
   const float scale = float(lora_->scale());
   const Tensor& u = acts_[size_t(layer)].lora_u[m];
-  ops::matmul(g.lora_b[m], dy, u, true, false, scale, 1.0f);
-  ops::matmul(r.v_du, dy, w.lora_b[m], false, false, scale, 0.0f);
   const bool drop = batch_.dropout_key != 0 && lora_->dropout > 0;
-  if (!drop) {
-    ops::matmul(g.lora_a[m], r.v_du, x, true, false, 1.0f, 1.0f);
-    ops::matmul(dx, r.v_du, w.lora_a[m], false, false, 1.0f, 1.0f);
-    return;
-  }
   const float p = float(lora_->dropout);
   const uint64_t stream = dropout_stream(layer, m);
   const int64_t N = x.shape[0], in = x.shape[1];
-  const Tensor xd = Tensor::view(r.v_drop_x.data, DType::F32, {N, in}, device_);
-  const Tensor dxd = Tensor::view(r.v_drop_dx.data, DType::F32, {N, in}, device_);
-  ops::dropout(xd, x, p, batch_.dropout_key, stream);
+  Tensor xd = x;  // the adapter's input: x, or dropout(x) regenerated
+  if (drop) {
+    xd = Tensor::view(r.v_drop_x.data, DType::F32, {N, in}, device_);
+    ops::dropout(xd, x, p, batch_.dropout_key, stream);
+  }
+  Tensor dl = dy, dz;  // the gradients of the LoRA term and (DoRA) of the base term
+  if (w.lora_m[m].defined()) {
+    const LoraForward lf{.scale = scale, .dora_z = r.v_dora_z, .dora_l = r.v_dora_l, .dora_norm = r.v_dora_norm};
+    const DoraScratch d = dora_scratch(lf, N, W.shape[0]);
+    dora_weight_norm(d.norm, W, w.lora_a[m], w.lora_b[m], scale, r.v_dora_z);
+    ops::matmul(d.z, xd, W, false, true);
+    ops::matmul(d.l, u, w.lora_b[m], false, true, scale, 0.0f);
+    ops::dora_backward(d.z, d.l, g.lora_m[m], dy, d.z, d.l, w.lora_m[m], d.norm);
+    dz = d.z;
+    dl = d.l;
+  }
+  ops::matmul(g.lora_b[m], dl, u, true, false, scale, 1.0f);
+  ops::matmul(r.v_du, dl, w.lora_b[m], false, false, scale, 0.0f);
   ops::matmul(g.lora_a[m], r.v_du, xd, true, false, 1.0f, 1.0f);
+  if (!drop) {
+    ops::matmul(dx, r.v_du, w.lora_a[m], false, false, 1.0f, 1.0f);
+    if (dz.defined()) ops::matmul(dx, dz, W, false, false, 1.0f, 1.0f);
+    return;
+  }
+  const Tensor dxd = Tensor::view(r.v_drop_dx.data, DType::F32, {N, in}, device_);
   ops::matmul(dxd, r.v_du, w.lora_a[m]);
+  if (dz.defined()) ops::matmul(dxd, dz, W, false, false, 1.0f, 1.0f);
   ops::dropout(dxd, dxd, p, batch_.dropout_key, stream);
   ops::add_inplace(dx, dxd);
 }
@@ -733,14 +818,14 @@ void LlamaCompute::block_backward(int layer) {
   // MLP branch: out = h1 + down(silu(gate) * up), gate/up = xn2 W^T, xn2 = norm(h1).
   ops::matmul(r.v_d_act, r.v_dh, w.w_down);
   weight_grad(g.w_down, r.v_dh, a.act);
-  lora_backward(layer, int(M::Down), r.v_d_act, r.v_dh, a.act);
+  lora_backward(layer, int(M::Down), r.v_d_act, r.v_dh, a.act, w.w_down);
   ops::swiglu_backward(r.v_dgate, r.v_dup, r.v_d_act, a.gate, a.up);
   ops::matmul(r.v_dxn, r.v_dgate, w.w_gate);
   ops::matmul(r.v_dxn, r.v_dup, w.w_up, false, false, 1.0f, 1.0f);
   weight_grad(g.w_gate, r.v_dgate, a.xn2);
   weight_grad(g.w_up, r.v_dup, a.xn2);
-  lora_backward(layer, int(M::Gate), r.v_dxn, r.v_dgate, a.xn2);
-  lora_backward(layer, int(M::Up), r.v_dxn, r.v_dup, a.xn2);
+  lora_backward(layer, int(M::Gate), r.v_dxn, r.v_dgate, a.xn2, w.w_gate);
+  lora_backward(layer, int(M::Up), r.v_dxn, r.v_dup, a.xn2, w.w_up);
   ops::rmsnorm_backward(r.v_dtmp, g.mlp_norm, r.v_dxn, a.h1, w.mlp_norm, a.rstd2);
   ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d h1
 
@@ -748,7 +833,7 @@ void LlamaCompute::block_backward(int layer) {
   ops::matmul(r.v_datt, r.v_dh, w.wo);
   weight_grad(g.wo, r.v_dh, a.att);
   if (g.bo.defined()) ops::bias_backward(g.bo, r.v_dh);
-  lora_backward(layer, int(M::O), r.v_datt, r.v_dh, a.att);
+  lora_backward(layer, int(M::O), r.v_datt, r.v_dh, a.att, w.wo);
   const Tensor seg = batch_.segment_ids ? r.v_segments : Tensor{};
   const Tensor dq4 = r.v_dq.reshape({B_, T_, H, Dh}), dk4 = r.v_dk.reshape({B_, T_, Hkv, Dh});
   ops::attention_backward(dq4, dk4, r.v_dv.reshape({B_, T_, Hkv, Dh}), r.v_datt.reshape({B_, T_, H, Dh}),
@@ -768,9 +853,9 @@ void LlamaCompute::block_backward(int layer) {
   weight_grad(g.wq, r.v_dq, a.xn1);
   weight_grad(g.wk, r.v_dk, a.xn1);
   weight_grad(g.wv, r.v_dv, a.xn1);
-  lora_backward(layer, int(M::Q), r.v_dxn, r.v_dq, a.xn1);
-  lora_backward(layer, int(M::K), r.v_dxn, r.v_dk, a.xn1);
-  lora_backward(layer, int(M::V), r.v_dxn, r.v_dv, a.xn1);
+  lora_backward(layer, int(M::Q), r.v_dxn, r.v_dq, a.xn1, w.wq);
+  lora_backward(layer, int(M::K), r.v_dxn, r.v_dk, a.xn1, w.wk);
+  lora_backward(layer, int(M::V), r.v_dxn, r.v_dv, a.xn1, w.wv);
   ops::rmsnorm_backward(r.v_dtmp, g.attn_norm, r.v_dxn, a.x_in, w.attn_norm, a.rstd1);
   ops::add_inplace(r.v_dh, r.v_dtmp);  // dh = d x_in
 }

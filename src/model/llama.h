@@ -28,8 +28,9 @@
 namespace shardlm::model {
 
 // LoraKaiming / LoraGaussian: an adapter's A as PEFT initializes it (model/lora_spec.h LoraInit);
-// B is Zeros.
-enum class Init { Normal, Ones, Zeros, LoraKaiming, LoraGaussian };
+// B is Zeros. DoraMagnitude: DoRA's magnitude vector, the row norms of its base weight as the
+// forward sees it (B = 0 at the start), which only loading can compute (shard/load.h).
+enum class Init { Normal, Ones, Zeros, LoraKaiming, LoraGaussian, DoraMagnitude };
 
 struct ParamInfo {
   std::string name;              // Hugging Face name, e.g. "model.layers.3.self_attn.q_proj.weight"
@@ -53,8 +54,9 @@ inline constexpr int kNumLoraModules = 7;
 // Views by role. Biases are undefined tensors when the architecture has none.
 struct LayerWeights {
   Tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm, w_gate, w_up, w_down;
-  // LoRA adapters by LoraModule (undefined when the module is not adapted): A [r, in], B [out, r].
-  Tensor lora_a[kNumLoraModules], lora_b[kNumLoraModules];
+  // LoRA adapters by LoraModule (undefined when the module is not adapted): A [r, in], B [out, r],
+  // and with DoRA the magnitude m [out] (else undefined).
+  Tensor lora_a[kNumLoraModules], lora_b[kNumLoraModules], lora_m[kNumLoraModules];
 };
 struct LlamaWeights {
   Tensor embed, final_norm, lm_head;  // lm_head is embed when the embeddings are tied
@@ -111,10 +113,11 @@ inline constexpr TopTensorSpec kHeadTensors[] = {
 
 // ---- parts ------------------------------------------------------------------------------------
 enum class PartKind : uint8_t { Embedding, Layer, Head };
-// One LoRA adapter of a layer: its module (a LoraModule index) and the PEFT names of A and B.
+// One LoRA adapter of a layer: its module (a LoraModule index) and the PEFT names of A and B (and
+// of DoRA's magnitude; empty without DoRA).
 struct LoraSlot {
   int module = 0;
-  std::string a_name, b_name;
+  std::string a_name, b_name, m_name = "";
 };
 struct ModelPart {
   PartKind kind = PartKind::Layer;
@@ -263,8 +266,9 @@ class LlamaCompute final : public StagedModel {
   // The block's forward; its output (the next block's input) only with write_output (a
   // recomputing backward must not rewrite it).
   void block_activations(int layer, bool write_output);
-  // Adds module m's LoRA gradients of layer `layer` and its input gradient into dx (see llama.cpp).
-  void lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x);
+  // Adds module m's LoRA gradients of layer `layer` and its input gradient into dx (see llama.cpp);
+  // W is the module's base weight (DoRA's backward reads it).
+  void lora_backward(int layer, int m, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& W);
   // Activation offload (see set_checkpointing): the device slot of an offloaded layer's input, made
   // free for that layer's input to be written into it; its copy to host after the forward; its
   // return before the backward, with the next offloaded layer below prefetched.
@@ -297,12 +301,16 @@ class LlamaCompute final : public StagedModel {
 
 // How the adapters bound in a block's weights apply in its forward: PEFT's scale (LoraSpec::scale)
 // and dropout: its probability, the micro-batch's mask key (0: none, as in evaluation) and f32
-// scratch for a dropped input (at least rows x the widest adapted input).
+// scratch for a dropped input (at least rows x the widest adapted input). DoRA (weights with a
+// magnitude bound) also needs f32 scratch: dora_z [rows, max(widest in, widest out)] (its base
+// term, and the rows of W + scale B A while their norms are taken), dora_l [rows, widest out]
+// (its LoRA term) and dora_norm [widest out].
 struct LoraForward {
   float scale = 1;
   float dropout = 0;
   uint64_t key = 0;
   Tensor scratch;
+  Tensor dora_z = {}, dora_l = {}, dora_norm = {};
 };
 
 // The keys and values attention reads in decoder_block_forward, in one of two layouts.
@@ -325,7 +333,8 @@ struct AttentionKv {
 // must already be sized) and, when `out` is defined, the block's output out = h1 + down(act)
 // [B*Tq, D] (a recomputing backward leaves it undefined). `kv` says where attention reads keys and
 // values (above); positions [B, Tq] are the new rows' positions (RoPE).
-// Adapters bound in `w` (w.lora_a) are applied as PEFT does, as `lora` says, their u saved in a.lora_u.
+// Adapters bound in `w` (w.lora_a, and w.lora_m for DoRA) are applied as PEFT does, as `lora` says,
+// their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.
 void decoder_block_forward(const ModelConfig& cfg, const LayerWeights& w, const BlockActivations& a,
                            const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 #include "model/llama.h"
@@ -55,6 +56,18 @@ std::string peft_lora_name(int64_t layer, const std::string& module_path, char a
   return fmt::format("base_model.model.model.layers.{}.{}.lora_{}.weight", layer, module_path, a_or_b);
 }
 
+std::string peft_magnitude_name(int64_t layer, const std::string& module_path) {
+  return fmt::format("base_model.model.model.layers.{}.{}.lora_magnitude_vector", layer, module_path);
+}
+
+std::string dora_base_weight_name(const std::string& magnitude_name) {
+  const std::string_view prefix = "base_model.model.", suffix = ".lora_magnitude_vector";
+  const std::string_view n = magnitude_name;
+  SHARDLM_CHECK(n.starts_with(prefix) && n.ends_with(suffix), "'{}' is not the PEFT name of a DoRA magnitude vector",
+                magnitude_name);
+  return std::string(n.substr(prefix.size(), n.size() - prefix.size() - suffix.size())) + ".weight";
+}
+
 std::vector<LoraTarget> lora_targets(const ModelConfig& cfg, const LoraSpec& spec) {
   validate_lora_spec(spec);
   const std::vector<std::string> modules = expand_lora_targets(spec.target_modules);
@@ -85,6 +98,7 @@ std::vector<LoraTarget> lora_targets(const ModelConfig& cfg, const LoraSpec& spe
       t.weight_name = fmt::format("model.layers.{}.{}", l, r.t->name);
       t.a_name = peft_lora_name(l, r.path, 'A');
       t.b_name = peft_lora_name(l, r.path, 'B');
+      if (spec.use_dora) t.m_name = peft_magnitude_name(l, r.path);
       t.out_features = dim_size(cfg, r.t->rows);
       t.in_features = dim_size(cfg, r.t->cols);
       out.push_back(std::move(t));
@@ -97,17 +111,18 @@ std::vector<LoraTensorInfo> lora_adapter_tensors(const ModelConfig& cfg, const L
   for (const LoraTarget& t : lora_targets(cfg, spec)) {
     out.push_back({t.a_name, {spec.rank, t.in_features}});
     out.push_back({t.b_name, {t.out_features, spec.rank}});
+    if (spec.use_dora) out.push_back({t.m_name, {t.out_features}});
   }
   return out;
 }
 
 int64_t lora_parameter_count(const ModelConfig& cfg, const LoraSpec& spec) {
   int64_t n = 0;
-  for (const LoraTensorInfo& t : lora_adapter_tensors(cfg, spec)) n += t.shape[0] * t.shape[1];
+  for (const LoraTensorInfo& t : lora_adapter_tensors(cfg, spec)) n += t.shape[0] * (t.shape.size() > 1 ? t.shape[1] : 1);
   return n;
 }
 
-void lora_merge_into(const Tensor& W, const Tensor& A, const Tensor& B, double scale) {
+void lora_merge_into(const Tensor& W, const Tensor& A, const Tensor& B, double scale, const Tensor& m) {
   SHARDLM_CHECK(W.dtype == DType::F32 && W.ndim == 2 && W.is_contiguous(), "LoRA merge: the weight must be a "
                 "contiguous f32 matrix, got {}", W.describe());
   SHARDLM_CHECK(A.ndim == 2 && B.ndim == 2 && A.shape[0] == B.shape[1] && A.shape[1] == W.shape[1] &&
@@ -115,6 +130,19 @@ void lora_merge_into(const Tensor& W, const Tensor& A, const Tensor& B, double s
                 "LoRA merge: A {} and B {} do not fit the weight {} (expected A [r, {}], B [{}, r])", A.shape_str(),
                 B.shape_str(), W.shape_str(), W.shape[1], W.shape[0]);
   ops::matmul(W, B, A, false, false, float(scale), 1.0f);
+  if (!m.defined()) return;
+  SHARDLM_CHECK(m.ndim == 1 && m.shape[0] == W.shape[0], "DoRA merge: the magnitude {} does not fit the weight {} "
+                "(expected [{}])", m.shape_str(), W.shape_str(), W.shape[0]);
+  // PEFT's DoRA merge: each row of W + scale B A rescaled to its magnitude.
+  const int64_t out = W.shape[0], in = W.shape[1];
+  std::vector<float> norms(static_cast<size_t>(out)), mag(static_cast<size_t>(out));
+  ops::row_norms(Tensor::view(norms.data(), DType::F32, {out}), W);
+  ops::cast(Tensor::view(mag.data(), DType::F32, {out}), m);
+  for (int64_t j = 0; j < out; ++j) {
+    const float g = mag[size_t(j)] / norms[size_t(j)];
+    float* row = W.f32() + j * in;
+    for (int64_t k = 0; k < in; ++k) row[k] *= g;
+  }
 }
 
 }  // namespace shardlm::model

@@ -43,6 +43,7 @@ struct LoraTarget {
   std::string weight_name;   // "model.layers.3.self_attn.q_proj.weight" (the base model's tensor)
   std::string a_name;        // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"
   std::string b_name;        // "base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight"
+  std::string m_name;        // DoRA only: "base_model.model.model.layers.3.self_attn.q_proj.lora_magnitude_vector"
   int64_t in_features = 0;   // columns of the weight; A is [rank, in_features]
   int64_t out_features = 0;  // rows of the weight; B is [out_features, rank]
 };
@@ -53,17 +54,27 @@ std::vector<LoraTarget> lora_targets(const ModelConfig& cfg, const LoraSpec& spe
 // PEFT's name of a LoRA tensor: "base_model.model.model.layers.{layer}.{module_path}.lora_{A|B}.weight".
 std::string peft_lora_name(int64_t layer, const std::string& module_path, char a_or_b);
 
+// PEFT's name of a DoRA magnitude vector: "base_model.model.model.layers.{layer}.{module_path}.lora_magnitude_vector"
+// (PEFT's state dict has ".lora_magnitude_vector.default.weight"; its save_pretrained drops the
+// adapter name and the ".weight").
+std::string peft_magnitude_name(int64_t layer, const std::string& module_path);
+// The base weight a magnitude vector of that name belongs to: "model.layers.3.self_attn.q_proj.weight".
+std::string dora_base_weight_name(const std::string& magnitude_name);
+
 struct LoraTensorInfo {
   std::string name;            // PEFT name
-  std::vector<int64_t> shape;  // A: [rank, in]; B: [out, rank]
+  std::vector<int64_t> shape;  // A: [rank, in]; B: [out, rank]; DoRA's magnitude: [out]
 };
-// The tensors of an adapter file: for each target of lora_targets(), A then B.
+// The tensors of an adapter file: for each target of lora_targets(), A then B (then, with DoRA,
+// the magnitude vector).
 std::vector<LoraTensorInfo> lora_adapter_tensors(const ModelConfig& cfg, const LoraSpec& spec);
-// Total number of LoRA parameters.
+// Total number of LoRA parameters (DoRA's magnitude vectors included).
 int64_t lora_parameter_count(const ModelConfig& cfg, const LoraSpec& spec);
 
-// W += scale * B @ A, in f32. W: f32 [out, in] (CPU, contiguous); A [r, in] and B [out, r] f32 or
-// bf16. Shapes are checked (Error naming the mismatch).
-void lora_merge_into(const Tensor& W, const Tensor& A, const Tensor& B, double scale);
+// W += scale * B @ A, in f32; with a DoRA magnitude m [out] (defined), then each row j of the sum
+// is scaled to norm m_j: W = m / ||W + scale B A||_row * (W + scale B A), PEFT's DoRA merge.
+// W: f32 [out, in] (CPU, contiguous); A [r, in], B [out, r] and m f32 or bf16. Shapes are checked
+// (Error naming the mismatch).
+void lora_merge_into(const Tensor& W, const Tensor& A, const Tensor& B, double scale, const Tensor& m = {});
 
 }  // namespace shardlm::model

@@ -21,6 +21,9 @@ struct LoraSpec {
   double dropout = 0.0;          // PEFT's lora_dropout (training only; no effect on merge or inference)
   std::vector<std::string> target_modules;  // HF names (kLoraModules) or "all-linear"
   bool use_rslora = false;       // scale alpha / sqrt(r) instead of alpha / r
+  // DoRA (Liu et al., 2024; PEFT's use_dora): each adapted weight also has a trainable magnitude
+  // vector m [out], and the layer computes with m / ||W + scale B A|| (row-wise) * (W + scale B A).
+  bool use_dora = false;
   LoraInit init = LoraInit::Kaiming;  // PEFT's init_lora_weights: true (kaiming) or "gaussian"
   std::string base_model_name_or_path = "";  // informative: where the base model came from
   std::string task_type = "CAUSAL_LM";      // written to adapter_config.json

@@ -84,7 +84,7 @@ json peft_config_json(const model::LoraSpec& spec) {
   j["revision"] = nullptr;
   j["target_modules"] = model::expand_lora_targets(spec.target_modules);
   j["task_type"] = spec.task_type.empty() ? json(nullptr) : json(spec.task_type);
-  j["use_dora"] = false;
+  j["use_dora"] = spec.use_dora;
   j["use_rslora"] = spec.use_rslora;
   return j;
 }
@@ -141,13 +141,17 @@ model::LoraSpec lora_spec_from_peft_json(const json& j, const std::string& file)
       throw Error(fmt::format("{}: expected true or false", brief(j.at("use_rslora"))), {.file = file, .key = "use_rslora"});
     spec.use_rslora = j.at("use_rslora").get<bool>();
   }
+  if (!absent(j, "use_dora")) {
+    if (!j.at("use_dora").is_boolean())
+      throw Error(fmt::format("{}: expected true or false", brief(j.at("use_dora"))), {.file = file, .key = "use_dora"});
+    spec.use_dora = j.at("use_dora").get<bool>();
+  }
   if (!absent(j, "base_model_name_or_path") && j.at("base_model_name_or_path").is_string())
     spec.base_model_name_or_path = j.at("base_model_name_or_path").get<std::string>();
 
   // What would make W' = W + scale * B A wrong or incomplete.
   refuse_unless(j, file, "bias", absent(j, "bias") || j.at("bias") == "none",
                 "only \"none\" (adapters that train biases are not supported)");
-  refuse_unless(j, file, "use_dora", false_or_absent(j, "use_dora"), "DoRA adapters are not supported");
   refuse_unless(j, file, "fan_in_fan_out", false_or_absent(j, "fan_in_fan_out"),
                 "Llama's Linear weights are [out, in] (fan_in_fan_out is for GPT-2's Conv1D)");
   refuse_unless(j, file, "modules_to_save", empty_or_absent(j, "modules_to_save"),
@@ -202,7 +206,7 @@ void write_peft_adapter(const std::string& dir, const model::LoraSpec& spec, con
     if (it == tensors.end()) throw Error("no data given for this adapter tensor", {.file = dir, .tensor = t.name});
     const Tensor& x = it->second;
     const Tensor shaped = Tensor::view(nullptr, DType::F32, t.shape.data(), int(t.shape.size()));
-    if (x.ndim != 2 || x.shape[0] != t.shape[0] || x.shape[1] != t.shape[1])
+    if (std::vector<int64_t>(x.shape.begin(), x.shape.begin() + x.ndim) != t.shape)
       throw Error(fmt::format("shape {} given, but rank {} on this model needs {}", x.shape_str(), spec.rank,
                               shaped.shape_str()),
                   {.file = dir, .tensor = t.name});
@@ -258,7 +262,9 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg) {
   for (const io::TensorInfo& info : file.tensors()) {
     if (expected.count(info.name)) continue;
     std::string why = "not a LoRA tensor of the target modules in adapter_config.json";
-    if (info.name.find("lora_magnitude_vector") != std::string::npos) why = "a DoRA magnitude vector (DoRA is not supported)";
+    if (info.name.find("lora_magnitude_vector") != std::string::npos)
+      why = out.spec.use_dora ? "a DoRA magnitude vector of no target module in adapter_config.json"
+                              : "a DoRA magnitude vector, but adapter_config.json does not say use_dora: true";
     else if (info.name.find("lora_embedding") != std::string::npos) why = "an embedding adapter (not supported)";
     else if (info.name.find(".default.") != std::string::npos)
       why = "names carry the adapter name \"default\"; PEFT's save_pretrained writes them without it";
@@ -275,7 +281,9 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg) {
       const Tensor shaped = Tensor::view(nullptr, DType::F32, t.shape.data(), int(t.shape.size()));
       throw Error(fmt::format("shape {} in the file, but r = {} on this base model needs {} ({})", info.shape_str(),
                               out.spec.rank, shaped.shape_str(),
-                              t.name.find("lora_A") != std::string::npos ? "[r, in_features]" : "[out_features, r]"),
+                              t.name.find("lora_A") != std::string::npos   ? "[r, in_features]"
+                              : t.name.find("lora_B") != std::string::npos ? "[out_features, r]"
+                                                                           : "DoRA's magnitude: [out_features]"),
                   {.file = path, .tensor = t.name});
     }
     if (!info.dtype || !is_float(*info.dtype))
@@ -302,7 +310,7 @@ void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& l
   for (const model::LoraTarget& t : adapter.targets) {
     const Tensor w = lookup(t.weight_name);
     try {
-      model::lora_merge_into(w, adapter.a(t), adapter.b(t), scale);
+      model::lora_merge_into(w, adapter.a(t), adapter.b(t), scale, adapter.m(t));
     } catch (Error& e) {
       e.set_tensor(t.weight_name);
       throw;
@@ -392,8 +400,8 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
     const auto it = adapted.find(name);
     if (it != adapted.end() || nf4.is_quantized(name) || rounded.count(name)) {
       // The whole weight in f32 (an NF4 one dequantized as bitsandbytes does; a dense one rounded
-      // through NF4 for MergeInto::Dequantized), W += scale * B A when adapted, then stored in the
-      // output dtype.
+      // through NF4 for MergeInto::Dequantized), W += scale * B A when adapted (rescaled row by row
+      // to the magnitude for DoRA), then stored in the output dtype.
       OwnedTensor w;
       if (nf4.is_quantized(name)) {
         w = nf4.dequantize_f32(name);
@@ -411,7 +419,7 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
       const int64_t n = w.t.numel();
       if (it != adapted.end()) {
         try {
-          model::lora_merge_into(w.t, adapter.a(*it->second), adapter.b(*it->second), scale);
+          model::lora_merge_into(w.t, adapter.a(*it->second), adapter.b(*it->second), scale, adapter.m(*it->second));
         } catch (Error& e) {
           e.set_tensor(name);
           throw;

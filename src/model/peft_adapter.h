@@ -7,11 +7,13 @@
 //   adapter_model.safetensors  base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight [r, in]
 //                              base_model.model.model.layers.{l}.self_attn.q_proj.lora_B.weight [out, r]
 //                              ... for every layer and target module (mlp.gate_proj, mlp.down_proj, ...)
+//                              and with "use_dora": true, DoRA's ...q_proj.lora_magnitude_vector [out]
 // PEFT loads such a directory with PeftModel.from_pretrained(base, dir); see docs/lora.md.
 //
-// Reading accepts what merges into a Llama exactly as W' = W + scale * B A and refuses, in one
-// line naming the file and the key or tensor, everything else: another peft_type or task, bias
-// other than "none", DoRA, fan_in_fan_out, modules_to_save, per-layer or per-module ranks, ...
+// Reading accepts what merges into a Llama exactly as W' = W + scale * B A, or with DoRA as
+// W' = m / ||W + scale * B A||_row * (W + scale * B A), and refuses, in one line naming the file and
+// the key or tensor, everything else: another peft_type or task, bias other than "none",
+// fan_in_fan_out, modules_to_save, per-layer or per-module ranks, ...
 #pragma once
 
 #include <map>
@@ -44,7 +46,7 @@ model::LoraSpec read_peft_config(const std::string& dir);
 void write_peft_adapter(const std::string& dir, const model::LoraSpec& spec, const ModelConfig& cfg,
                         const std::map<std::string, Tensor>& tensors, DType dtype = DType::F32);
 
-// An adapter in memory: the spec and every A and B, widened to f32, by PEFT name.
+// An adapter in memory: the spec and every A and B (and DoRA magnitude), widened to f32, by PEFT name.
 struct PeftAdapter {
   model::LoraSpec spec;
   std::vector<model::LoraTarget> targets;      // lora_targets(cfg, spec)
@@ -53,6 +55,8 @@ struct PeftAdapter {
 
   const Tensor& a(const model::LoraTarget& t) const { return tensors.at(t.a_name).t; }
   const Tensor& b(const model::LoraTarget& t) const { return tensors.at(t.b_name).t; }
+  // DoRA's magnitude vector [out] (undefined without use_dora).
+  Tensor m(const model::LoraTarget& t) const { return t.m_name.empty() ? Tensor{} : tensors.at(t.m_name).t; }
 };
 
 // Reads the directory `dir` for a base model of config `cfg`: the config is checked as above, and
@@ -60,7 +64,7 @@ struct PeftAdapter {
 // a float dtype.
 PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
 
-// W += scale * B A for every target of the adapter, in place, on the f32 weights `lookup` gives by
+// W += scale * B A (DoRA: then rescaled row-wise to the magnitude) for every target of the adapter, in place, on the f32 weights `lookup` gives by
 // Hugging Face name (e.g. a ParamStore's master weights, for generation without a merged copy).
 void merge_adapter_into(const PeftAdapter& adapter, const model::TensorLookup& lookup);
 

@@ -182,6 +182,22 @@ void add_bias(const Tensor& y, const Tensor& b);
 // db += sum over rows of dy (accumulated).  db [M] f32; dy [N, M] f32|bf16.
 void bias_backward(const Tensor& db, const Tensor& dy);
 
+// ---- DoRA (weight-decomposed LoRA, PEFT's use_dora) -----------------------------------------
+// The pieces of a DoRA layer's forward and backward that matmuls cannot do; model/llama.cpp
+// composes them with matmuls. g = m / norm is the per-output-feature factor (norm = the row norm
+// of W + scale B A, held constant: PEFT detaches it).
+// norms[i] = sqrt(sum_k x[i, k]^2), accumulated in double on the CPU, f32 on a GPU.
+// x [M, K] f32|bf16; norms [M] f32 (written).
+void row_norms(const Tensor& norms, const Tensor& x);
+// y[n, j] += (g_j - 1) z[n, j] + g_j l[n, j]: PEFT's DoRA term on top of the base output.
+// y [N, M] f32|bf16 (accumulated); z, l [N, M] f32; m [M] f32|bf16; norm [M] f32.
+void dora_forward(const Tensor& y, const Tensor& z, const Tensor& l, const Tensor& m, const Tensor& norm);
+// Its backward for a given dy [N, M] f32: dm[j] += sum_n dy[n, j] (z + l)[n, j] / norm_j (f32,
+// accumulated, rows summed in order), then dz = (g - 1) dy and dl = g dy (f32, written; dz may be
+// z and dl may be l: every read of a column is done before it is written).
+void dora_backward(const Tensor& dz, const Tensor& dl, const Tensor& dm, const Tensor& dy, const Tensor& z,
+                   const Tensor& l, const Tensor& m, const Tensor& norm);
+
 // ---- Reductions, casts, elementwise ----------------------------------------------------------
 // Sum of squares of all elements (f32 or bf16), accumulated in double. The global L2 norm of
 // many buffers (or of shards on many ranks) is sqrt of the sum of their sum_squares.

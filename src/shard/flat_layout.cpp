@@ -50,6 +50,9 @@ void init_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, uint6
         fill_uniform(p, n, seed, e.info.name, uint64_t(lo - e.offset), -bound, bound);
         break;
       }
+      case model::Init::DoraMagnitude:  // the row norms of its base weight: load.cpp fills it (fill_dora_magnitudes)
+        std::fill(p, p + n, 0.0f);
+        break;
       case model::Init::LoraGaussian:  // A [r, in]: normal_(std = 1 / r)
         fill_normal(p, n, seed, e.info.name, uint64_t(lo - e.offset), 0.0f, 1.0f / float(e.info.shape.at(0)));
         break;

@@ -7,7 +7,9 @@
 
 #include "core/device.h"
 #include "io/model_files.h"
+#include "model/lora.h"
 #include "model/nf4_loader.h"
+#include "ops/nf4.h"
 #include "shard/engine.h"
 
 namespace shardlm::shard {
@@ -143,6 +145,50 @@ void load_dense_range(const FlatLayout& layout, int64_t begin, int64_t end, cons
   });
 }
 
+// DoRA: the magnitude vectors among elements [begin, end) of unit p's trained layout, set as PEFT
+// initializes them: the row norms of the base weight as the forward will see it (B is zero, so
+// W + scale B A = W and the model starts as the base). That is the weight rounded as the run
+// keeps it: through NF4 for QLoRA (unless the file holds it in NF4 already: then it is used as
+// stored) and to the param dtype. `base(layout, out)` gives a one-weight layout's f32 values, as
+// the frozen base is filled; `stored_nf4(name)` says whether the file holds the weight in NF4.
+template <class Base, class StoredNf4>
+void fill_dora_magnitudes(const ShardedModel& engine, const PlannedUnit& p, int64_t begin, int64_t end, Base base,
+                          StoredNf4 stored_nf4, float* out) {
+  for_each_overlap(p.layout, begin, end, [&](const FlatEntry& e, int64_t lo, int64_t hi) {
+    if (e.info.init != model::Init::DoraMagnitude) return;
+    const std::string name = model::dora_base_weight_name(e.info.name);
+    const FlatEntry* w = nullptr;
+    bool nf4 = false;  // kept in NF4 by this run
+    for (const FlatLayout* l : {&p.frozen, &p.quantized})
+      for (const FlatEntry& f : l->entries)
+        if (f.info.name == name) {
+          w = &f;
+          nf4 = l == &p.quantized;
+        }
+    SHARDLM_CHECK(w != nullptr && w->info.shape.size() == 2 && w->info.shape[0] == e.info.numel(),
+                  "DoRA magnitude '{}': no base weight '{}' of {} rows in unit {}", e.info.name, name, e.info.numel(),
+                  p.name);
+    const int64_t rows = w->info.shape[0], cols = w->info.shape[1], n = rows * cols;
+    const OwnedTensor values(DType::F32, {n}, MemCategory::Workspace, false);
+    base(make_flat_layout(p.name, {w->info}, 1, 1), values.t.f32());
+    if (nf4 && !stored_nf4(name)) {
+      const ops::Nf4Layout layout = ops::Nf4Layout::of(n, engine.finetune().nf4_double_quant);
+      const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
+      const ops::Nf4Tensor q = ops::nf4_view(buf.data(), layout, w->info.shape, DType::F32);
+      ops::nf4_quantize(q, values.t);
+      ops::nf4_dequantize(values.t, q);
+    }
+    if (const DType pd = engine.sharding().param_dtype; pd != DType::F32) {
+      const OwnedTensor low(pd, {n}, MemCategory::Workspace, false);
+      ops::cast(low.t, values.t);
+      ops::cast(values.t, low.t);
+    }
+    const int64_t r0 = lo - e.offset, r1 = hi - e.offset;
+    ops::row_norms(Tensor::view(out + (lo - begin), DType::F32, {r1 - r0}),
+                   Tensor::view(values.t.f32() + r0 * cols, DType::F32, {r1 - r0, cols}));
+  });
+}
+
 }  // namespace
 
 void init_random(ShardedModel& engine, uint64_t seed) {
@@ -152,7 +198,13 @@ void init_random(ShardedModel& engine, uint64_t seed) {
     const UnitFiller fill(engine, k);
     fill.frozen([&](int64_t begin, int64_t end, float* out) { init_flat_range(p.frozen, begin, end, seed, std, out); });
     fill.nf4([&](int64_t begin, int64_t end, float* out) { init_flat_range(p.quantized, begin, end, seed, std, out); });
-    fill.master([&](int64_t begin, int64_t end, float* out) { init_flat_range(p.layout, begin, end, seed, std, out); });
+    fill.master([&](int64_t begin, int64_t end, float* out) {
+      init_flat_range(p.layout, begin, end, seed, std, out);
+      fill_dora_magnitudes(
+          engine, p, begin, end,
+          [&](const FlatLayout& one, float* values) { init_flat_range(one, 0, one.numel, seed, std, values); },
+          [](const std::string&) { return false; }, out);
+    });
   }
   engine.master_weights_changed();
 }
@@ -196,6 +248,12 @@ void load_weights(ShardedModel& engine, const io::ModelWeights& weights, const s
         });
       } else if (lora) {
         init_flat_range(p.layout, begin, end, seed, float(cfg.initializer_range), out);
+        fill_dora_magnitudes(
+            engine, p, begin, end,
+            [&](const FlatLayout& one, float* values) {
+              load_dense_range(one, 0, one.numel, weights, stored, source, values);
+            },
+            [&](const std::string& name) { return stored.is_quantized(name); }, out);
       } else
         load_dense_range(p.layout, begin, end, weights, stored, source, out);
     });

@@ -64,7 +64,7 @@ void Reporter::setup(int shard_group_size, int units, data::DistributedSampler& 
     print(
         fmt::format("{}: rank {}, alpha {} (scale {:.4g}{}), dropout {}, on {}; trainable params: {} || all "
                     "params: {} || trainable%: {:.4f}",
-                    ft.nf4_base ? "QLoRA" : "LoRA", ft.lora->rank, ft.lora->alpha, ft.lora->scale(),
+                    ft.nf4_base ? (ft.lora->use_dora ? "QDoRA" : "QLoRA") : (ft.lora->use_dora ? "DoRA" : "LoRA"), ft.lora->rank, ft.lora->alpha, ft.lora->scale(),
                     ft.lora->use_rslora ? ", rsLoRA" : "", ft.lora->dropout,
                     fmt::join(model::expand_lora_targets(ft.lora->target_modules), " "), trainable, all,
                     100.0 * double(trainable) / double(all)));

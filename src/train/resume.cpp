@@ -63,6 +63,10 @@ std::unique_ptr<ckpt::CheckpointReader> open_resume_checkpoint(const TrainConfig
     // Adapters trained at one scale do not continue at another (rank and targets differ in shape,
     // and load_checkpoint names the tensor).
     const model::LoraSpec& now = *c.lora;
+    if (saved_lora->use_dora != now.use_dora)
+      throw Error(fmt::format("the checkpoint's adapters were trained {} DoRA, this config {}",
+                              saved_lora->use_dora ? "with" : "without", now.use_dora ? "has use_dora: true" : "has none"),
+                  {.file = dir, .key = "lora.use_dora"});
     if (saved_lora->alpha != now.alpha || saved_lora->use_rslora != now.use_rslora)
       throw Error(fmt::format("the checkpoint's adapters were trained with lora_alpha {}{}, this config has {}{}",
                               saved_lora->alpha, saved_lora->use_rslora ? " (rsLoRA)" : "", now.alpha,

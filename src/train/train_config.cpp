@@ -336,6 +336,9 @@ std::vector<ConfigField<TrainConfig>> lora_fields() {
       F::setter<bool>(
           "lora.use_rslora", [](TrainConfig& c, bool v) { lora_spec(c).use_rslora = v; },
           "rank-stabilized: scale = alpha / sqrt(rank)"),
+      F::setter<bool>(
+          "lora.use_dora", [](TrainConfig& c, bool v) { lora_spec(c).use_dora = v; },
+          "DoRA (PEFT's use_dora): a trained magnitude per output feature of each adapted weight"),
       F::custom(
           "lora.init",
           [](const ConfigTree& t, const std::string& k, TrainConfig& c) {

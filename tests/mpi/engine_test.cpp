@@ -282,6 +282,54 @@ TEST(Engine, LoraUnderEveryStrategyMatchesTheSingleProcessRun) {
   expect_every_strategy_matches_one_process(cfg, ft);
 }
 
+// DoRA: the magnitude vectors are trained beside A and B (sharded with them, initialized by each
+// rank from its own rows of the base): every strategy equals one process, with dropout too.
+TEST(Engine, DoraUnderEveryStrategyMatchesTheSingleProcessRun) {
+  const ModelConfig cfg = test_config();
+  model::FinetuneSpec ft;
+  ft.lora = model::LoraSpec{.rank = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"all-linear"}, .use_dora = true};
+  expect_every_strategy_matches_one_process(cfg, ft);
+}
+
+// PEFT's DoRA starts as the base model: B = 0 and each magnitude is its base weight's row norms, so
+// the first logits are the base's (to rounding: m / ||W|| is 1 within an ulp).
+TEST(Engine, DoraStartsAsTheBaseModel) {
+  const ModelConfig cfg = test_config();
+  model::FinetuneSpec dora;
+  dora.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .use_dora = true};
+  std::vector<data::Example> rows;
+  for (int r = 0; r < kRowsPerMicro; ++r) rows.push_back(row(0, 0, r));
+  const data::BatchBuffers b = data::make_batch(rows, kT, 0);
+  const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+  // The logits of the model `ft` describes, its magnitudes scaled by `m_scale`.
+  auto logits = [&](const model::FinetuneSpec& ft, float m_scale) {
+    shard::ShardingConfig sc;
+    shard::Mesh mesh = shard::make_mesh(*local, sc, 1);
+    shard::ShardedModel engine(cfg, ft, sc, mesh);
+    shard::init_random(engine, 5);
+    if (m_scale != 1.0f) {
+      auto w = shardlm::testing::gather_weights(engine);
+      for (auto& [name, v] : w)
+        if (name.ends_with(".lora_magnitude_vector"))
+          for (float& x : v) x *= m_scale;
+      shardlm::testing::set_weights(engine, w);
+    }
+    model::LlamaCompute compute(cfg, DType::F32, Device::CPU, ft.lora);
+    std::vector<float> out(size_t(b.B * b.T * cfg.vocab_size));
+    engine.forward_logits(compute, b.batch(), Tensor::view(out.data(), DType::F32, {b.B * b.T, cfg.vocab_size}));
+    return out;
+  };
+  auto max_diff = [](const std::vector<float>& x, const std::vector<float>& y) {
+    float d = 0;
+    for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::abs(x[i] - y[i]));
+    return d;
+  };
+  const std::vector<float> base = logits({}, 1.0f);
+  EXPECT_LT(max_diff(logits(dora, 1.0f), base), 1e-5f);
+  // Not vacuous: magnitudes other than ||W|| change the logits.
+  EXPECT_GT(max_diff(logits(dora, 1.1f), base), 1e-2f);
+}
+
 // A model whose Linear weights span several NF4 groups of 16384 (so their chunks are spread over
 // the ranks), for QLoRA.
 static ModelConfig qlora_config() {
@@ -294,8 +342,8 @@ static ModelConfig qlora_config() {
   return c;
 }
 // QLoRA (nf4_base) or, without it, LoRA on a dense base; the same adapters either way.
-static model::FinetuneSpec qlora_spec(bool double_quant, bool nf4_base = true) {
-  return {.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}},
+static model::FinetuneSpec qlora_spec(bool double_quant, bool nf4_base = true, bool dora = false) {
+  return {.lora = model::LoraSpec{.rank = 4, .alpha = 8, .target_modules = {"all-linear"}, .use_dora = dora},
           .nf4_base = nf4_base,
           .nf4_double_quant = double_quant};
 }
@@ -307,11 +355,17 @@ TEST(Engine, QloraUnderEveryStrategyMatchesTheSingleProcessRun) {
   expect_every_strategy_matches_one_process(qlora_config(), qlora_spec(false));
 }
 
+// QDoRA: DoRA's magnitudes start at the row norms of the NF4-rounded base, each rank's from its rows.
+TEST(Engine, QdoraUnderEveryStrategyMatchesTheSingleProcessRun) {
+  expect_every_strategy_matches_one_process(qlora_config(), qlora_spec(true, true, true));
+}
+
 // QLoRA trains on exactly the NF4 rounding of the base: its losses equal those of LoRA on a base
-// that was quantized and dequantized whole by the NF4 ops (in one process).
-TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
+// that was quantized and dequantized whole by the NF4 ops (in one process). So does QDoRA, whose
+// magnitudes start at the norms of that rounded base (DoRA's weight norm is of the dequantized W).
+static void expect_nf4_base_equals_rounded_base(bool dora) {
   const ModelConfig cfg = qlora_config();
-  const model::FinetuneSpec qlora = qlora_spec(true), lora = qlora_spec(true, false);
+  const model::FinetuneSpec qlora = qlora_spec(true, true, dora), lora = qlora_spec(true, false, dora);
   const std::string dir = job_dir("qlora_base"), rounded = job_dir("qlora_rounded");
   if (g_world->rank() == 0) {
     infer::ParamStore store(cfg, DType::F32);
@@ -353,6 +407,8 @@ TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) {
   const std::vector<double> want = losses(lora, rounded, *local), got = losses(qlora, dir, *g_world);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
 }
+TEST(Engine, QloraEqualsLoraOnTheNf4RoundedBase) { expect_nf4_base_equals_rounded_base(false); }
+TEST(Engine, QdoraEqualsDoraOnTheNf4RoundedBase) { expect_nf4_base_equals_rounded_base(true); }
 
 // ---- directories saved by transformers with bitsandbytes 4-bit (model/nf4_loader.h) -------------
 

@@ -199,6 +199,19 @@ std::vector<Case> matrix() {
   c.accum = 2;
   c.name = "LoRA q/v r8 dropout 0.1, FULL_SHARD bf16, 2 micro-batches";
   out.push_back(c);
+  // DoRA: the magnitudes beside A and B, DoRA's scratch; QDoRA (loading quantizes a weight whole
+  // for its norms: workspace at load).
+  for (bool nf4 : {false, true}) {
+    c = Case{};
+    c.sc.strategy = S::FullShard;
+    c.sc.param_dtype = DType::BF16;
+    c.sc.shard_group_size = std::min(2, g_world->size());
+    c.lora = model::LoraSpec{.rank = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"all-linear"}, .use_dora = true};
+    c.nf4 = nf4;
+    c.ckpt = 1;
+    c.name = nf4 ? "QDoRA all-linear r4 FULL_SHARD bf16 checkpointed" : "DoRA all-linear r4 FULL_SHARD bf16 checkpointed";
+    out.push_back(c);
+  }
   // QLoRA: the NF4 store at rest, the gathered chunks, the dequantized weights of a visit.
   for (S s : {S::NoShard, S::Zero1, S::ShardGradOp, S::FullShard, S::HybridShard})
     for (bool double_quant : {true, false}) {

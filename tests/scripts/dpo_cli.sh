@@ -8,7 +8,8 @@
 #  B. LoRA: the reference is the base with the adapters off; the final eval record equals the
 #     reference's DPO of base + the written adapter against the base.
 #  C. 1 process (accumulation 2), 2 ranks (FULL_SHARD, activation checkpointing) and 4 ranks
-#     (HYBRID_SHARD) give the same step losses and rewards (1e-6 relative).
+#     (HYBRID_SHARD) give the same step losses and rewards (1e-6 relative); so do QLoRA with DoRA
+#     (QDoRA) in 1 process and on 2 SHARD_GRAD_OP ranks.
 #  D. End to end: on held-out pairs (chosen answers end with "!", rejected with "."), the reward
 #     margin and the preference accuracy rise.
 #  E. Refusals, one line each and a non-zero exit: dpo: on SFT data; preference data without dpo:;
@@ -85,17 +86,25 @@ common=(--config "$work/run.yaml" data.train="$work/bang.jsonl" data.eval= data.
   sharding_strategy=FULL_SHARD activation_checkpointing=true >/dev/null 2>&1 || fail "C: 2 ranks"
 "$shardlm" launch --nproc-per-node 4 -- train "${common[@]}" output_dir="$work/r4" micro_batch_size=2 \
   sharding_strategy=HYBRID_SHARD >/dev/null 2>&1 || fail "C: 4 ranks"
+# QLoRA with DoRA's magnitudes (QDoRA): its reference is the NF4 base with the adapters off.
+qdora=(lora.rank=4 lora.alpha=8 lora.quantize_base=nf4 lora.use_dora=true "optimizer={lr: 1e-2}")
+"$shardlm" train "${common[@]}" output_dir="$work/q1" micro_batch_size=4 gradient_accumulation_steps=2 \
+  "${qdora[@]}" >/dev/null 2>&1 || fail "C: QDoRA, 1 process"
+"$shardlm" launch --nproc-per-node 2 -- train "${common[@]}" output_dir="$work/q2" micro_batch_size=4 \
+  sharding_strategy=SHARD_GRAD_OP "${qdora[@]}" >/dev/null 2>&1 || fail "C: QDoRA, 2 ranks"
 "$py" - "$work" <<'EOF' || fail "C: the ranks disagree"
 import json, sys
 def steps(d):
     return [r for r in map(json.loads, open(f"{sys.argv[1]}/{d}/metrics.jsonl")) if "grad_norm" in r]
-one = steps("r1")
-for d in ("r2", "r4"):
+for base, others in (("r1", ("r2", "r4")), ("q1", ("q2",))):
+  one = steps(base)
+  assert one[-1]["loss"] < one[0]["loss"], f"{base}: the loss did not fall"
+  for d in others:
     for a, b in zip(one, steps(d)):
         for k in ("loss", "grad_norm", "rewards/margins", "rewards/chosen"):
             if abs(a[k] - b[k]) > 1e-6 * max(abs(a[k]), 1e-3):
                 sys.exit(f"{d} step {a['step']} {k}: {b[k]} vs one process {a[k]}")
-print(f"ranks: 4 steps equal (last loss {one[-1]['loss']:.6f})")
+  print(f"ranks: {base} and {', '.join(others)}: 4 steps equal (loss {one[0]['loss']:.6f} -> {one[-1]['loss']:.6f})")
 EOF
 
 echo "== D: held-out reward margin and accuracy rise"

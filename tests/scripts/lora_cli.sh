@@ -18,8 +18,11 @@
 #     uninterrupted 2-rank run's adapter (to 1e-6: the reduction order differs) and its losses
 #     (the resumed run saves no checkpoint: its adapter is written from the engine, the other way).
 #  F. QLoRA (lora.quantize_base=nf4) on 2 ranks: trains, says so, lowers the held-out loss;
+#  G. QDoRA (lora.use_dora=true on the NF4 base), 10 steps on 2 ranks: says so; its adapter has
+#     use_dora and PEFT's 14 magnitude vectors; merge_on_save equals `shardlm merge`, and the PEFT
+#     reference's DoRA on the base reproduces the merged model's logits;
 #  E. bad input, each one line naming the culprit, non-zero exit: resuming a LoRA checkpoint with a
-#     config without lora:, or with another alpha than the checkpoint's; an unknown lora: key
+#     config without lora:, or with another alpha than the checkpoint's, or with use_dora; an unknown lora: key
 #     (the file and the key).
 # Usage: lora_cli.sh SHARDLM PEFT_TOOL PYTHON SOURCE_DIR DATA_DIR WORKDIR
 set -euo pipefail
@@ -153,6 +156,20 @@ assert len(evals) == 2 and evals[1] < evals[0] - 0.3, f"QLoRA held-out loss {eva
 print(f"QLoRA held-out loss {evals[0]:.4f} -> {evals[1]:.4f}")
 PY
 
+# ---- G. QDoRA: DoRA on the NF4 base, then its adapter against the PEFT reference ----
+launch2 output_dir="$work/qdora" lora.quantize_base=nf4 lora.use_dora=true save_every=0 max_steps=10 \
+  > "$work/qdora.log" 2>&1 || { cat "$work/qdora.log"; fail "the QDoRA run failed"; }
+grep -q "QDoRA: rank 16" "$work/qdora.log" || { cat "$work/qdora.log"; fail "the QDoRA run did not say so"; }
+grep -q '"use_dora": true' "$work/qdora/adapter/adapter_config.json" || fail "the QDoRA adapter does not say use_dora"
+[[ $(grep -a -o 'lora_magnitude_vector' "$work/qdora/adapter/adapter_model.safetensors" | wc -l) -eq 14 ]] ||
+  fail "the QDoRA adapter does not hold 14 magnitude vectors"
+"$shardlm" merge --base "$base" --adapter "$work/qdora/adapter" --out "$work/qdora_merged" --dtype f32 >/dev/null
+cmp "$work/qdora/merged/model.safetensors" "$work/qdora_merged/model.safetensors" ||
+  fail "QDoRA merge_on_save differs from shardlm merge"
+"$py" "$ref" check-merged "$base" "$work/qdora/adapter" "$work/qdora_merged"
+"$tool" logits "$work/qdora_merged" "$work/ids.npy" "$work/qdora_logits.npy"
+"$py" "$ref" logits "$base" "$work/qdora/adapter" "$work/ids.npy" "$work/qdora_logits.npy"
+
 # ---- E. bad input ----
 refuse() {  # refuse NAME PATTERN COMMAND...: the command fails with one line matching PATTERN
   local name=$1 pattern=$2
@@ -168,6 +185,9 @@ refuse resume_without_lora "step_00000010.*key 'lora'.*LoRA run's checkpoint" \
   resume_from="$work/full/checkpoints/step_00000010"
 refuse resume_other_alpha "key 'lora.alpha'.*checkpoint" \
   "$shardlm" train --config "$work/run.yaml" output_dir="$work/e2" micro_batch_size=4 lora.alpha=8 \
+  resume_from="$work/full/checkpoints/step_00000010"
+refuse resume_with_dora "key 'lora.use_dora'.*trained without DoRA" \
+  "$shardlm" train --config "$work/run.yaml" output_dir="$work/e4" micro_batch_size=4 lora.use_dora=true \
   resume_from="$work/full/checkpoints/step_00000010"
 sed 's/^  alpha: 32/  alpah: 32/' "$work/run.yaml" > "$work/typo.yaml"
 refuse unknown_key "typo.yaml:[0-9]*: key 'lora.alpah'" \

@@ -10,6 +10,11 @@
 #  C. the tiny preset: `generate --adapter` (merged in memory) prints the same greedy continuation
 #     as `generate` on the merged directory, and a different one from the base alone;
 #  D. an adapter of another model is refused in one line naming the file and the tensor.
+#  E. DoRA (use_dora): an adapter written by shardlm (GQA Llama, q/v/o/down) merges to the
+#     reference's m / ||W + s B A|| (W + s B A) and the merged model's logits equal the reference's
+#     unmerged DoRA; one written by the reference (PEFT's files) is read and merged by shardlm the
+#     same way; `generate --adapter` with a DoRA adapter equals generating from its merge, and
+#     `eval --adapter` (DoRA applied unmerged, as in training) gives the merged model's loss.
 # Usage: peft_cli.sh SHARDLM PEFT_TOOL PYTHON SOURCE_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -71,4 +76,31 @@ cat "$work/bad.txt"
 grep -q "adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight': shape \[4, 32\]" \
   "$work/bad.txt" || fail "the refusal does not name the file, the tensor and its shape"
 [[ ! -e "$work/bad" ]] || fail "a refused merge left an output directory"
+# ---- E. DoRA ----
+"$tool" make-adapter "$work/gqa" "$work/gqa_dora" --rank 4 --alpha 8 --targets q_proj,v_proj,o_proj,down_proj --dora --seed 3
+"$shardlm" merge --base "$work/gqa" --adapter "$work/gqa_dora" --out "$work/gqa_dora_merged" --dtype f32 | tee "$work/merge_e.txt"
+grep -q "DoRA: rows scaled to their magnitudes" "$work/merge_e.txt" || fail "merge did not say it merged DoRA"
+"$py" "$ref" check-merged "$work/gqa" "$work/gqa_dora" "$work/gqa_dora_merged"
+"$tool" logits "$work/gqa_dora_merged" "$work/ids.npy" "$work/gqa_dora_logits.npy"
+"$py" "$ref" logits "$work/gqa" "$work/gqa_dora" "$work/ids.npy" "$work/gqa_dora_logits.npy"
+"$py" "$ref" make-dora-adapter "$work/gqa" "$work/gqa_dora_peft" --targets q_proj,k_proj,gate_proj,up_proj --rank 3 --alpha 6 --seed 4
+"$shardlm" merge --base "$work/gqa" --adapter "$work/gqa_dora_peft" --out "$work/gqa_dora_peft_merged" --dtype f32 >/dev/null
+"$py" "$ref" check-merged "$work/gqa" "$work/gqa_dora_peft" "$work/gqa_dora_peft_merged"
+"$tool" logits "$work/gqa_dora_peft_merged" "$work/ids.npy" "$work/gqa_dora_peft_logits.npy"
+"$py" "$ref" logits "$work/gqa" "$work/gqa_dora_peft" "$work/ids.npy" "$work/gqa_dora_peft_logits.npy"
+"$tool" make-adapter "$work/tiny" "$work/tiny_dora" --rank 8 --alpha 16 --targets q_proj,v_proj,down_proj --dora --seed 6 --std 0.2
+"$shardlm" merge --base "$work/tiny" --adapter "$work/tiny_dora" --out "$work/tiny_dora_merged" >/dev/null
+gen --model "$work/tiny" --adapter "$work/tiny_dora" > "$work/gen_dora.txt" 2>/dev/null
+gen --model "$work/tiny_dora_merged" > "$work/gen_dora_merged.txt"
+cmp -s "$work/gen_dora.txt" "$work/gen_dora_merged.txt" || fail "generate --adapter (DoRA) and its merged model differ"
+cmp -s "$work/gen_dora.txt" "$work/gen_base.txt" && fail "the DoRA adapter does not change generation (vacuous test)"
+# eval --adapter applies it unmerged, as training does: the loss of the merged model.
+"$py" -c "print('\n'.join(f'line {i}: the quick brown fox jumps over {i * 7 % 13} lazy dogs' for i in range(60)))" > "$work/eval.txt"
+ev() { "$shardlm" eval --data "$work/eval.txt" --seq-len 64 --quiet "$@" 2>&1 | tail -1 | sed 's/ ([0-9.]*s)$//'; }
+ev_adapter=$(ev --model "$work/tiny" --adapter "$work/tiny_dora")
+ev_merged=$(ev --model "$work/tiny_dora_merged")
+[[ "$ev_adapter" == "$ev_merged" && "$ev_adapter" == eval:* ]] ||
+  fail "eval --adapter (DoRA, unmerged) and eval of the merged model differ: '$ev_adapter' vs '$ev_merged'"
+[[ "$ev_adapter" != "$(ev --model "$work/tiny")" ]] || fail "the DoRA adapter does not change the eval loss (vacuous test)"
+echo "DoRA: eval --adapter (unmerged) == eval of the merged model: $ev_adapter"
 echo "peft_cli: ok"

@@ -10,8 +10,10 @@ Usage:
 make: loads the base MODEL_DIR in float32, freezes every base parameter, and replaces each target
   Linear of the PEFT adapter in ADAPTER_DIR (e.g. written by `peft_tool make-adapter`, whose A and B
   are random and non-zero) by PEFT's unmerged lora.Linear: y = base(x) + lora_B(lora_A(x)) * scaling,
-  scaling = lora_alpha / r (alpha / sqrt(r) with use_rslora). lora_dropout must be 0 (a dropout mask
-  cannot be matched; with p = 0 PEFT's dropout is the identity). Only A and B train. Writes to OUT_DIR:
+  scaling = lora_alpha / r (alpha / sqrt(r) with use_rslora); with use_dora, PEFT's DoRA layer
+  (peft_reference.py: the magnitude m trains too, the weight norm is detached). lora_dropout must be
+  0 (a dropout mask cannot be matched; with p = 0 PEFT's dropout is the identity). Only A and B (and
+  m) train. Writes to OUT_DIR:
   batch{s}_ids.npy, batch{s}_targets.npy [, batch{s}_positions.npy, batch{s}_segments.npy]
                              as llama_golden.py make writes them (same generator, same batches);
   logits.npy [B, T, V]       batch 0 at the adapter's initial A and B;
@@ -29,8 +31,10 @@ make: loads the base MODEL_DIR in float32, freezes every base parameter, and rep
   on every A and B (they are Linear weights; PEFT under HF Trainer decays them too).
   Before writing, make checks the reference on this very model and exits 1 if a check fails:
   the frozen base gets no gradient; every dA and dB is non-zero; with every B zeroed the logits equal
-  the base model's bit for bit; the adapter moves the logits; and one dA element and one dB element
-  of the float64 model equal central finite differences of the float64 loss.
+  the base model's bit for bit (DoRA: with m = ||W|| too, within 1e-5); the adapter moves the logits;
+  and one dA element and one dB element (and one dm element) of the float64 model equal central
+  finite differences of the float64 loss (DoRA: with the weight norm held constant, as autograd
+  treats it).
 
 selftest: the same checks on tiny in-memory models (three target sets, rsLoRA, packed batches),
   plus an unmerged-vs-merged gradient identity: dA = scaling * B^T dW and dB = scaling * dW A^T,
@@ -72,13 +76,36 @@ def attach_lora(model, adapter_cfg, tensors):
     for p in model.parameters():
         p.requires_grad_(False)
     peft_reference.apply_adapter(model, adapter_cfg, tensors)
-    lora = [(PREFIX + n, p) for n, p in model.named_parameters() if p.requires_grad]
+    lora = trainable(model)
     names = [n for n, _ in lora]
-    if not all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in names):
+    if not all(n.endswith(SUFFIXES) for n in names):
         raise ValueError(f"trainable parameters other than LoRA's: {names[:4]}")
     if set(names) != set(tensors):
         raise ValueError(f"LoRA parameters {sorted(set(names) ^ set(tensors))[:4]} differ from the adapter's tensors")
     return lora
+
+
+SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector")
+
+
+def trainable(model):
+    """[(PEFT name, parameter)] of the trained parameters, in the adapter file's order: module by
+    module, A, B, then DoRA's magnitude (named_parameters lists a module's own magnitude before its
+    children's A and B)."""
+    named = [(PREFIX + n, p) for n, p in model.named_parameters() if p.requires_grad]
+    modules = []
+    for n, _ in named:
+        mod = next((n[: -len(sfx)] for sfx in SUFFIXES if n.endswith(sfx)), n)
+        if mod not in modules:
+            modules.append(mod)
+
+    def key(item):
+        n = item[0]
+        sfx = next((i for i, x in enumerate(SUFFIXES) if n.endswith(x)), len(SUFFIXES))
+        mod = n[: -len(SUFFIXES[sfx])] if sfx < len(SUFFIXES) else n
+        return (modules.index(mod), sfx)
+
+    return sorted(named, key=key)
 
 
 def loss_of(model, batch):
@@ -148,13 +175,22 @@ def check_reference(checks, base_model, adapter_cfg, tensors, batch, label):
     zero = [n for n, g in grads.items() if not bool((g != 0).any())]
     checks(not zero, f"{label}: every dA and dB is non-zero" + (f" (zero: {zero[:3]})" if zero else ""))
 
+    dora = bool(adapter_cfg.get("use_dora", False))
     with torch.no_grad():
         base_logits = base_model(batch[0], position_ids=batch[2], segment_ids=batch[3])
         zero_b = {k: (torch.zeros_like(v) if ".lora_B." in k else v) for k, v in tensors.items()}
+        for k in tensors:  # DoRA starts at m = ||W|| (PEFT's init)
+            if k.endswith(".lora_magnitude_vector"):
+                w = base_model.get_submodule(k[len(PREFIX):-len(".lora_magnitude_vector")]).weight
+                zero_b[k] = torch.linalg.norm(w, dim=1)
         m0 = copy.deepcopy(base_model)
         attach_lora(m0, adapter_cfg, zero_b)
         logits_b0 = m0(batch[0], position_ids=batch[2], segment_ids=batch[3])
-    checks(torch.equal(logits_b0, base_logits), f"{label}: with every B = 0 the logits equal the base's bit for bit")
+    if dora:
+        checks(torch.allclose(logits_b0, base_logits, atol=1e-5, rtol=0),
+               f"{label}: with every B = 0 and m = ||W|| the logits equal the base's (within 1e-5)")
+    else:
+        checks(torch.equal(logits_b0, base_logits), f"{label}: with every B = 0 the logits equal the base's bit for bit")
     effect = (logits.detach() - base_logits).abs().max().item()
     checks(effect > 1e-3, f"{label}: the adapter moves the logits (by up to {effect:.3g})")
     checks.numbers[label + " adapter_effect"] = effect
@@ -162,12 +198,20 @@ def check_reference(checks, base_model, adapter_cfg, tensors, batch, label):
     # Finite differences in float64 on the element of largest |gradient| of the first A and of the
     # last B (through the whole model: embedding, attention, MLP, head, loss).
     m64 = copy.deepcopy(model).double()
-    lora64 = [(PREFIX + n, p) for n, p in m64.named_parameters() if p.requires_grad]
+    lora64 = trainable(m64)
     _, _, g64 = lora_grads(m64, lora64, batch)
+    # DoRA's weight norm is a constant to autograd (PEFT detaches it): the differences hold it at
+    # its current value too.
+    for mod in m64.modules():
+        if isinstance(mod, peft_reference.LoraLinear) and mod.lora_magnitude_vector is not None:
+            mod.frozen_norm = mod.weight_norm()
     worst_rel = max(((g64[n].float() - grads[n]).abs().max() / g64[n].abs().max()).item() for n in grads)
     checks(worst_rel < 1e-3, f"{label}: float32 gradients equal float64's (worst relative {worst_rel:.1e})")
     params64 = dict(lora64)
-    for name in (lora64[0][0], lora64[-1][0]):
+    fd_names = [lora64[0][0], lora64[-1][0]]
+    if dora:  # A, B and m of the first module, and the last module's B
+        fd_names = [lora64[0][0], lora64[1][0], lora64[2][0], lora64[-2][0]]
+    for name in fd_names:
         p, g = params64[name], g64[name]
         idx = np.unravel_index(int(g.abs().argmax()), tuple(g.shape))
         h = 1e-6
@@ -247,6 +291,7 @@ def cmd_make(args):
         "base_dir": os.path.abspath(args.model_dir), "adapter_dir": os.path.abspath(args.adapter_dir),
         "r": adapter_cfg["r"], "lora_alpha": adapter_cfg["lora_alpha"],
         "use_rslora": bool(adapter_cfg.get("use_rslora", False)), "scaling": peft_reference.scaling_of(adapter_cfg),
+        "use_dora": bool(adapter_cfg.get("use_dora", False)),
         "target_modules": adapter_cfg["target_modules"], "lora_names": [n for n, _ in lora],
         "base_loss0": base_loss0, "self_checks": checks.numbers,
     }
@@ -271,26 +316,32 @@ def cmd_selftest(args):
     config = {"vocab_size": 41, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
               "initializer_range": 0.3, "tie_word_embeddings": False}
-    cases = [("q_proj,v_proj r4 a8", ["q_proj", "v_proj"], 4, 8, False, False),
-             ("all-linear r3 a5 rslora, qkv bias, packed", "all-linear", 3, 5, True, True),
-             ("o/down/up r2 a2", ["o_proj", "down_proj", "up_proj"], 2, 2, False, False)]
-    for label, targets, r, alpha, rslora, packed in cases:
+    cases = [("q_proj,v_proj r4 a8", ["q_proj", "v_proj"], 4, 8, False, False, False),
+             ("all-linear r3 a5 rslora, qkv bias, packed", "all-linear", 3, 5, True, True, False),
+             ("o/down/up r2 a2", ["o_proj", "down_proj", "up_proj"], 2, 2, False, False, False),
+             ("DoRA q/o/down r3 a6, qkv bias, packed", ["q_proj", "o_proj", "down_proj"], 3, 6, False, True, True)]
+    for label, targets, r, alpha, rslora, packed, dora in cases:
         cfg = dict(config, attention_bias=packed)
         base = llama_ref.Llama(cfg, seed=1)
         for p in base.parameters():
             p.requires_grad_(False)
         adapter_cfg = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": targets,
-                       "use_rslora": rslora, "lora_dropout": 0.0}
+                       "use_rslora": rslora, "lora_dropout": 0.0, "use_dora": dora}
         gen = torch.Generator().manual_seed(2)
         tensors = {}
         for name, lin in peft_reference.targets_of(base, adapter_cfg):
             tensors[f"{PREFIX}{name}.lora_A.weight"] = 0.3 * torch.randn(r, lin.weight.shape[1], generator=gen)
             tensors[f"{PREFIX}{name}.lora_B.weight"] = 0.3 * torch.randn(lin.weight.shape[0], r, generator=gen)
+            if dora:
+                norms = torch.linalg.norm(lin.weight, dim=1)
+                tensors[f"{PREFIX}{name}.lora_magnitude_vector"] = norms * (1 + 0.2 * torch.randn(norms.shape, generator=gen))
         bgen = torch.Generator().manual_seed(3)
         batch = llama_golden.make_batch(bgen, cfg["vocab_size"], 2, 12, packed)
         _, _, grads = check_reference(checks, base, adapter_cfg, tensors, batch, label)
 
         # Unmerged against merged: dW of the merged weight W + s B A gives dA = s B^T dW, dB = s dW A^T.
+        # DoRA merges to W' = g V with V = W + s B A and g = m / ||V||_row held constant, so
+        # dm = rowsum(dW' * V) / ||V||, dA = s B^T (g dW'), dB = s (g dW') A^T.
         s = peft_reference.scaling_of(adapter_cfg)
         merged = copy.deepcopy(base).double()
         pairs = []
@@ -299,19 +350,29 @@ def cmd_selftest(args):
                 a = tensors[f"{PREFIX}{name}.lora_A.weight"].double()
                 b = tensors[f"{PREFIX}{name}.lora_B.weight"].double()
                 lin.weight += s * b @ a
+                v = lin.weight.clone()
+                g = torch.ones(v.shape[0], dtype=torch.float64)
+                if dora:
+                    g = tensors[f"{PREFIX}{name}.lora_magnitude_vector"].double() / torch.linalg.norm(v, dim=1)
+                    lin.weight *= g.view(-1, 1)
                 lin.weight.requires_grad_(True)
-                pairs.append((name, lin, a, b))
+                pairs.append((name, lin, a, b, v, g))
         loss_of(merged, batch)[1].backward()
         m64 = copy.deepcopy(base).double()
         lora64 = dict(attach_lora(m64, adapter_cfg, {k: v.double() for k, v in tensors.items()}))
         loss_of(m64, batch)[1].backward()
         worst = 0.0
-        for name, lin, a, b in pairs:
-            dw = lin.weight.grad
-            for got, want in ((lora64[f"{PREFIX}{name}.lora_A.weight"].grad, s * b.T @ dw),
-                              (lora64[f"{PREFIX}{name}.lora_B.weight"].grad, s * dw @ a.T)):
+        for name, lin, a, b, v, g in pairs:
+            dw = lin.weight.grad * g.view(-1, 1)
+            want_grads = [(lora64[f"{PREFIX}{name}.lora_A.weight"].grad, s * b.T @ dw),
+                          (lora64[f"{PREFIX}{name}.lora_B.weight"].grad, s * dw @ a.T)]
+            if dora:
+                want_grads.append((lora64[f"{PREFIX}{name}.lora_magnitude_vector"].grad,
+                                   (lin.weight.grad * v).sum(dim=1) / torch.linalg.norm(v, dim=1)))
+            for got, want in want_grads:
                 worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
-        checks(worst < 1e-10, f"{label}: dA = s B^T dW and dB = s dW A^T of the merged weight (relative {worst:.1e})")
+        checks(worst < 1e-10, f"{label}: dA = s B^T dW and dB = s dW A^T{' (DoRA: g dW, and dm)' if dora else ''} "
+               f"of the merged weight (relative {worst:.1e})")
 
         # AdamW steps only move A and B; with lr 0 nothing moves.
         model = copy.deepcopy(base)
@@ -320,7 +381,7 @@ def cmd_selftest(args):
         adamw_steps(model, lora, [batch, batch], 2, 1e-2, 0.1, 1.0)
         trained = {n for n, _ in lora}
         moved = {PREFIX + n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-        checks(moved == trained, f"{label}: AdamW moves every A and B and nothing else")
+        checks(moved == trained, f"{label}: AdamW moves every A and B{' and m' if dora else ''} and nothing else")
     if checks.failed:
         print(f"lora_golden selftest: {checks.failed} check(s) failed")
         return 1

@@ -38,6 +38,10 @@ void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor
 void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed);
 void add_bias(const Tensor& y, const Tensor& b);
 void bias_backward(const Tensor& db, const Tensor& dy);
+void row_norms(const Tensor& norms, const Tensor& x);
+void dora_forward(const Tensor& y, const Tensor& z, const Tensor& l, const Tensor& m, const Tensor& norm);
+void dora_backward(const Tensor& dz, const Tensor& dl, const Tensor& dm, const Tensor& dy, const Tensor& z,
+                   const Tensor& l, const Tensor& m, const Tensor& norm);
 void cast(const Tensor& dst, const Tensor& src);
 void add_inplace(const Tensor& dst, const Tensor& src);
 void scale_inplace(const Tensor& x, float s);
