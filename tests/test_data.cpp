@@ -341,6 +341,49 @@ TEST(DataConfig, KeysTypesAndSplit) {
   EXPECT_EQ(train::read_train_config(builtin).data.train, "builtin:addition");
 }
 
+// Preference records in TRL's forms: standard strings (BOS + prompt, then completion + EOS, only the
+// completion and EOS trained) and conversations (the prompt's rendering with the generation prompt
+// masked, the rest rendered as chat training renders it), an implicit prompt giving the same pair
+// as an explicit one; each record gives (chosen, rejected); a bad record names FILE:LINE.
+TEST(Preference, StandardAndConversationalPairs) {
+  const fs::path d = fresh_dir("pref");
+  data::ByteTokenizer tok;
+  data::InstructOptions opt;
+  opt.chat_format = "llama2";
+  data::LoadReport rep;
+  const std::string plain = write(d / "std.jsonl", R"({"prompt": "Q?", "chosen": " yes", "rejected": " no"})" "\n");
+  EXPECT_EQ(data::detect_json_kind(plain, {}), "preference");
+  const std::vector<data::Example> s = data::load_instruct_file(plain, "preference", tok, opt, rep);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].ids[0], tok.bos_id());
+  EXPECT_EQ(trained_targets(s[0]), tok.encode_with(" yes", false, true));
+  EXPECT_EQ(trained_targets(s[1]), tok.encode_with(" no", false, true));
+  EXPECT_EQ(s[0].ids.size(), 1 + tok.encode("Q? yes").size());  // BOS + prompt + completion; EOS is the last target
+
+  const std::string user = R"({"role": "user", "content": "Q?"})", yes = R"({"role": "assistant", "content": "yes"})",
+                    no = R"({"role": "assistant", "content": "no"})";
+  const std::string conv = write(d / "conv.jsonl", "{\"prompt\": [" + user + "], \"chosen\": [" + yes + "], \"rejected\": [" +
+                                                       no + "]}\n{\"chosen\": [" + user + ", " + yes + "], \"rejected\": [" +
+                                                       user + ", " + no + "]}\n");
+  const std::vector<data::Example> c = data::load_instruct_file(conv, "preference", tok, opt, rep);
+  ASSERT_EQ(c.size(), 4u);
+  for (size_t i = 0; i < 2; ++i) {  // the implicit prompt is the explicit one
+    EXPECT_EQ(c[i].ids, c[i + 2].ids);
+    EXPECT_EQ(c[i].targets, c[i + 2].targets);
+  }
+  const data::Example whole = data::chat_example(tok, data::ChatFormat::Llama2, {{"user", "Q?"}, {"assistant", "yes"}});
+  EXPECT_EQ(c[0].ids, whole.ids);
+  EXPECT_EQ(trained_targets(c[0]), trained_targets(whole));
+  EXPECT_FALSE(trained_targets(c[1]).empty());
+  const std::vector<int32_t> prompt = data::chat_prompt_ids(tok, data::ChatFormat::Llama2, {{"user", "Q?"}});
+  for (size_t t = 0; t + 1 < prompt.size(); ++t) EXPECT_EQ(c[0].targets[t], ops::kIgnoreIndex) << t;
+
+  const std::string bad = write(d / "bad.jsonl", std::string(R"({"prompt": "Q?", "chosen": " yes", "rejected": " no"})") +
+                                                     "\n" + R"({"prompt": "Q?", "chosen": " yes"})" + "\n");
+  expect_error([&] { data::load_instruct_file(bad, "preference", tok, opt, rep); },
+               "bad.jsonl:2: missing field 'rejected'");
+}
+
 // ---- the sampler -----------------------------------------------------------------------------
 
 TEST(Sampler, GlobalBatchesAreTheSameForAnyWorldSize) {
