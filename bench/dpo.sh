@@ -16,7 +16,7 @@ work=${2:-/tmp/shardlm_dpo_bench}
 data=$(realpath ../shared/data)
 rm -rf "$work" && mkdir -p "$work"
 "$shardlm" init --preset llama3.2-1b --out "$work/init" --seed 0 --set num_hidden_layers=2 --set vocab_size=32000 \
-  --set tie_word_embeddings=false >/dev/null
+  --set tie_word_embeddings=false --set bos_token_id=1 --set eos_token_id=2 >/dev/null
 cp "$data/llama2_tokenizer.model" "$work/init/tokenizer.model"
 /usr/bin/python3 - "$data/alpaca_en_demo.json" "$work" <<'PY'
 import json, sys
