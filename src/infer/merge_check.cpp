@@ -33,12 +33,6 @@ std::vector<std::vector<float>> all_logits(model::LlamaCompute& compute, const M
   return out;
 }
 
-int lora_module_index(const std::string& module) {
-  for (int m = 0; m < model::kNumLoraModules; ++m)
-    if (module == model::kLoraModules[m]) return m;
-  throw Error(fmt::format("unknown LoRA module '{}'", module));
-}
-
 }  // namespace
 
 double default_merge_tolerance(DType dtype) {
@@ -74,13 +68,14 @@ MergeCheck check_merge(const MergeCheckOptions& opt) {
                             .load_in_4bit_role = "--merge-into dequantized"},
                            cfg, base, [](const std::string&) {});
     const PeftAdapter adapter = read_peft_adapter(opt.adapter, cfg);
-    model::LlamaWeights w = base.compute_weights();
-    for (const model::LoraTarget& t : adapter.targets) {
-      const int m = lora_module_index(t.module);
-      w.layers[size_t(t.layer)].lora_a[m] = adapter.a(t);
-      w.layers[size_t(t.layer)].lora_b[m] = adapter.b(t);
-      w.layers[size_t(t.layer)].lora_m[m] = adapter.m(t);  // DoRA's magnitude (undefined for LoRA)
-    }
+    // The adapted model's parts bound as training binds them: the base's f32 weights, and the
+    // adapter's A, B (and DoRA's magnitude) by PEFT name.
+    model::LlamaWeights w;
+    for (const model::ModelPart& part : model::llama_parts(cfg, model::FinetuneSpec{.lora = adapter.spec}))
+      model::bind_part(cfg, part, w, [&](const std::string& name) {
+        const auto it = adapter.tensors.find(name);
+        return it != adapter.tensors.end() ? it->second.t : base.master(name);
+      });
     model::LlamaCompute compute(cfg, DType::F32, Device::CPU, adapter.spec);
     compute.set_weights(w);
     want = all_logits(compute, cfg, opt.prompts);

@@ -63,10 +63,11 @@ void PreferenceSums::all_reduce(comm::Communicator& world) {
     *x = world.all_reduce_sum(*x);
 }
 
+double PreferenceSums::mean_loss() const { return pairs > 0 ? loss / pairs : NAN; }
+
 Metrics PreferenceSums::means(const std::string& p) const {
   const double n = pairs > 0 ? pairs : NAN;  // no pairs: no figures (null in the records)
-  return {{p + "loss", loss / n},
-          {p + "rewards/chosen", chosen_reward / n},
+  return {{p + "rewards/chosen", chosen_reward / n},
           {p + "rewards/rejected", rejected_reward / n},
           {p + "rewards/margins", (chosen_reward - rejected_reward) / n},
           {p + "rewards/accuracies", correct / n},
@@ -84,13 +85,21 @@ double row_divisor(const DpoConfig& c, const model::Batch& b, int64_t r) {
   return double(std::max<int64_t>(n, 1));
 }
 
-}  // namespace
-
-std::vector<double> row_logps(const DpoConfig& c, const model::Batch& b, std::span<const double> row_loss) {
+// Every row's divisor, once per micro-batch.
+std::vector<double> row_divisors(const DpoConfig& c, const model::Batch& b) {
   std::vector<double> out(size_t(b.B));
-  for (int64_t r = 0; r < b.B; ++r) out[size_t(r)] = -row_loss[size_t(r)] / row_divisor(c, b, r);
+  for (int64_t r = 0; r < b.B; ++r) out[size_t(r)] = row_divisor(c, b, r);
   return out;
 }
+
+// DPO's log-probability of each row: -row_loss / divisor.
+std::vector<double> logps_of(std::span<const double> row_loss, const std::vector<double>& divisors) {
+  std::vector<double> out(divisors.size());
+  for (size_t r = 0; r < out.size(); ++r) out[r] = -row_loss[r] / divisors[r];
+  return out;
+}
+
+}  // namespace
 
 // ---- the reference model ------------------------------------------------------------------------
 
@@ -111,14 +120,13 @@ std::vector<double> ReferenceModel::row_losses(const model::Batch& b) {
     frozen_->forward_rows(m_, b, out);
     return out;
   }
-  m_.set_adapters_enabled(false);
-  try {
-    policy_.forward_rows(m_, b, out);
-  } catch (...) {
-    m_.set_adapters_enabled(true);
-    throw;
-  }
-  m_.set_adapters_enabled(true);
+  // The adapters come back on however the forward ends.
+  struct BaseOnly {
+    model::LlamaCompute& m;
+    explicit BaseOnly(model::LlamaCompute& c) : m(c) { m.set_adapters_enabled(false); }
+    ~BaseOnly() { m.set_adapters_enabled(true); }
+  } const base_only(m_);
+  policy_.forward_rows(m_, b, out);
   return out;
 }
 
@@ -144,19 +152,19 @@ double DpoObjective::head(model::StagedModel& m, const model::Batch& b, size_t i
   SHARDLM_CHECK(i < ref_.size() && int64_t(ref_[i].size()) == b.B && b.B % 2 == 0,
                 "DPO: micro-batch {} has {} rows and {} reference row losses (pairs: chosen, rejected)", i, b.B,
                 i < ref_.size() ? ref_[i].size() : 0);
-  const std::vector<double> ref = row_logps(c_, b, ref_[i]);
+  const std::vector<double> div = row_divisors(c_, b), ref = logps_of(ref_[i], div);
   std::vector<double> row_loss(size_t(b.B));
   double loss = 0;
   m.head_rows(b, row_loss, [&](std::span<const double> losses, std::span<float> scale) {
-    const std::vector<double> pi = row_logps(c_, b, losses);
+    const std::vector<double> pi = logps_of(losses, div);
     for (int64_t k = 0; k < b.B / 2; ++k) {
       const size_t c = size_t(2 * k), r = c + 1;
       const PairLoss p = dpo_pair_loss(c_, pi[c], pi[r], ref[c], ref[r]);
       loss += p.loss;
       sums_.add(c_, pi[c], pi[r], ref[c], ref[r]);
-      // dLoss/d row_loss = dLoss/d logp x d logp/d row_loss, the latter -1 / row_divisor.
-      scale[c] = float(-grad_scale * p.d_chosen / row_divisor(c_, b, int64_t(c)));
-      scale[r] = float(-grad_scale * p.d_rejected / row_divisor(c_, b, int64_t(r)));
+      // dLoss/d row_loss = dLoss/d logp x d logp/d row_loss, the latter -1 / the row's divisor.
+      scale[c] = float(-grad_scale * p.d_chosen / div[c]);
+      scale[r] = float(-grad_scale * p.d_rejected / div[r]);
     }
   });
   return loss;
@@ -164,7 +172,7 @@ double DpoObjective::head(model::StagedModel& m, const model::Batch& b, size_t i
 
 // ---- evaluation ---------------------------------------------------------------------------------
 
-Metrics evaluate_preference(shard::ShardedModel& engine, model::LlamaCompute& m, ReferenceModel& ref,
+PreferenceSums evaluate_preference(shard::ShardedModel& engine, model::LlamaCompute& m, ReferenceModel& ref,
                             const DpoConfig& c, const data::Dataset& eval, int64_t B, int64_t T, int64_t max_pairs,
                             int32_t pad, comm::Communicator& world) {
   const int64_t n_pairs = max_pairs < 0 ? eval.size() / 2 : std::min(eval.size() / 2, max_pairs);
@@ -186,12 +194,12 @@ Metrics evaluate_preference(shard::ShardedModel& engine, model::LlamaCompute& m,
     engine.forward_rows(m, b, policy_loss);
     const std::vector<double> ref_loss = ref.row_losses(b);
     if (begin == end) continue;
-    const std::vector<double> pi = row_logps(c, b, policy_loss), rf = row_logps(c, b, ref_loss);
+    const std::vector<double> div = row_divisors(c, b), pi = logps_of(policy_loss, div), rf = logps_of(ref_loss, div);
     for (int64_t k = 0; k < b.B / 2; ++k)
       sums.add(c, pi[size_t(2 * k)], pi[size_t(2 * k + 1)], rf[size_t(2 * k)], rf[size_t(2 * k + 1)]);
   }
   sums.all_reduce(world);
-  return sums.means("eval_");
+  return sums;
 }
 
 }  // namespace shardlm::train

@@ -44,13 +44,11 @@ struct PreferenceSums {
   double pairs = 0, loss = 0, chosen_reward = 0, rejected_reward = 0, correct = 0, chosen_logp = 0, rejected_logp = 0;
   void add(const DpoConfig& c, double policy_chosen, double policy_rejected, double ref_chosen, double ref_rejected);
   void all_reduce(comm::Communicator& world);
-  // loss, rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
+  double mean_loss() const;  // NaN without pairs
+  // rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
   // logps/rejected (prefix "" or "eval_").
   Metrics means(const std::string& prefix) const;
 };
-
-// The log-probability DPO compares for each row of b: -row_loss (ipo: divided by the row's targets).
-std::vector<double> row_logps(const DpoConfig& c, const model::Batch& b, std::span<const double> row_loss);
 
 // The reference model's per-row losses: the policy's own engine with the adapters off (LoRA), or a
 // frozen copy of the reference weights on an engine of its own built for evaluation (its f32
@@ -90,8 +88,8 @@ class DpoObjective final : public shard::RowObjective {
 };
 
 // DPO over held-out pairs (up to max_pairs; all when < 0), B pairs per rank per forward, the same
-// pairs for any world size: loss, rewards and accuracy as eval_ metrics. Collective.
-Metrics evaluate_preference(shard::ShardedModel& engine, model::LlamaCompute& m, ReferenceModel& ref,
+// pairs for any world size: the sums over every rank's pairs. Collective.
+PreferenceSums evaluate_preference(shard::ShardedModel& engine, model::LlamaCompute& m, ReferenceModel& ref,
                             const DpoConfig& c, const data::Dataset& eval, int64_t B, int64_t T, int64_t max_pairs,
                             int32_t pad, comm::Communicator& world);
 

@@ -281,7 +281,6 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
     PreferenceSums sums = dpo_->sums();
     sums.all_reduce(world_);
     extra = sums.means("");
-    extra.erase(extra.begin());
   }
   out_.step(step, s, sb, c_.schedule.at(step), seconds_since(t_train_), tokens_seen_, before, extra);
   result_.losses.push_back(s.loss);
@@ -295,10 +294,11 @@ void Trainer::log_step(int64_t step, const shard::StepStats& s, const data::Step
 void Trainer::evaluate(int64_t step) {
   EvalResult e;
   if (dpo_) {  // DPO's loss, rewards and accuracy over held-out pairs
-    e.metrics = evaluate_preference(engine_, model_, *reference_, c_.dpo, *in_.data.eval, in_.B / 2, in_.T,
-                                    c_.eval_batches * (in_.B / 2) * world_.size(), in_.tok->eos_id(), world_);
-    e.loss = e.metrics.front().second;
-    e.metrics.erase(e.metrics.begin());
+    const PreferenceSums sums = evaluate_preference(engine_, model_, *reference_, c_.dpo, *in_.data.eval, in_.B / 2,
+                                                    in_.T, c_.eval_batches * (in_.B / 2) * world_.size(),
+                                                    in_.tok->eos_id(), world_);
+    e.loss = sums.mean_loss();
+    e.metrics = sums.means("eval_");
   } else {
     e = train::evaluate(engine_, model_, in_, c_, world_);
   }
