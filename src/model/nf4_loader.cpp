@@ -312,10 +312,10 @@ std::map<std::string, OwnedTensor> load_dequantized_f32(const std::string& dir) 
   return out;
 }
 
-void nf4_round_in_place(const Tensor& w) {
+void nf4_round_in_place(const Tensor& w, bool double_quant) {
   SHARDLM_CHECK(w.dtype == DType::F32 && w.device == Device::CPU && w.is_contiguous(),
                 "NF4 rounding takes a contiguous f32 CPU tensor, not {}", w.describe());
-  const ops::Nf4Layout layout = ops::Nf4Layout::of(w.numel(), true);
+  const ops::Nf4Layout layout = ops::Nf4Layout::of(w.numel(), double_quant);
   const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
   const ops::Nf4Tensor q =
       ops::nf4_view(buf.data(), layout, std::vector<int64_t>(w.shape.begin(), w.shape.begin() + w.ndim), DType::F32);

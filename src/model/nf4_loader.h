@@ -117,9 +117,10 @@ class Nf4ModelReader {
 std::map<std::string, OwnedTensor> load_dequantized_f32(const std::string& dir);
 
 // A dense weight (f32, CPU, contiguous) replaced by its NF4 rounding: quantized to NF4 (blocksize
-// 64, double quantization of the absmax values) and dequantized back, the values a QLoRA run
-// (lora.quantize_base: nf4, double_quant true) trains its adapter against. `generate --load-in-4bit`
-// and `merge --merge-into dequantized` round a dense base with it.
-void nf4_round_in_place(const Tensor& w);
+// 64, with double quantization of the absmax values unless double_quant is false) and dequantized
+// back, the values a QLoRA run (lora.quantize_base: nf4) trains its adapter against.
+// `generate --load-in-4bit` and `merge --merge-into dequantized` round a dense base with it, and
+// DoRA's magnitudes start from the row norms of a weight so rounded (shard/load.cpp).
+void nf4_round_in_place(const Tensor& w, bool double_quant = true);
 
 }  // namespace shardlm::model

@@ -171,13 +171,7 @@ void fill_dora_magnitudes(const ShardedModel& engine, const PlannedUnit& p, int6
     const int64_t rows = w->info.shape[0], cols = w->info.shape[1], n = rows * cols;
     const OwnedTensor values(DType::F32, {n}, MemCategory::Workspace, false);
     base(make_flat_layout(p.name, {w->info}, 1, 1), values.t.f32());
-    if (nf4 && !stored_nf4(name)) {
-      const ops::Nf4Layout layout = ops::Nf4Layout::of(n, engine.finetune().nf4_double_quant);
-      const Buffer buf(layout.total_bytes, MemCategory::Workspace, false);
-      const ops::Nf4Tensor q = ops::nf4_view(buf.data(), layout, w->info.shape, DType::F32);
-      ops::nf4_quantize(q, values.t);
-      ops::nf4_dequantize(values.t, q);
-    }
+    if (nf4 && !stored_nf4(name)) model::nf4_round_in_place(values.t, engine.finetune().nf4_double_quant);
     if (const DType pd = engine.sharding().param_dtype; pd != DType::F32) {
       const OwnedTensor low(pd, {n}, MemCategory::Workspace, false);
       ops::cast(low.t, values.t);
