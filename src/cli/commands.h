@@ -35,6 +35,7 @@ inline DType dtype_flag(const std::string& flag, const std::string& value, std::
 }
 
 void register_env(CLI::App& app);
+void register_estimate_time(CLI::App& app);
 void register_init(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
       "  shardlm convert runs/demo/checkpoints --out runs/demo-hf  a sharded checkpoint -> Hugging Face model\n"
       "  shardlm merge --base DIR --adapter LORA --out MERGED   a PEFT LoRA adapter merged into its base model\n"
       "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
+      "  shardlm estimate-time --model llama3-8b --world-size 64 --nproc-per-node 8 --tflops 400 ...   step time per strategy\n"
       "  shardlm recipes                                         built-in configs (full, LoRA, QLoRA); `recipes cp NAME FILE`\n"
       "  shardlm validate --config run.yaml                      check a config (keys, model, data, memory) without training\n"
       "  shardlm report --metrics runs/demo/metrics.jsonl --out r.html   a run's charts as one HTML page\n"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_convert(app);
   shardlm::cli::register_merge(app);
   shardlm::cli::register_estimate_memory(app);
+  shardlm::cli::register_estimate_time(app);
   shardlm::cli::register_recipes(app);
   shardlm::cli::register_validate(app);
   shardlm::cli::register_report(app);

@@ -93,8 +93,29 @@ class LocalCommunicator final : public Communicator {
 };
 
 // One rank's view of a group of `size` ranks in which nothing moves: collectives only count their
-// bytes. Tensors may have no memory (a dry run of the engine).
+// bytes, and report their issue and wait to the thread's dry-run observer (core/alloc.h: the
+// step-time model replays them). Tensors may have no memory (a dry run of the engine).
 class ShapeCommunicator final : public Communicator {
+  // Reports its wait once, when waited for or destroyed unwaited (which waits too).
+  class ShapeRequest final : public Request {
+   public:
+    explicit ShapeRequest(int64_t id) : id_(id) {}
+    ~ShapeRequest() override { ShapeRequest::wait(); }
+    void wait() override {
+      if (!waited_) meta_wait(id_);
+      waited_ = true;
+    }
+
+   private:
+    int64_t id_;
+    bool waited_ = false;
+  };
+  std::unique_ptr<Request> issue(int64_t& field, size_t full_bytes, DryCollective kind) {
+    const int64_t before = field;
+    count_ring(field, full_bytes);
+    return std::make_unique<ShapeRequest>(meta_collective(this, kind, field - before));
+  }
+
  public:
   ShapeCommunicator(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
@@ -102,19 +123,22 @@ class ShapeCommunicator final : public Communicator {
   std::string name() const override { return fmt::format("shape({} of {})", rank_, size_); }
   Device device() const override { return Device::Meta; }
   std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor&) override {
-    count_ring(stats_.all_gather_bytes, out.nbytes());
-    return std::make_unique<DoneRequest>();
+    return issue(stats_.all_gather_bytes, out.nbytes(), DryCollective::AllGather);
   }
   std::unique_ptr<Request> reduce_scatter_async(const Tensor&, const Tensor& in, ReduceOp) override {
-    count_ring(stats_.reduce_scatter_bytes, in.nbytes());
-    return std::make_unique<DoneRequest>();
+    return issue(stats_.reduce_scatter_bytes, in.nbytes(), DryCollective::ReduceScatter);
   }
   std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp) override {
-    count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
-    return std::make_unique<DoneRequest>();
+    return issue(stats_.all_reduce_bytes, 2 * buf.nbytes(), DryCollective::AllReduce);
   }
-  double all_reduce_sum(double value) override { return value; }
-  void broadcast(const Tensor& buf, int root) override { count_broadcast(buf.nbytes(), root); }
+  double all_reduce_sum(double value) override {
+    meta_wait(meta_collective(this, DryCollective::Scalar, 0));  // blocking: a latency
+    return value;
+  }
+  void broadcast(const Tensor& buf, int root) override {
+    count_broadcast(buf.nbytes(), root);
+    meta_wait(meta_collective(this, DryCollective::Broadcast, int64_t(buf.nbytes())));
+  }
   void broadcast_bytes(void*, size_t n, int root) override { count_broadcast(n, root); }
   void barrier() override {}
   void send(const Tensor& t, int) override {

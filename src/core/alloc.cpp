@@ -240,6 +240,16 @@ void* meta_address(size_t bytes) {
 ObserveMeta::ObserveMeta(MetaObserver& o) : previous_(t_meta_observer) { t_meta_observer = &o; }
 ObserveMeta::~ObserveMeta() { t_meta_observer = previous_; }
 
+void meta_flops(double flops) {
+  if (t_meta_observer) t_meta_observer->on_flops(flops);
+}
+int64_t meta_collective(const void* group, DryCollective kind, int64_t ring_bytes) {
+  return t_meta_observer ? t_meta_observer->on_collective(group, kind, ring_bytes) : 0;
+}
+void meta_wait(int64_t id) {
+  if (t_meta_observer) t_meta_observer->on_wait(id);
+}
+
 Buffer::Buffer(size_t bytes, MemCategory category, bool zero, Device device, MemTag tag)
     : bytes_(bytes), category_(category), device_(device), tag_(tag) {
   if (bytes == 0) return;

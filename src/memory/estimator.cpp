@@ -101,6 +101,28 @@ struct Tracker final : MetaObserver {
       host_at_peak = host;
     }
   }
+  // The work of the step being recorded (record: on), in order.
+  bool record = false;
+  const void* shard_group = nullptr;
+  std::vector<WorkEvent> work;
+  int64_t next_id = 1;
+  void on_flops(double flops) override {
+    if (!record) return;
+    if (work.empty() || work.back().kind != WorkEvent::Kind::Compute) work.push_back({});
+    work.back().flops += flops;
+  }
+  int64_t on_collective(const void* group, DryCollective kind, int64_t bytes) override {
+    if (!record) return 0;
+    work.push_back({.kind = WorkEvent::Kind::Issue,
+                    .collective = kind,
+                    .group = group == shard_group ? WorkEvent::Group::Shard : WorkEvent::Group::Replicate,
+                    .bytes = bytes,
+                    .id = next_id});
+    return next_id++;
+  }
+  void on_wait(int64_t id) override {
+    if (record && id > 0) work.push_back({.kind = WorkEvent::Kind::Wait, .id = id});
+  }
   void on_free(const Buffer& b) override {
     const Term t = term_of(b);
     const int64_t bytes = int64_t(b.bytes());
@@ -187,8 +209,12 @@ Estimate estimate(const EstimateInput& in) {
     step(1);
     mesh.shard->reset_stats();
     mesh.replicate->reset_stats();
+    tr.shard_group = mesh.shard.get();
+    tr.record = true;
     step(2);
+    tr.record = false;
   }
+  est.step_work = std::move(tr.work);
 
   est.at_peak = tr.at_peak;
   est.peak = tr.peak;

@@ -66,6 +66,20 @@ struct EstimateInput {
   bool preference = false;
 };
 
+// One piece of a training step's work, in the order the engine did it on rank 0 in the dry run:
+// arithmetic (consecutive ops merged), a collective issued on one of the mesh's groups, or the
+// wait for one. The step-time model (memory/step_time.h) replays them.
+struct WorkEvent {
+  enum class Kind : uint8_t { Compute, Issue, Wait };
+  enum class Group : uint8_t { Shard, Replicate };
+  Kind kind = Kind::Compute;
+  double flops = 0;                                      // Compute
+  DryCollective collective = DryCollective::AllGather;  // Issue
+  Group group = Group::Shard;                            // Issue
+  int64_t bytes = 0;                                     // Issue: what this rank sends (ring accounting)
+  int64_t id = 0;                                        // Issue and its Wait
+};
+
 struct Estimate {
   // Bytes of each term live at the moment the total peaks (they add up to peak_total), and each
   // term's own highest value (which may be reached at another moment).
@@ -82,6 +96,7 @@ struct Estimate {
   double inter_node_bytes_per_step = 0;  // of that, what crosses nodes
   int64_t save_gather_bytes = 0;  // the final save gathers one unit at a time in f32: the largest unit
   int64_t trainable_params = 0;   // what the optimizer steps (the adapters under LoRA)
+  std::vector<WorkEvent> step_work;  // the second step's work, in order (later steps repeat it)
   std::vector<std::string> notes;
 };
 

@@ -41,6 +41,15 @@ AttnDims check_attention_inputs(const char* op, const Tensor& q, const Tensor& k
   return d;
 }
 
+// Multiply-adds of the causal scores one (batch, head) computes: query i sees the keys up to its
+// own position (Tk - Tq + i), the blocks above the diagonal are skipped. Per score, the forward does
+// 2 products of Dh (q.k and p.v), the backward 4 (dv, dp, dq, dk). For a dry run's time model.
+double causal_score_flops(const AttnDims& d, int products) {
+  const double off = double(d.Tk - d.Tq);
+  const double pairs = double(d.Tq) * off + double(d.Tq) * double(d.Tq + 1) / 2;
+  return 2.0 * products * double(d.Dh) * pairs * double(d.B) * double(d.H);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -50,6 +59,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_arg(op, "out", out, {DType::F32, DType::BF16}, {d.B, d.Tq, d.H, d.Dh});
   const Device dev = check_same_device(
       op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"segment_ids", &segment_ids}});
+  if (dev == Device::Meta) meta_flops(causal_score_flops(d, 2));
   SHARDLM_DISPATCH(dev, attention_forward(out, lse, q, k, v, segment_ids, scale));
   cpu::attention_forward(out, lse, q, k, v, segment_ids, scale);
 }
@@ -84,6 +94,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                             {"out", &out},
                                             {"lse", &lse},
                                             {"segment_ids", &segment_ids}});
+  if (dev == Device::Meta) meta_flops(causal_score_flops(d, 4));
   SHARDLM_DISPATCH(dev, attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale));
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, scale);
 }

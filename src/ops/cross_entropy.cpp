@@ -46,7 +46,11 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                               op, i, t, V, kIgnoreIndex));
   }
 
-  if (dev == Device::Meta) cpu::cross_entropy_scratch(x, w, chunk_rows, Device::Meta);  // counted, then freed
+  if (dev == Device::Meta) {
+    cpu::cross_entropy_scratch(x, w, chunk_rows, Device::Meta);  // counted, then freed
+    // The logits, and in a backward their products with dx and dw.
+    meta_flops(2.0 * double(N) * double(V) * double(D) * (1 + int(dx.defined()) + int(dw.defined())));
+  }
   SHARDLM_DISPATCH(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
   return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
 }

@@ -206,14 +206,20 @@ void ShardedModel::reduce_start(Unit& u, model::StagedModel& m) {
 }
 
 void ShardedModel::reduce_finish(Unit& u) {
-  if (!u.reducing) return;
+  while (u.reducing && !reduce_advance(u)) {
+  }
+}
+
+bool ShardedModel::reduce_advance(Unit& u) {
+  if (!u.reducing) return true;
   {
     const timeline::Span span([&] { return "reduce wait " + u.plan->name; }, "wait");
-    u.reducing->wait();
+    if (!u.reducing->advance(reduce_)) return false;  // hybrid: its all-reduce across replicas now runs
   }
   u.reducing->finish(reduce_, u.full_grad.view(), u.grad_shard.view());
   u.reducing.reset();
   std::erase(reducing_, &u);
+  return true;
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -235,7 +241,9 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
     const bool post = v.backward && sc.backward_prefetch == BackwardPrefetch::Post;
     if (v.prefetch >= 0 && !post) gather_start(*units_[size_t(v.prefetch)]);
     if (v.backward) acquire_grad(u, m);
-    // The reductions started before this visit run behind its compute; they finish after it.
+    // The reductions started before this visit run behind its compute; they advance after it
+    // (finish, or under hybrid sharding go on to their all-reduce across replicas, which runs
+    // behind the next visit's compute).
     const std::vector<Unit*> earlier = reducing_;
     for (const Stage& s : v.stages) {
       const timeline::Span span([&] { return stage_label(s); }, "compute");
@@ -249,7 +257,7 @@ void ShardedModel::run_visits(const std::vector<Visit>& visits, model::StagedMod
       const bool due = v.last_backward && (last_micro || (sc.shard_gradients() && sc.reduce_every_microbatch));
       if (due) reduce_start(u, m);
     }
-    for (Unit* r : earlier) reduce_finish(*r);
+    for (Unit* r : earlier) reduce_advance(*r);
     end_visit(u, m);
     if (v.free_after) release(u, m);
   }

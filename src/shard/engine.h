@@ -153,6 +153,7 @@ class ShardedModel {
   void acquire_grad(Unit& u, model::StagedModel& m);
   void reduce_start(Unit& u, model::StagedModel& m);
   void reduce_finish(Unit& u);
+  bool reduce_advance(Unit& u);  // one stage of u's reduction; true once it has finished
   void bind(const Unit& u, model::LlamaWeights& w, const Tensor& flat, bool with_frozen) const;
   void unbind(const Unit& u, model::LlamaWeights& w) const;
   // Runs the visits of a micro-batch: compute(stage) between gathers, reductions and releases.

@@ -22,19 +22,25 @@ GradReduction::GradReduction(const ReduceContext& c, const Tensor& full, FlatBuf
   request_ = c.shard->reduce_scatter_async(low ? wire_part_.view() : reduced_.view(), send, comm::ReduceOp::Sum);
 }
 
-void GradReduction::wait() {
-  if (!request_) return;
-  request_->wait();
-  request_.reset();
+bool GradReduction::advance(const ReduceContext& c) {
+  if (request_) {
+    request_->wait();
+    request_.reset();
+  }
+  if (c.all_reduce || !c.replicate || across_replicas_) return true;
+  // Across replicas in the reduce dtype, as the shard group reduced (its part of the wire buffer).
+  across_replicas_ = true;
+  request_ = c.replicate->all_reduce_async(wire_part_.live() ? wire_part_.view() : reduced_.view(), comm::ReduceOp::Sum);
+  return false;
 }
 
 void GradReduction::finish(const ReduceContext& c, const Tensor& full, const Tensor& grad_shard) {
-  wait();
+  while (!advance(c)) {
+  }
   if (c.all_reduce) {
     if (wire_.live()) ops::cast(full, wire_.view());
   } else {
     if (wire_part_.live()) ops::cast(reduced_.view(), wire_part_.view());
-    if (c.replicate) c.replicate->all_reduce(reduced_.view(), comm::ReduceOp::Sum);
     if (grad_shard.device != reduced_.view().device) {
       // Offload: the reduced part comes down into the reused pinned staging buffer and is added
       // to the host shard, where the optimizer step reads it.

@@ -49,20 +49,21 @@ stopped_at() {
   echo "$step"
 }
 
-# same_losses GOT REF LABEL [STEPS]: the losses in metrics.jsonl of run directory GOT equal those of
-# REF, step by step, to 1e-5 relative: all of them (as many in both), or the first STEPS (float
-# rounding that differs with the number of ranks grows over a long run).
+# same_losses GOT REF LABEL [STEPS] [TOLERANCE]: the losses in metrics.jsonl of run directory GOT
+# equal those of REF, step by step, to TOLERANCE relative (default 1e-5): all of them (as many in
+# both), or the first STEPS (float rounding that differs with the number of ranks grows over a long run).
 same_losses() {
-  /usr/bin/python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-0}" <<'PY'
+  /usr/bin/python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-0}" "${5:-1e-5}" <<'PY'
 import json, sys
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if "loss" in r]
 got, ref, label, steps = losses(sys.argv[1]), losses(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+tol = float(sys.argv[5])
 if steps:
     got, ref = got[:steps], ref[:steps]
 assert ref and len(got) == len(ref), f"{label}: {len(got)} losses, the reference has {len(ref)}"
 rel = [abs(a - b) / abs(b) for a, b in zip(got, ref)]
-bad = [i for i, r in enumerate(rel) if r > 1e-5]
+bad = [i for i, r in enumerate(rel) if r > tol]
 assert not bad, f"{label}: loss {bad[0] + 1} is {got[bad[0]]}, the reference's {ref[bad[0]]}"
 print(f"  {label}: {len(got)} losses equal to the reference's (largest relative difference {max(rel):.1e})")
 PY

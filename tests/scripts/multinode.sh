@@ -114,6 +114,20 @@ check_mesh "$work/l_noshm.log" 1
 ! grep -q "shared memory" "$work/l_noshm.log" || { grep "^mesh" "$work/l_noshm.log"; fail "SHARDLM_SHM=0 did not reach every rank"; }
 same_as l_noshm ref
 echo "  SHARDLM_SHM=0 given to launch: no rank on either node uses shared memory"
+# bf16 on the wire: gathers in param_dtype bf16, reductions in reduce_dtype bf16 (the shard
+# group's, and under hybrid the all-reduce across the nodes). Reductions round partial sums to bf16,
+# which one process's bf16 run does not do, so the losses follow it to 1e-4 (seen: 2e-5), while
+# f32's differ from it by more (seen: 3e-4): the runs did compute and communicate in bf16.
+bf16=(mixed_precision.param_dtype=bf16 mixed_precision.reduce_dtype=bf16)
+"$shardlm" train --config "$work/run.yaml" output_dir="$work/ref_bf16" micro_batch_size=16 "${bf16[@]}" >/dev/null
+for strategy in FULL_SHARD HYBRID_SHARD; do
+  on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 --hostfile "$hostfile" -- train --config "$work/run.yaml" \
+    sharding_strategy=$strategy "${bf16[@]}" output_dir="$work/l_bf16_$strategy" > "$work/l_bf16_$strategy.log" 2>&1 ||
+    { cat "$work/l_bf16_$strategy.log"; fail "launch bf16 $strategy failed"; }
+  same_losses "$work/l_bf16_$strategy" "$work/ref_bf16" "bf16 on the wire, $strategy" 0 1e-4
+done
+! same_losses "$work/ref_bf16" "$work/ref" "bf16 against f32" 0 1e-4 >/dev/null 2>&1 ||
+  fail "one process's bf16 losses equal f32's to 1e-4: bf16 is not in effect"
 
 echo "1. the same through plain mpirun:"
 mpirun_on1() {  # mpirun_on1 LOG MPIRUN_ARGS... -- TRAIN_ARGS...
