@@ -57,8 +57,9 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 echo "model: 8 layers, hidden 512, vocab 8192 (34M parameters); micro-batch $B x $T tokens per rank; 2 nodes x 2 ranks"
 
 # ---- compute: 4 concurrent one-rank runs (OMP 1 thread each), one rank's micro-batch ----
-declare -A tflops
+declare -A tflops=([f32]=${TFLOPS_F32:-} [bf16]=${TFLOPS_BF16:-})
 for dt in f32 bf16; do
+  [[ -n ${tflops[$dt]} ]] && { echo "compute $dt: ${tflops[$dt]} TFLOP/s per rank (given)"; continue; }
   pids=()
   for i in 1 2 3 4; do
     OMP_NUM_THREADS=1 "$shardlm" train --config "$work/run.yaml" output_dir="$work/c_${dt}_$i" $(precision $dt) \
@@ -73,7 +74,6 @@ for dt in f32 bf16; do
   echo "compute $dt: 4 concurrent one-rank runs, step ${s}s, $flops FLOP per rank per step -> ${tflops[$dt]} TFLOP/s per rank"
 done
 
-# all_gather_ms LOG: bench_comm's shardlm all-gather median ms of its 64 MiB f32 message.
 comm_rate() {  # comm_rate MPIRUN_PLACEMENT...: bytes/s one rank sends in a 2-rank all-gather of 64 MiB
   on1 mpirun --hostfile "$cluster/hostfile" --bind-to none -x OMP_NUM_THREADS=1 -np 2 "$@" \
     "$bench_comm" --sizes 64 --dtype f32 --iters 3 --warmup 1 > "$work/comm.log" 2>&1 || { cat "$work/comm.log"; exit 1; }
@@ -81,9 +81,9 @@ comm_rate() {  # comm_rate MPIRUN_PLACEMENT...: bytes/s one rank sends in a 2-ra
 import re, sys
 for line in open(sys.argv[1]):
     f = line.split()
-    if f and f[0] == "all_gather" and "64" in line:
-        # columns: op dtype size ... | shardlm "median / best" ms ...: take the first ms pair after the first '|'
-        ms = float(re.findall(r"([0-9.]+) /", line.split("|")[1])[0])
+    if f and f[0] == "all-gather" and "64.0 MiB" in line:
+        # columns: op dtype message | raw MPI blocking | raw MPI I*+Wait | shardlm: "median / best" ms, GB/s
+        ms = float(re.findall(r"([0-9.]+) /", line.split("|")[3])[0])
         print(f"{32 * 2**20 / (ms / 1e3):.0f}")  # each rank sends its 32 MiB half
         break
 PY

@@ -41,7 +41,7 @@ double parse_bandwidth(const std::string& flag, const std::string& v) {
       {"tb/s", 1e12},    {"gbit/s", 1e9 / 8}, {"gbit", 1e9 / 8}, {"mbit/s", 1e6 / 8}, {"mbit", 1e6 / 8},
       {"tbit/s", 1e12 / 8}, {"tbit", 1e12 / 8}};
   const auto u = units.find(unit);
-  if (used == 0 || u == units.end() || !(x > 0) || x > 1e6)
+  if (used == 0 || u == units.end() || !(x > 0) || x * (u == units.end() ? 1 : u->second) > 1e15)
     throw Error(fmt::format("{} {}: expected a bandwidth such as 400GB/s, 25GB/s, 100Gbit/s or 1gbit", flag, v));
   return x * u->second;
 }
