@@ -20,7 +20,8 @@ using namespace shardlm;
 
 namespace {
 
-const fs::path kData = fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / "data";
+// SHARDLM_SOURCE_DIR (tests/CMakeLists.txt): under ccache's base_dir, __FILE__ is a relative path.
+const fs::path kData = fs::path(SHARDLM_SOURCE_DIR).parent_path() / "shared" / "data";
 
 struct Named {
   std::string name;

@@ -710,29 +710,29 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
 // (characters).
 class LogprobNames {
  public:
-  LogprobNames(const data::Tokenizer& tok, const std::vector<int32_t>& context) : d_(tok, context) {}
+  LogprobNames(const data::Tokenizer& tok, const std::vector<int32_t>& context) : tok_(tok), d_(tok, context) {}
   // The next token, with its logprobs (null: the first token of an echoed prompt, which has none).
   void add(int32_t token, const TokenLogprobs* lp) {
-    const std::string name = d_.peek(token);
+    const std::string raw = d_.peek(token), name = name_of(token, raw);
     tokens_.push_back(name);
     offsets_.push_back(chars_ + data::utf8_chars(d_.pending()));
     if (!lp) {
       logprobs_.push_back(nullptr);
       top_.push_back(nullptr);
-      content_.push_back({{"token", name}, {"logprob", nullptr}, {"bytes", bytes(name)}, {"top_logprobs", ojson::array()}});
+      content_.push_back({{"token", name}, {"logprob", nullptr}, {"bytes", bytes(raw)}, {"top_logprobs", ojson::array()}});
     } else {
       // The legacy map: the most likely first (a name already there keeps the likelier), and the
       // token itself, as vLLM gives it; the chat list: the most likely only.
       ojson top = ojson::object(), top_list = ojson::array();
       for (const auto& [id, v] : lp->top) {
-        const std::string n = id == token ? name : d_.peek(id);
+        const std::string r = id == token ? raw : d_.peek(id), n = name_of(id, r);
         if (!top.contains(n)) top[n] = v;
-        top_list.push_back({{"token", n}, {"logprob", v}, {"bytes", bytes(n)}});
+        top_list.push_back({{"token", n}, {"logprob", v}, {"bytes", bytes(r)}});
       }
       if (!top.contains(name)) top[name] = lp->logprob;
       logprobs_.push_back(lp->logprob);
       top_.push_back(std::move(top));
-      content_.push_back({{"token", name}, {"logprob", lp->logprob}, {"bytes", bytes(name)}, {"top_logprobs", top_list}});
+      content_.push_back({{"token", name}, {"logprob", lp->logprob}, {"bytes", bytes(raw)}, {"top_logprobs", top_list}});
     }
     chars_ += data::utf8_chars(d_.push(token));
   }
@@ -746,11 +746,35 @@ class LogprobNames {
   }
 
  private:
+  // A token's text; for text that is not whole UTF-8 characters (a byte that starts or ends one)
+  // its bytes as "bytes:\xe6\x97" (OpenAI's convention), so that such tokens keep distinct names
+  // in JSON, where invalid UTF-8 would all become U+FFFD; for a token that decodes to nothing (a
+  // special token), its vocabulary piece ("</s>").
+  std::string name_of(int32_t id, const std::string& text) const {
+    if (text.empty()) return id >= 0 && id < tok_.vocab_size() ? tok_.piece(id) : std::string("<unk>");
+    if (valid_utf8(text)) return text;
+    std::string out = "bytes:";
+    for (unsigned char c : text) out += fmt::format("\\x{:02x}", c);
+    return out;
+  }
+  static bool valid_utf8(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+      if (len == 0 || (len > 1 && c < 0xC2) || i + len > s.size()) return false;
+      for (size_t k = 1; k < len; ++k)
+        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+      i += len;
+    }
+    return true;
+  }
   static ojson bytes(const std::string& s) {
     ojson b = ojson::array();
     for (unsigned char c : s) b.push_back(int(c));
     return b;
   }
+  const data::Tokenizer& tok_;
   data::StreamDecoder d_;
   size_t chars_ = 0;  // of the text settled so far
   ojson tokens_ = ojson::array(), logprobs_ = ojson::array(), top_ = ojson::array(), offsets_ = ojson::array(),
