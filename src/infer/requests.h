@@ -117,8 +117,6 @@ class CompletionText {
   // which the next token may complete); with `last` (the completion is over), all the rest.
   // The pieces handed out add up to text().
   std::string take_delta(bool last);
-  // The text `id` would add if it came next (logprobs name tokens by it).
-  std::string peek(int32_t id) const { return decoder_.peek(id); }
 
  private:
   data::StreamDecoder decoder_;

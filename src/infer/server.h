@@ -9,7 +9,10 @@
 // requests it shares the batch with: at temperature 0 the server gives what `generate` gives.
 //
 // Endpoints (docs/serving.md): POST /v1/completions, POST /v1/chat/completions (both with
-// "stream": true), GET /v1/models, GET /health. A bad request is HTTP 400 with OpenAI's error
+// "stream": true, and "logprobs"; completions also "echo", token-id prompts and batches of prompts:
+// each prompt of a batch is a request of its own to the Scheduler), GET /v1/models, GET /health.
+// Logprobs are computed by the scheduler (Batch: raw log_softmax, infer/generator.h) and named by
+// the handler thread (the text each token adds, data/stream_decoder.h). A bad request is HTTP 400 with OpenAI's error
 // object naming the field: {"error": {"message", "type": "invalid_request_error", "param"}}.
 #pragma once
 
