@@ -133,6 +133,22 @@ TEST(StreamDecoder, RandomTokensEverySplit) {
   }
 }
 
+// A prompt that ends in tokens that decode to nothing (EOS, with --stop-token-ids none): the anchor
+// reaches back to text, so the first word keeps the space SentencePiece would drop at the start of
+// a decode; so do the stream's own such tokens.
+TEST(StreamDecoder, TokensThatDecodeToNothingKeepTheNextSpace) {
+  const data::Tokenizer& sp = *tokenizers()[1].tok;
+  std::vector<int32_t> prompt = sp.encode_with("Hello", true, false);
+  for (int i = 0; i < 6; ++i) prompt.push_back(sp.eos_id());
+  std::vector<int32_t> stream = sp.encode("big");  // "▁big"
+  for (int i = 0; i < 6; ++i) stream.push_back(sp.eos_id());
+  for (int32_t id : sp.encode("world")) stream.push_back(id);  // "▁world"
+  data::StreamDecoder d(sp, prompt);
+  std::string text;
+  for (int32_t id : stream) text += d.push(id);
+  EXPECT_EQ(text + d.pending(), " big world");
+}
+
 // CompletionText (the server's and generate's) streams through the decoder: the pieces it hands out,
 // with a stop string, add up to the text; a stop string split over tokens is found.
 TEST(StreamDecoder, CompletionTextStopStringOverTokens) {

@@ -34,37 +34,27 @@ size_t common_prefix(std::string_view a, std::string_view b) {
   return i;
 }
 
-bool ends_with(std::string_view s, std::string_view tail) {
-  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
-}
-
 }  // namespace
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, const std::vector<int32_t>& context) : tok_(tok) {
   if (context.empty()) return;
-  const std::string full = tok_.decode(context);
-  // The anchor: the last few tokens of the context, once their text ends the context's (so they
-  // start at a character boundary, and no rule of decoding joins them to what is before); else the
-  // whole context. (A context that ends inside a character, a prompt of token ids cut there, keeps
-  // its unfinished end in the anchor's text: push() takes the stream's text after what the two
-  // share.)
-  const std::string_view whole(full.data(), settled_utf8_length(full));
-  size_t start = 0;
-  std::string window_text = full;
-  for (size_t k = 4; k < context.size(); k *= 2) {
-    const std::vector<int32_t> tail(context.end() - std::ptrdiff_t(k), context.end());
-    std::string t = tok_.decode(tail);
-    const std::string_view settled(t.data(), settled_utf8_length(t));
-    if (!settled.empty() && ends_with(whole, settled)) {
-      start = context.size() - k;
-      window_text = std::move(t);
-      break;
-    }
+  // The anchor: the last few tokens of the context, as many as it takes (4, 8, ..., all) for their
+  // text to hold a whole character; the stream's text is measured from there. Where they start
+  // inside a character, or their first piece loses a leading space, both decodes push() compares
+  // start the same way, so it cancels. (A context that ends inside a character, a prompt of token
+  // ids cut there, keeps its unfinished end in the anchor's text: push() takes the stream's text
+  // after what the two share.)
+  size_t k = std::min<size_t>(4, context.size());
+  std::string text;
+  for (;;) {
+    text = tok_.decode(std::vector<int32_t>(context.end() - std::ptrdiff_t(k), context.end()));
+    if (settled_utf8_length(text) > 0 || k == context.size()) break;
+    k = std::min(2 * k, context.size());
   }
-  window_.assign(context.begin() + std::ptrdiff_t(start), context.end());
+  window_.assign(context.end() - std::ptrdiff_t(k), context.end());
   settled_tokens_ = window_.size();
-  anchor_text_ = window_text;
-  window_text_ = std::move(window_text);
+  anchor_text_ = text;
+  window_text_ = std::move(text);
 }
 
 std::string StreamDecoder::push(int32_t id) {

@@ -40,7 +40,7 @@ size_t utf8_chars(std::string_view text);
 class StreamDecoder {
  public:
   // `context`: the tokens the stream continues (a prompt); the text they decode to is not part of
-  // the stream. Decodes the context once (O(its length)) to find an anchor near its end.
+  // the stream. Only its last few tokens are decoded (the anchor).
   explicit StreamDecoder(const Tokenizer& tok, const std::vector<int32_t>& context = {});
 
   // Adds a token and returns the text that is settled now and was not returned before (possibly
