@@ -176,7 +176,7 @@ TEST(Generator, EachSequenceStopsOnItsOwn) {
   }
   // The hook (stop strings): request 0 ends at its first token, which it keeps.
   const std::vector<infer::Completion> hooked =
-      g.run(reqs, {}, [](size_t r, int32_t) { return r == 0; });
+      g.run(reqs, {}, [](size_t r, int32_t, const infer::TokenLogprobs*) { return r == 0; });
   EXPECT_EQ(hooked[0].tokens.size(), 1u);
   EXPECT_EQ(hooked[0].finish, infer::FinishReason::Stop);
   EXPECT_EQ(hooked[2].tokens, free_run[2].tokens);

@@ -91,9 +91,9 @@ TEST(Scheduler, ConcurrentRequestsGetTheirOfflineTokens) {
     ASSERT_FALSE(got[i].failed) << got[i].text;
     EXPECT_EQ(got[i].tokens, want[i].tokens);
     EXPECT_EQ(got[i].finish, want[i].finish);
-    infer::CompletionText t(tok, reqs[i].prompt, {}, false);
-    for (int32_t id : want[i].tokens) t.push(id);
-    EXPECT_EQ(got[i].text, t.text());
+    std::vector<int32_t> all = reqs[i].prompt;  // the text: decoded with the prompt, after the prompt's
+    all.insert(all.end(), want[i].tokens.begin(), want[i].tokens.end());
+    EXPECT_EQ(got[i].text, tok.decode(all).substr(tok.decode(reqs[i].prompt).size()));
     if (i % 2 == 1) EXPECT_EQ(got[i].streamed, got[i].text);  // streamed pieces add up to the text
     else EXPECT_EQ(got[i].streamed, "");
   }
@@ -127,6 +127,92 @@ TEST(Scheduler, StopStringsEndARequestAsOffline) {
   EXPECT_EQ(streamed, e.text);
 }
 
+// Logprobs (issue 32): an echoed prompt's logprobs are log_softmax of the logits of every prefix
+// (forward_all, computed here in double), the new tokens' those of the logits they were sampled
+// from; greedy tokens are the most likely; max_new_tokens 0 scores the prompt alone; a streamed
+// request's events carry the same values.
+TEST(Scheduler, LogprobsOfPromptAndCompletion) {
+  const ModelConfig cfg = server_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  const data::ByteTokenizer tok;
+  const int64_t V = cfg.vocab_size;
+  infer::Request r;
+  r.prompt = tok.encode_with("the quick brown fox", true, false);
+  r.opt.max_new_tokens = 6;
+  r.opt.temperature = 0;
+  r.opt.repetition_penalty = 1.5f;  // changes the sampling logits, not the logprobs
+  r.logprobs = 3;
+  r.prompt_logprobs = true;
+  const int64_t P = int64_t(r.prompt.size());
+
+  infer::Generator ref(cfg, p.compute_weights(), 64, 1);
+  infer::Generator gen(cfg, p.compute_weights(), 64, 2);
+  infer::Scheduler sched(gen, tok, {});
+  const infer::Event done = sched.submit({r, {}, false})->next();
+  ASSERT_EQ(done.kind, infer::Event::Kind::Done) << done.text;
+  ASSERT_EQ(done.prompt_logprobs.size(), size_t(P - 1));
+  ASSERT_EQ(done.logprobs.size(), done.tokens.size());
+  std::vector<int32_t> all = r.prompt;
+  all.insert(all.end(), done.tokens.begin(), done.tokens.end());
+  const std::vector<float> rows = ref.forward_all(all);  // [T, V]
+  auto check = [&](const infer::TokenLogprobs& lp, int64_t row, int32_t token) {
+    const float* l = rows.data() + row * V;
+    double m = l[0], sum = 0;
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, double(l[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - m);
+    const double lse = m + std::log(sum);
+    EXPECT_EQ(lp.token, token);
+    EXPECT_NEAR(lp.logprob, double(l[token]) - lse, 1e-4) << "row " << row;
+    ASSERT_EQ(lp.top.size(), 3u);
+    for (size_t k = 0; k < lp.top.size(); ++k) {
+      EXPECT_NEAR(lp.top[k].second, double(l[lp.top[k].first]) - lse, 1e-4);
+      if (k > 0) EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+    }
+    int64_t greater = 0;  // nothing outside the top 3 is likelier than its last
+    for (int64_t v = 0; v < V; ++v) greater += l[v] > l[lp.top.back().first];
+    EXPECT_EQ(greater, 2);
+  };
+  for (int64_t t = 0; t + 1 < P; ++t) check(done.prompt_logprobs[size_t(t)], t, r.prompt[size_t(t + 1)]);
+  // (Greedy under a penalty: the chosen token need not be the raw logits' most likely.)
+  for (size_t i = 0; i < done.tokens.size(); ++i) check(done.logprobs[i], P - 1 + int64_t(i), done.tokens[i]);
+
+  // Greedy without a penalty: every token is its position's most likely.
+  r.opt.repetition_penalty = 1.0f;
+  const infer::Event greedy = sched.submit({r, {}, false})->next();
+  ASSERT_EQ(greedy.logprobs.size(), greedy.tokens.size());
+  for (const infer::TokenLogprobs& lp : greedy.logprobs) {
+    EXPECT_EQ(lp.top[0].first, lp.token);
+    EXPECT_EQ(lp.top[0].second, lp.logprob);
+  }
+
+  // Score only: nothing generated, the same prompt logprobs.
+  infer::Request score = r;
+  score.opt.max_new_tokens = 0;
+  const infer::Event scored = sched.submit({score, {}, false})->next();
+  ASSERT_EQ(scored.kind, infer::Event::Kind::Done);
+  EXPECT_TRUE(scored.tokens.empty());
+  ASSERT_EQ(scored.prompt_logprobs.size(), size_t(P - 1));
+  for (int64_t t = 0; t + 1 < P; ++t)
+    EXPECT_EQ(scored.prompt_logprobs[size_t(t)].logprob, done.prompt_logprobs[size_t(t)].logprob);
+
+  // Streamed: the prompt's event first, then one event per token with its logprobs.
+  const auto ticket = sched.submit({r, {}, true});
+  infer::Event e = ticket->next();
+  ASSERT_TRUE(e.prompt);
+  ASSERT_EQ(e.prompt_logprobs.size(), size_t(P - 1));
+  EXPECT_EQ(e.prompt_logprobs.back().logprob, done.prompt_logprobs.back().logprob);
+  std::vector<infer::TokenLogprobs> streamed;
+  while ((e = ticket->next()).kind == infer::Event::Kind::Text)
+    streamed.insert(streamed.end(), e.logprobs.begin(), e.logprobs.end());
+  ASSERT_EQ(e.kind, infer::Event::Kind::Done);
+  ASSERT_EQ(streamed.size(), greedy.logprobs.size());
+  for (size_t i = 0; i < streamed.size(); ++i) {
+    EXPECT_EQ(streamed[i].token, greedy.logprobs[i].token);
+    EXPECT_EQ(streamed[i].logprob, greedy.logprobs[i].logprob);
+  }
+}
+
 TEST(Scheduler, ShutdownEndsEveryRequest) {
   const ModelConfig cfg = server_config();
   infer::ParamStore p(cfg, DType::F32);
@@ -156,7 +242,7 @@ TEST(Scheduler, ShutdownEndsEveryRequest) {
 
 TEST(CompletionText, StreamsOnlyTextThatCannotChange) {
   const data::ByteTokenizer tok;
-  infer::CompletionText t(tok, bytes("P"), {"cx"}, true);
+  infer::CompletionText t(tok, bytes("P"), {"cx"});
   auto push = [&](const std::string& s) {
     for (int32_t id : bytes(s)) t.push(id);
   };
@@ -177,7 +263,7 @@ TEST(CompletionText, StreamsOnlyTextThatCannotChange) {
   EXPECT_EQ(t.text(), "ab\xC3\xA9" "cd");
   EXPECT_EQ(t.take_delta(true), "");
   // At the end, whatever was held back goes out.
-  infer::CompletionText u(tok, bytes("P"), {"cx"}, true);
+  infer::CompletionText u(tok, bytes("P"), {"cx"});
   for (int32_t id : bytes("zc")) u.push(id);
   EXPECT_EQ(u.take_delta(false), "z");
   EXPECT_EQ(u.take_delta(true), "c");

@@ -260,9 +260,8 @@ void run_generate(const Opts& o) {
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
   const bool stream = o.prompts.empty();
-  std::vector<infer::CompletionText> texts;  // without stop strings or streaming: decoded once at the end
-  for (size_t i = 0; i < requests.size(); ++i)
-    texts.emplace_back(*tok, requests[i].prompt, rows[i].stop, stream || !rows[i].stop.empty());
+  std::vector<infer::CompletionText> texts;  // each request's, decoded incrementally as its tokens arrive
+  for (size_t i = 0; i < requests.size(); ++i) texts.emplace_back(*tok, requests[i].prompt, rows[i].stop);
   auto show = [&](bool last) {
     const std::string delta = texts[0].take_delta(last);
     if (!writer) return;
@@ -270,7 +269,7 @@ void run_generate(const Opts& o) {
     std::fflush(stdout);
   };
   if (stream && writer) std::fputs(rows[0].messages.empty() ? o.prompt.c_str() : "", stdout);
-  const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id) {
+  const std::vector<infer::Completion> done = gen.run(requests, stops, [&](size_t i, int32_t id, const infer::TokenLogprobs*) {
     const bool stopped = texts[i].push(id);
     if (stream) show(false);
     return stopped;

@@ -99,6 +99,7 @@ void run_serve(const Opts& o) {
     so.model_id = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
   }
   so.max_len = max_len;
+  so.vocab_size = cfg.vocab_size;
   so.max_connections = o.max_connections;
   so.request_timeout = std::chrono::milliseconds(int64_t(o.request_timeout * 1000));
   so.max_body = max_body;
@@ -182,7 +183,9 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->footer(
       "Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
-      "GET /v1/models, GET /health. SIGINT or SIGTERM shuts down (requests in flight fail with 503).\n"
+      "GET /v1/models, GET /health. Completions take \"logprobs\" (0-20) and \"echo\" (\"max_tokens\": 0 scores the\n"
+      "prompt: lm-eval-harness's local-completions loglikelihood tasks), chat \"logprobs\" and \"top_logprobs\".\n"
+      "SIGINT or SIGTERM shuts down (requests in flight fail with 503).\n"
       "Examples:\n"
       "  shardlm serve --model runs/demo/trained --port 8000\n"
       "  shardlm serve --model models/llama3-8b-instruct --max-batch 16 --max-len 2048\n"

@@ -216,26 +216,69 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
   return order[size_t(keep - 1)];
 }
 
+TokenLogprobs token_logprobs(const float* logits, int64_t V, int32_t token, int n) {
+  SHARDLM_CHECK(token >= 0 && token < V, "token {} outside the vocabulary of {}", token, V);
+  float top = logits[0];
+  for (int64_t i = 1; i < V; ++i) top = std::max(top, logits[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - double(top));
+  const double lse = double(top) + std::log(sum);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = float(double(logits[token]) - lse);
+  // The n largest, kept sorted (n is small: a pass over the vocabulary, an insertion now and then).
+  std::vector<std::pair<int32_t, float>>& best = out.top;
+  if (n > 0) {
+    best.reserve(size_t(n) + 1);
+    for (int64_t i = 0; i < V; ++i) {
+      const float l = logits[i];
+      if (int(best.size()) == n && !(l > best.back().second)) continue;
+      auto at = std::upper_bound(best.begin(), best.end(), l, [](float v, const auto& e) { return v > e.second; });
+      best.insert(at, {int32_t(i), l});
+      if (int(best.size()) > n) best.pop_back();
+    }
+    for (auto& e : best) e.second = float(double(e.second) - lse);
+  }
+  return out;
+}
+
 Batch::Admit Batch::admit(size_t id, const Request& r) {
   const int64_t P = int64_t(r.prompt.size());
   SHARDLM_CHECK(P >= 1, "request {}: the prompt is empty", id);
   SHARDLM_CHECK(P <= gen_.max_len(), "request {}: a prompt of {} tokens exceeds the generation limit of {}", id, P,
                 gen_.max_len());
-  if (r.opt.max_new_tokens <= 0 || P == gen_.max_len()) return Admit::NothingToDo;  // no position for a new token
+  // No position for a new token: nothing to do, unless the prompt is to be scored.
+  const bool nothing = r.opt.max_new_tokens <= 0 || P == gen_.max_len();
+  if (nothing && !r.prompt_logprobs) return Admit::NothingToDo;
   const int slot = gen_.acquire();
   if (slot < 0) return Admit::Full;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits;
+  Active a{id, slot, r, r.prompt, {}, {}, nothing};
   try {
-    logits = gen_.forward(std::vector<int>{slot}, r.prompt);
+    if (r.prompt_logprobs) {  // every row's logits: row t predicts prompt[t + 1], the last the next token
+      const int64_t V = gen_.vocab_size();
+      const std::vector<float> rows = gen_.forward_rows(slot, r.prompt);
+      a.out.prompt_logprobs.reserve(size_t(P - 1));
+      for (int64_t t = 0; t + 1 < P; ++t)
+        a.out.prompt_logprobs.push_back(token_logprobs(rows.data() + t * V, V, r.prompt[size_t(t + 1)],
+                                                       std::max(r.logprobs, 0)));
+      a.logits.assign(rows.end() - V, rows.end());
+    } else {
+      a.logits = gen_.forward(std::vector<int>{slot}, r.prompt);
+    }
   } catch (...) {
     gen_.release(slot);
     throw;
   }
-  Active a{id, slot, r, r.prompt, std::move(logits), {}};
   a.out.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   active_.push_back(std::move(a));
   return Admit::Joined;
+}
+
+const Completion* Batch::progress(size_t id) const {
+  for (const Active& s : active_)
+    if (s.id == id) return &s.out;
+  return nullptr;
 }
 
 void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) {
@@ -249,6 +292,15 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
   std::vector<int32_t> step_tokens;
   for (Active& s : active_) {
     Completion& c = s.out;
+    if (s.score_only) {  // scored at admission; nothing to generate
+      c.finish = FinishReason::Length;
+      gen_.release(s.slot);
+      finished.push_back(std::move(s));
+      continue;
+    }
+    // Logprobs are the raw logits': kept before the repetition penalty changes them.
+    std::vector<float> raw;
+    if (s.req.logprobs >= 0 && s.req.opt.repetition_penalty != 1.0f) raw = s.logits;
     apply_repetition_penalty(s.logits, s.seen, s.req.opt.repetition_penalty);
     const int32_t tok = sample_token(s.logits, s.req.opt, uint64_t(c.tokens.size()));
     bool done = true;
@@ -257,7 +309,12 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
     } else {
       c.tokens.push_back(tok);
       s.seen.push_back(tok);
-      if (on_token && on_token(s.id, tok)) c.finish = FinishReason::Stop;
+      const TokenLogprobs* lp = nullptr;
+      if (s.req.logprobs >= 0) {
+        c.logprobs.push_back(token_logprobs(raw.empty() ? s.logits.data() : raw.data(), V, tok, s.req.logprobs));
+        lp = &c.logprobs.back();
+      }
+      if (on_token && on_token(s.id, tok, lp)) c.finish = FinishReason::Stop;
       else if (int64_t(c.tokens.size()) >= s.req.opt.max_new_tokens ||
                int64_t(s.req.prompt.size() + c.tokens.size()) >= gen_.max_len())
         c.finish = FinishReason::Length;  // the next token would have no position
@@ -315,7 +372,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
                                          const std::vector<int32_t>& stop_ids,
                                          const std::function<void(int32_t)>& on_token) {
   TokenHook hook;
-  if (on_token) hook = [&](size_t, int32_t id) {
+  if (on_token) hook = [&](size_t, int32_t id, const TokenLogprobs*) {
     on_token(id);
     return false;
   };

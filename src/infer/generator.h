@@ -48,7 +48,21 @@ struct SamplingOptions {
 struct Request {
   std::vector<int32_t> prompt;
   SamplingOptions opt;
+  int logprobs = -1;             // >= 0: each new token's logprob and the `logprobs` most likely; -1: none
+  bool prompt_logprobs = false;  // also each prompt token's (after the first), from a prefill of every row;
+                                 // with max_new_tokens 0 the prompt is scored and nothing generated
 };
+
+// A token's log-probability under the model at its position: log_softmax of the model's raw logits
+// over the whole vocabulary, before the repetition penalty, temperature, top-k and top-p (what
+// vLLM reports by default), and the most likely tokens there.
+struct TokenLogprobs {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first; equal logits: the lower id first
+};
+// log_softmax(logits[0, V)) at `token`, and its `n` largest entries.
+TokenLogprobs token_logprobs(const float* logits, int64_t V, int32_t token, int n);
 
 enum class FinishReason { Stop, Length };
 inline const char* finish_reason_name(FinishReason r) { return r == FinishReason::Stop ? "stop" : "length"; }
@@ -58,6 +72,8 @@ struct Completion {
   FinishReason finish = FinishReason::Length;
   double prefill_seconds = 0.0;  // this request's prefill
   double decode_seconds = 0.0;   // wall time of the decode steps (and sampling) it took part in
+  std::vector<TokenLogprobs> logprobs;         // one per token of `tokens` (Request::logprobs >= 0)
+  std::vector<TokenLogprobs> prompt_logprobs;  // prompt[1..] (Request::prompt_logprobs)
 };
 
 // A model split over the ranks of `comm` (which must outlive the Generator): shares[r] is rank
@@ -102,6 +118,11 @@ class Generator {
   // tokens: a prefill of one sequence, or one decode step of many) and returns the logits of each
   // sequence's last new position, [B, vocab].
   std::vector<float> forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
+  // Appends `tokens` to the sequence in `slot` and returns the logits of every new position,
+  // [tokens, vocab] (prompt logprobs). Not with a Recompute.
+  std::vector<float> forward_rows(int slot, const std::vector<int32_t>& tokens) {
+    return run_rows({slot}, tokens, true);
+  }
 
   // ---- one sequence in slot 0 (tests, scoring) -----------------------------------------------------
   // Runs `tokens` through the model after what slot 0 holds and returns the last logits, [vocab].
@@ -112,9 +133,10 @@ class Generator {
   int64_t length() const { return slots_[0].length; }
 
   // ---- scheduling -------------------------------------------------------------------------------
-  // on_token(request, token) sees each new token of a request as it is produced (streaming, stop
-  // strings); returning true ends that request with FinishReason::Stop, the token kept.
-  using TokenHook = std::function<bool(size_t request, int32_t token)>;
+  // on_token(request, token, logprobs) sees each new token of a request as it is produced
+  // (streaming, stop strings), with its logprobs when the request asked for them (else null);
+  // returning true ends that request with FinishReason::Stop, the token kept.
+  using TokenHook = std::function<bool(size_t request, int32_t token, const TokenLogprobs* logprobs)>;
   // Runs every request to completion, at most max_batch at a time, in a Batch (below): a request
   // enters the batch (its prefill) as soon as a slot is free, and leaves it when it stops (one of
   // stop_ids, the hook), reaches its max_new_tokens or max_len. Each request's tokens depend only
@@ -172,12 +194,15 @@ class Batch {
   enum class Admit {
     Joined,       // prefilled: its first token comes with the next step()
     Full,         // no free slot: try again after a step()
-    NothingToDo,  // max_new_tokens 0, or a prompt of max_len tokens: an empty completion ("length")
+    NothingToDo,  // max_new_tokens 0, or a prompt of max_len tokens: an empty completion ("length"),
+                  // unless it asks for prompt logprobs: then it joins, and the next step() ends it
   };
   // Errors (an empty prompt, one longer than max_len) name the request as "request ID".
   Admit admit(size_t id, const Request& r);
   // One token for every member; see the class comment. on_token may be empty.
   void step(const Generator::TokenHook& on_token, const DoneHook& on_done);
+  // A member's completion so far (its prompt logprobs once it has joined); null when not a member.
+  const Completion* progress(size_t id) const;
   bool empty() const { return active_.empty(); }
   size_t size() const { return active_.size(); }
   // Ends every member without a result (their slots freed) and returns their ids.
@@ -191,6 +216,7 @@ class Batch {
     std::vector<int32_t> seen;  // prompt + generated (the repetition penalty's tokens)
     std::vector<float> logits;  // [V]: the next token's
     Completion out;
+    bool score_only = false;    // prompt logprobs and nothing to generate: ends at the next step
   };
   Generator& gen_;
   std::vector<int32_t> stop_ids_;

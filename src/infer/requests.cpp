@@ -100,73 +100,60 @@ std::vector<int32_t> parse_stop_token_ids(const std::string& value, int64_t voca
   return ids;
 }
 
-namespace {
-
-// The earliest position where any of `stops` occurs in `text`, or npos.
-size_t find_stop(const std::string& text, const std::vector<std::string>& stops) {
-  size_t at = std::string::npos;
-  for (const std::string& s : stops) at = std::min(at, text.find(s));
-  return at;
-}
-
-// How much of `text` cannot change with more tokens: without a tail that may begin a stop string
-// or be an unfinished character.
-size_t settled_length(const std::string& text, const std::vector<std::string>& stops) {
-  size_t n = text.size();
-  for (const std::string& s : stops)  // the longest proper prefix of s that text ends with
-    for (size_t k = std::min(s.size() - 1, text.size()); k > 0; --k)
-      if (text.compare(text.size() - k, k, s, 0, k) == 0) {
-        n = std::min(n, text.size() - k);
-        break;
-      }
-  // An incomplete UTF-8 sequence at the end: a lead byte within the last 3 whose length reaches past n.
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(text[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (len > back) n -= back;
-    break;
-  }
-  static const std::string replacement = "\xEF\xBF\xBD";  // what a decoder writes for bytes it cannot finish yet
-  while (n >= 3 && text.compare(n - 3, 3, replacement) == 0) n -= 3;
-  return n;
-}
-
-}  // namespace
-
-CompletionText::CompletionText(const data::Tokenizer& tok, std::vector<int32_t> prompt, std::vector<std::string> stops,
-                               bool incremental)
-    : tok_(tok), prompt_(std::move(prompt)), stops_(std::move(stops)), incremental_(incremental) {
-  prompt_text_ = tok_.decode(prompt_);
-}
-
-std::string CompletionText::decode() const {
-  std::vector<int32_t> all = prompt_;
-  all.insert(all.end(), tokens_.begin(), tokens_.end());
-  const std::string text = tok_.decode(all);
-  return text.compare(0, prompt_text_.size(), prompt_text_) == 0 ? text.substr(prompt_text_.size()) : text;
+CompletionText::CompletionText(const data::Tokenizer& tok, const std::vector<int32_t>& prompt,
+                               std::vector<std::string> stops)
+    : decoder_(tok, prompt), stops_(std::move(stops)) {
+  for (const std::string& s : stops_) longest_stop_ = std::max(longest_stop_, s.size());
 }
 
 bool CompletionText::push(int32_t id) {
   tokens_.push_back(id);
-  if (!incremental_ || stopped()) return stopped();
-  text_ = decode();
-  stop_at_ = find_stop(text_, stops_);
+  if (stopped()) return true;
+  const size_t before = settled_.size();
+  settled_ += decoder_.push(id);
+  if (stops_.empty()) return false;
+  // A stop string not found before ends in the new text (or in the pending tail, looked at again):
+  // it starts at most longest_stop_ - 1 bytes before the text that was settled before this token.
+  const size_t from = before - std::min(before, longest_stop_ - 1);
+  const std::string tail = settled_.substr(from) + decoder_.pending();
+  size_t at = std::string::npos;
+  for (const std::string& s : stops_) at = std::min(at, tail.find(s));
+  if (at != std::string::npos) stop_at_ = from + at;
   return stopped();
 }
 
 std::string CompletionText::text() const {
-  std::string t = incremental_ ? text_ : decode();
-  if (const size_t at = incremental_ ? stop_at_ : find_stop(t, stops_); at != std::string::npos) t.resize(at);
+  std::string t = settled_ + decoder_.pending();
+  if (stopped()) t.resize(stop_at_);
   return t;
 }
 
 std::string CompletionText::take_delta(bool last) {
-  const std::string t = text();
-  const size_t n = last || stopped() ? t.size() : settled_length(t, stops_);
-  if (n <= shown_.size() || t.compare(0, shown_.size(), shown_) != 0) return {};
-  std::string delta = t.substr(shown_.size(), n - shown_.size());
-  shown_ = t.substr(0, n);
+  size_t n;
+  if (stopped()) {
+    n = stop_at_;
+  } else if (last) {
+    n = settled_.size() + decoder_.pending().size();
+  } else {
+    // Settled text, less a tail that may begin a stop string (the longest proper prefix of one
+    // that the text ends with) or end in an unfinished character.
+    n = data::settled_utf8_length(settled_);
+    const std::string_view text(settled_.data(), n);
+    for (const std::string& s : stops_)
+      for (size_t k = std::min(s.size() - 1, text.size()); k > 0; --k)
+        if (text.compare(text.size() - k, k, s, 0, k) == 0) {
+          n = std::min(n, text.size() - k);
+          break;
+        }
+  }
+  if (n <= shown_) return {};
+  std::string delta;
+  if (n <= settled_.size()) {
+    delta = settled_.substr(shown_, n - shown_);
+  } else {
+    delta = (settled_ + decoder_.pending()).substr(shown_, n - shown_);
+  }
+  shown_ = n;
   return delta;
 }
 

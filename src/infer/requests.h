@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "data/instruct.h"
+#include "data/stream_decoder.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "io/json_integer.h"
@@ -96,16 +97,15 @@ std::vector<int32_t> stop_token_ids(const ModelConfig& cfg, const data::Tokenize
 // no stop token (every completion runs to its length). Errors name the flag.
 std::vector<int32_t> parse_stop_token_ids(const std::string& value, int64_t vocab_size);
 
-// The text of one completion as its tokens arrive: decoded together with the prompt and taken
-// after the prompt's own text (that keeps word boundaries right: SentencePiece drops the space of
-// a leading "▁" piece decoded on its own, and a character may take several tokens), and cut
-// before the first stop string. Holds the tokenizer by reference (it must outlive this).
+// The text of one completion as its tokens arrive, cut before the first stop string. The tokens
+// are decoded incrementally (data/stream_decoder.h: a short window after the prompt's last tokens,
+// so word boundaries and characters split over tokens come out as decoding prompt and completion
+// together does), at a cost per token that does not grow with the completion; stop strings are
+// looked for only where the new text can complete one. Holds the tokenizer by reference (it must
+// outlive this).
 class CompletionText {
  public:
-  // incremental: decode after every token (needed for stop strings and streaming); otherwise
-  // push() only collects tokens and text() decodes once.
-  CompletionText(const data::Tokenizer& tok, std::vector<int32_t> prompt, std::vector<std::string> stops,
-                 bool incremental);
+  CompletionText(const data::Tokenizer& tok, const std::vector<int32_t>& prompt, std::vector<std::string> stops);
   // Adds a token; true when a stop string has appeared in the text (which ends before it).
   bool push(int32_t id);
   bool stopped() const { return stop_at_ != std::string::npos; }
@@ -115,21 +115,17 @@ class CompletionText {
   // For streaming: the text not handed out before that can no longer change, i.e. not the start of
   // a stop string nor an unfinished character (an incomplete UTF-8 sequence or a trailing U+FFFD,
   // which the next token may complete); with `last` (the completion is over), all the rest.
-  // The pieces handed out add up to text() unless decoding rewrote text already handed out
-  // (then the rest is held back).
+  // The pieces handed out add up to text().
   std::string take_delta(bool last);
 
  private:
-  const data::Tokenizer& tok_;
-  std::vector<int32_t> prompt_;
-  std::string prompt_text_;
+  data::StreamDecoder decoder_;
   std::vector<std::string> stops_;
-  bool incremental_;
+  size_t longest_stop_ = 0;
   std::vector<int32_t> tokens_;
-  std::string text_;                     // decoded through the last push (incremental), uncut
-  size_t stop_at_ = std::string::npos;   // where the first stop string starts in text_
-  std::string shown_;                    // handed out by take_delta
-  std::string decode() const;
+  std::string settled_;                  // the decoder's settled text; the text is settled_ + decoder_.pending()
+  size_t stop_at_ = std::string::npos;   // where the first stop string starts in the text
+  size_t shown_ = 0;                     // bytes of the text handed out by take_delta
 };
 
 }  // namespace shardlm::infer

@@ -141,12 +141,17 @@ void Scheduler::loop() {
     live.clear();
     running_ = 0;
   };
-  const Generator::TokenHook on_token = [&](size_t id, int32_t tok) {
+  const Generator::TokenHook on_token = [&](size_t id, int32_t tok, const TokenLogprobs* lp) {
     Live& l = live.at(id);
     const bool stop = l.text.push(tok);
-    if (l.stream)
-      if (std::string piece = l.text.take_delta(false); !piece.empty())
-        l.ticket->push(text_event(std::move(piece)));
+    if (l.stream) {
+      std::string piece = l.text.take_delta(false);
+      if (!piece.empty() || lp) {  // with logprobs, an event for every token
+        Event e = text_event(std::move(piece));
+        if (lp) e.logprobs.push_back(*lp);
+        l.ticket->push(std::move(e));
+      }
+    }
     return stop || l.ticket->cancelled();  // a client that is gone ends its request now
   };
   const Batch::DoneHook on_done = [&](size_t id, Completion&& c) {
@@ -154,7 +159,12 @@ void Scheduler::loop() {
     if (l.stream)
       if (std::string piece = l.text.take_delta(true); !piece.empty())
         l.ticket->push(text_event(std::move(piece)));
-    l.ticket->push(done_event(l.text.text(), c.finish, std::move(c.tokens)));
+    Event done = done_event(l.text.text(), c.finish, std::move(c.tokens));
+    if (!l.stream) {
+      done.logprobs = std::move(c.logprobs);
+      done.prompt_logprobs = std::move(c.prompt_logprobs);
+    }
+    l.ticket->push(std::move(done));
     live.erase(id);
     --running_;
   };
@@ -192,9 +202,13 @@ void Scheduler::loop() {
         p.ticket->push(done_event({}, FinishReason::Length, {}));
         continue;
       }
-      // Without stop strings or streaming, the text is decoded once, at the end.
-      const bool incremental = p.job.stream || !p.job.stop.empty();
-      live.emplace(p.id, Live{p.ticket, CompletionText(tok_, p.job.req.prompt, p.job.stop, incremental), p.job.stream});
+      if (p.job.stream && p.job.req.prompt_logprobs) {  // the prompt's logprobs come first
+        Event e = text_event({});
+        e.prompt = true;
+        e.prompt_logprobs = batch.progress(p.id)->prompt_logprobs;
+        p.ticket->push(std::move(e));
+      }
+      live.emplace(p.id, Live{p.ticket, CompletionText(tok_, p.job.req.prompt, p.job.stop), p.job.stream});
       ++running_;
     }
     try {
@@ -474,11 +488,13 @@ std::pair<int, std::string> body_refusal(const httplib::Request& req, uint64_t m
   return {0, ""};
 }
 
-// A request as the handler keeps it: the job and how to answer.
+// A request as the handler keeps it: the jobs (one per prompt) and how to answer.
 struct Parsed {
-  Job job;
+  std::vector<Job> jobs;
   bool chat = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool echo = false;           // completions: the prompt's text (and logprobs) before the completion's
+  int logprobs = -1;           // the most likely tokens given with each token's logprob; -1: no logprobs
 };
 
 struct Context {
@@ -486,6 +502,59 @@ struct Context {
   const ChatPrompt& chat;
   const ServerOptions& opt;
 };
+
+// The most likely tokens a request may ask for with each token (vLLM's default bound).
+constexpr int kMaxLogprobs = 20;
+
+int logprobs_count(const json& rec, const char* key) {
+  const json& v = rec.at(key);
+  const std::optional<int64_t> n = v.is_boolean() ? std::nullopt : io::json_integer(v, 0, kMaxLogprobs);
+  if (!n)
+    throw BadRequest{fmt::format("{} must be an integer in [0, {}] (the most likely tokens given with each token), "
+                                 "got {}",
+                                 key, kMaxLogprobs, v.dump()),
+                     key};
+  return int(*n);
+}
+
+// The prompts of a completion request: a string, a list of token ids, or a list of either (a batch).
+std::vector<std::vector<int32_t>> completion_prompts(const Context& cx, const json& rec) {
+  const auto it = rec.find("prompt");
+  if (it == rec.end()) throw BadRequest{"missing field 'prompt'", "prompt"};
+  const int64_t V = cx.opt.vocab_size > 0 ? cx.opt.vocab_size : cx.tok.vocab_size();
+  auto of_text = [&](const json& v) {
+    // "" is a prompt too: generation from BOS alone (unconditional sampling).
+    std::vector<int32_t> ids = cx.tok.encode_with(v.get<std::string>(), true, false);
+    if (ids.empty())
+      throw BadRequest{"an empty prompt needs a BOS token to start from, and this model's tokenizer adds none",
+                       "prompt"};
+    return ids;
+  };
+  auto of_ids = [&](const json& v) {  // taken as they are: no BOS added
+    if (v.empty()) throw BadRequest{"a prompt of token ids must not be empty", "prompt"};
+    std::vector<int32_t> ids;
+    for (const json& t : v) {
+      const std::optional<int64_t> id = io::json_integer(t, 0, V - 1);
+      if (!id)
+        throw BadRequest{fmt::format("a prompt's token ids must be integers in [0, {}), got {}", V, t.dump()), "prompt"};
+      ids.push_back(int32_t(*id));
+    }
+    return ids;
+  };
+  const std::string shapes = "a string, a list of token ids, or a list of strings or of lists of token ids";
+  if (it->is_string()) return {of_text(*it)};
+  if (!it->is_array() || it->empty())
+    throw BadRequest{fmt::format("field 'prompt' must be {}, got {}", shapes, it->is_array() ? "[]" : it->type_name()),
+                     "prompt"};
+  if ((*it)[0].is_number()) return {of_ids(*it)};
+  std::vector<std::vector<int32_t>> prompts;
+  for (const json& p : *it) {
+    if (p.is_string()) prompts.push_back(of_text(p));
+    else if (p.is_array()) prompts.push_back(of_ids(p));
+    else throw BadRequest{fmt::format("field 'prompt' must be {}; an item is {}", shapes, p.type_name()), "prompt"};
+  }
+  return prompts;
+}
 
 Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
   json rec;
@@ -513,24 +582,31 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
     if (!in(common) && !(chat ? in(chat_only) : in(completion_only)))
       throw BadRequest{fmt::format("unknown field '{}'", k), k};
   }
+  auto given = [&](const char* k) {
+    const auto it = rec.find(k);
+    return it != rec.end() && !it->is_null();
+  };
   Parsed p;
   p.chat = chat;
+  Job job;
   try {
-    if (const auto it = rec.find("model"); it != rec.end() && !it->is_null()) {
-      if (!it->is_string()) throw BadRequest{"field 'model' must be a string", "model"};
-      const std::string m = it->get<std::string>();
+    if (given("model")) {
+      const json& it = rec["model"];
+      if (!it.is_string()) throw BadRequest{"field 'model' must be a string", "model"};
+      const std::string m = it.get<std::string>();
       if (m != cx.opt.model_id && m != cx.opt.model_path)
         throw BadRequest{fmt::format("the model '{}' is not served here (this server serves '{}')", m, cx.opt.model_id),
                          "model"};
     }
-    if (const auto it = rec.find("stream"); it != rec.end() && !it->is_null()) {
-      if (!it->is_boolean()) throw BadRequest{"field 'stream' must be a boolean", "stream"};
-      p.job.stream = it->get<bool>();
+    if (given("stream")) {
+      if (!rec["stream"].is_boolean()) throw BadRequest{"field 'stream' must be a boolean", "stream"};
+      job.stream = rec["stream"].get<bool>();
     }
-    if (const auto it = rec.find("stream_options"); it != rec.end() && !it->is_null()) {
-      if (!it->is_object()) throw BadRequest{"field 'stream_options' must be an object", "stream_options"};
-      if (!p.job.stream) throw BadRequest{"field 'stream_options' is only allowed with \"stream\": true", "stream_options"};
-      for (const auto& item : it->items()) {
+    if (given("stream_options")) {
+      const json& it = rec["stream_options"];
+      if (!it.is_object()) throw BadRequest{"field 'stream_options' must be an object", "stream_options"};
+      if (!job.stream) throw BadRequest{"field 'stream_options' is only allowed with \"stream\": true", "stream_options"};
+      for (const auto& item : it.items()) {
         if (item.key() != "include_usage")
           throw BadRequest{fmt::format("unknown field 'stream_options.{}'", item.key()), "stream_options"};
         if (!item.value().is_boolean())
@@ -544,72 +620,166 @@ Parsed parse_request(const Context& cx, const std::string& body, bool chat) {
     for (const char* k : {"presence_penalty", "frequency_penalty"})
       if (json_number<double>(rec, k, 0.0) != 0.0)
         throw BadRequest{fmt::format("{} is not supported (repetition_penalty is)", k), k};
-    for (const char* k : {"logprobs", "top_logprobs", "suffix"})
-      if (const auto it = rec.find(k); it != rec.end() && !it->is_null() && *it != false)
-        throw BadRequest{fmt::format("{} is not supported", k), k};
-    if (const auto it = rec.find("echo"); it != rec.end() && !it->is_null() && *it != false)
-      throw BadRequest{"echo is not supported", "echo"};
-    if (const auto it = rec.find("user"); it != rec.end() && !it->is_null() && !it->is_string())
-      throw BadRequest{"field 'user' must be a string", "user"};
+    if (const auto it = rec.find("suffix"); it != rec.end() && !it->is_null() && *it != false)
+      throw BadRequest{"suffix is not supported", "suffix"};
+    if (given("user") && !rec["user"].is_string()) throw BadRequest{"field 'user' must be a string", "user"};
 
-    // The prompt.
-    std::vector<int32_t> ids;
-    const char* prompt_field = chat ? "messages" : "prompt";
+    // Logprobs: the completions API's logprobs is the number of most likely tokens (0 to 20); the chat
+    // API's is a boolean, with top_logprobs that number.
+    if (chat) {
+      if (given("logprobs")) {
+        if (!rec["logprobs"].is_boolean()) throw BadRequest{"field 'logprobs' must be a boolean", "logprobs"};
+        if (rec["logprobs"].get<bool>()) p.logprobs = 0;
+      }
+      if (given("top_logprobs")) {
+        if (p.logprobs < 0) throw BadRequest{"top_logprobs needs \"logprobs\": true", "top_logprobs"};
+        p.logprobs = logprobs_count(rec, "top_logprobs");
+      }
+    } else {
+      if (given("logprobs") && rec["logprobs"] != false) p.logprobs = logprobs_count(rec, "logprobs");
+      if (given("echo")) {
+        if (!rec["echo"].is_boolean()) throw BadRequest{"field 'echo' must be a boolean", "echo"};
+        p.echo = rec["echo"].get<bool>();
+      }
+    }
+
+    // The prompts.
+    std::vector<std::vector<int32_t>> prompts;
     if (chat) {
       if (!rec.contains("messages")) throw BadRequest{"missing field 'messages'", "messages"};
       try {
-        ids = cx.chat.render(cx.tok, data::chat_messages_of(rec)).ids;
+        prompts.push_back(cx.chat.render(cx.tok, data::chat_messages_of(rec)).ids);
       } catch (const Error& e) {
         throw BadRequest{e.message(), "messages"};
       }
     } else {
-      auto it = rec.find("prompt");
-      if (it == rec.end()) throw BadRequest{"missing field 'prompt'", "prompt"};
-      if (it->is_array() && it->size() == 1) it = it->begin();  // ["text"], as some clients send one prompt
-      // "" is a prompt too: generation from BOS alone (unconditional sampling).
-      if (!it->is_string())
-        throw BadRequest{fmt::format("field 'prompt' must be a string (or a list of one), got {}", it->type_name()),
-                         "prompt"};
-      ids = cx.tok.encode_with(it->get<std::string>(), true, false);
-      if (ids.empty())
-        throw BadRequest{"an empty prompt needs a BOS token to start from, and this model's tokenizer adds none",
-                         "prompt"};
+      prompts = completion_prompts(cx, rec);
     }
-    const int64_t P = int64_t(ids.size()), L = cx.opt.max_len;
-    if (P >= L)
-      throw BadRequest{fmt::format("the prompt is {} tokens, but the server's --max-len {} leaves no position for a "
-                                   "new token",
-                                   P, L),
-                       prompt_field};
+    if (job.stream && prompts.size() > 1)
+      throw BadRequest{"a streamed completion takes one prompt (a batch of prompts is answered unstreamed)", "prompt"};
+    const char* prompt_field = chat ? "messages" : "prompt";
 
     // Sampling: OpenAI's defaults (temperature 1, top_p 1), top_k and repetition_penalty as vLLM
-    // takes them; max_tokens defaults to 16 for completions (as OpenAI's) and to the rest of
-    // --max-len for chat.
-    SamplingOptions& s = p.job.req.opt;
-    const char* max_key = chat && rec.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    s.max_new_tokens = json_number<int64_t>(rec, max_key, chat ? L - P : std::min<int64_t>(16, L - P));
-    if (s.max_new_tokens < 1) throw BadRequest{fmt::format("{} must be >= 1, got {}", max_key, s.max_new_tokens), max_key};
-    if (P + s.max_new_tokens > L)
-      throw BadRequest{fmt::format("{} {} with a {}-token prompt passes the server's --max-len {}: at most {}", max_key,
-                                   s.max_new_tokens, P, L, L - P),
-                       max_key};
-    // No seed: a fresh one, as OpenAI samples differently each time.
+    // takes them. No seed: a fresh one, as OpenAI samples differently each time.
     thread_local std::mt19937_64 draw{std::random_device{}()};
-    const SamplingOptions openai{.max_new_tokens = s.max_new_tokens, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
+    const SamplingOptions openai{.max_new_tokens = 0, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
                                  .repetition_penalty = 1.0f, .seed = draw()};
-    s = read_sampling(rec, openai);
-    try {
-      check_sampling(s);
-    } catch (const Error& e) {
-      throw BadRequest{e.message(), e.context().key == "max_new_tokens" ? std::string(max_key) : e.context().key};
+    job.req.opt = read_sampling(rec, openai);
+    job.req.logprobs = p.logprobs;
+    job.req.prompt_logprobs = p.echo && p.logprobs >= 0;
+    job.stop = json_stop(rec, {});
+    const char* max_key = chat && rec.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const int64_t L = cx.opt.max_len;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Job& j = p.jobs.emplace_back(job);
+      const int64_t P = int64_t(prompts[i].size());
+      const std::string which = prompts.size() > 1 ? fmt::format("prompt {}", i) : "the prompt";
+      // With echo, max_tokens may be 0: the prompt is only scored, and may fill --max-len.
+      if (P > L || (P == L && !p.echo))
+        throw BadRequest{fmt::format("{} is {} tokens, but the server's --max-len {} leaves no position for a new token",
+                                     which, P, L),
+                         prompt_field};
+      // max_tokens defaults to 16 for completions (as OpenAI's) and to the rest of --max-len for chat.
+      SamplingOptions& s = j.req.opt;
+      s.max_new_tokens = json_number<int64_t>(rec, max_key, chat ? L - P : std::min<int64_t>(16, L - P));
+      if (s.max_new_tokens < (p.echo ? 0 : 1))
+        throw BadRequest{p.echo ? fmt::format("{} must be >= 0, got {}", max_key, s.max_new_tokens)
+                                : fmt::format("{} must be >= 1 (0 only with \"echo\": true, to score the prompt), got {}",
+                                              max_key, s.max_new_tokens),
+                         max_key};
+      if (P + s.max_new_tokens > L)
+        throw BadRequest{fmt::format("{} {} with {} of {} tokens passes the server's --max-len {}: at most {}", max_key,
+                                     s.max_new_tokens, which, P, L, L - P),
+                         max_key};
+      try {
+        check_sampling(s);
+      } catch (const Error& e) {
+        throw BadRequest{e.message(), e.context().key == "max_new_tokens" ? std::string(max_key) : e.context().key};
+      }
+      j.req.prompt = std::move(prompts[i]);
     }
-    p.job.stop = json_stop(rec, {});
-    p.job.req.prompt = std::move(ids);
   } catch (const Error& e) {  // json_number, json_stop: the key is the field
     throw BadRequest{e.message(), e.context().key};
   }
   return p;
 }
+
+// Names the tokens of a logprobs answer as the client sees them: each by the text it adds to the
+// text of the tokens before it (data::StreamDecoder::peek; a token that starts a character is named
+// by its bytes), its alternatives likewise, with each token's offset in the choice's text
+// (characters).
+class LogprobNames {
+ public:
+  LogprobNames(const data::Tokenizer& tok, const std::vector<int32_t>& context) : tok_(tok), d_(tok, context) {}
+  // The next token, with its logprobs (null: the first token of an echoed prompt, which has none).
+  void add(int32_t token, const TokenLogprobs* lp) {
+    const std::string raw = d_.peek(token), name = name_of(token, raw);
+    tokens_.push_back(name);
+    offsets_.push_back(chars_ + data::utf8_chars(d_.pending()));
+    if (!lp) {
+      logprobs_.push_back(nullptr);
+      top_.push_back(nullptr);
+      content_.push_back({{"token", name}, {"logprob", nullptr}, {"bytes", bytes(raw)}, {"top_logprobs", ojson::array()}});
+    } else {
+      // The legacy map: the most likely first (a name already there keeps the likelier), and the
+      // token itself, as vLLM gives it; the chat list: the most likely only.
+      ojson top = ojson::object(), top_list = ojson::array();
+      for (const auto& [id, v] : lp->top) {
+        const std::string r = id == token ? raw : d_.peek(id), n = name_of(id, r);
+        if (!top.contains(n)) top[n] = v;
+        top_list.push_back({{"token", n}, {"logprob", v}, {"bytes", bytes(r)}});
+      }
+      if (!top.contains(name)) top[name] = lp->logprob;
+      logprobs_.push_back(lp->logprob);
+      top_.push_back(std::move(top));
+      content_.push_back({{"token", name}, {"logprob", lp->logprob}, {"bytes", bytes(raw)}, {"top_logprobs", top_list}});
+    }
+    chars_ += data::utf8_chars(d_.push(token));
+  }
+  // The tokens added since the last take, as the completions API gives them (legacy) or the chat API.
+  ojson take(bool chat) {
+    ojson out = chat ? ojson{{"content", std::move(content_)}}
+                     : ojson{{"tokens", std::move(tokens_)}, {"token_logprobs", std::move(logprobs_)},
+                             {"top_logprobs", std::move(top_)}, {"text_offset", std::move(offsets_)}};
+    content_ = tokens_ = logprobs_ = top_ = offsets_ = ojson::array();
+    return out;
+  }
+
+ private:
+  // A token's text; for text that is not whole UTF-8 characters (a byte that starts or ends one)
+  // its bytes as "bytes:\xe6\x97" (OpenAI's convention), so that such tokens keep distinct names
+  // in JSON, where invalid UTF-8 would all become U+FFFD; for a token that decodes to nothing (a
+  // special token), its vocabulary piece ("</s>").
+  std::string name_of(int32_t id, const std::string& text) const {
+    if (text.empty()) return id >= 0 && id < tok_.vocab_size() ? tok_.piece(id) : std::string("<unk>");
+    if (valid_utf8(text)) return text;
+    std::string out = "bytes:";
+    for (unsigned char c : text) out += fmt::format("\\x{:02x}", c);
+    return out;
+  }
+  static bool valid_utf8(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+      if (len == 0 || (len > 1 && c < 0xC2) || i + len > s.size()) return false;
+      for (size_t k = 1; k < len; ++k)
+        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+      i += len;
+    }
+    return true;
+  }
+  static ojson bytes(const std::string& s) {
+    ojson b = ojson::array();
+    for (unsigned char c : s) b.push_back(int(c));
+    return b;
+  }
+  const data::Tokenizer& tok_;
+  data::StreamDecoder d_;
+  size_t chars_ = 0;  // of the text settled so far
+  ojson tokens_ = ojson::array(), logprobs_ = ojson::array(), top_ = ojson::array(), offsets_ = ojson::array(),
+        content_ = ojson::array();
+};
 
 }  // namespace
 
@@ -704,45 +874,82 @@ void Server::Impl::complete(const std::string& body, httplib::Response& res, boo
   const std::string id = fmt::format("{}-{:x}{:06x}", chat ? "chatcmpl" : "cmpl", uint64_t(started),
                                      counter.fetch_add(1));
   const std::time_t created = std::time(nullptr);
-  const size_t prompt_tokens = p.job.req.prompt.size();
-  const bool stream = p.job.stream;
-  std::shared_ptr<Ticket> ticket = sched.submit(std::move(p.job));
+  const bool stream = p.jobs[0].stream, echo = p.echo;
+  const int want_logprobs = p.logprobs;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (Job& j : p.jobs) {
+    prompts.push_back(j.req.prompt);
+    tickets.push_back(sched.submit(std::move(j)));
+  }
 
   if (!stream) {
-    Event e = ticket->next();
-    while (e.kind == Event::Kind::Text) e = ticket->next();
-    if (e.kind == Event::Kind::Failed) {
-      res.status = e.status;
-      res.set_content(error_body(e.text, "server_error", ""), "application/json");
-      return;
+    ojson choices = ojson::array();
+    size_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      Event e = tickets[i]->next();
+      while (e.kind == Event::Kind::Text) e = tickets[i]->next();
+      if (e.kind == Event::Kind::Failed) {
+        for (size_t k = i + 1; k < tickets.size(); ++k) tickets[k]->cancel();
+        res.status = e.status;
+        res.set_content(error_body(e.text, "server_error", ""), "application/json");
+        return;
+      }
+      const std::vector<int32_t>& prompt = prompts[i];
+      ojson choice = {{"index", i}};
+      const std::string text = echo ? cx.tok.decode(prompt) + e.text : e.text;
+      if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+      else choice["text"] = text;
+      choice["logprobs"] = nullptr;
+      if (want_logprobs >= 0) {
+        LogprobNames names(cx.tok, echo ? std::vector<int32_t>{} : prompt);
+        if (echo)
+          for (size_t t = 0; t < prompt.size(); ++t)
+            names.add(prompt[t], t == 0 || e.prompt_logprobs.empty() ? nullptr : &e.prompt_logprobs[t - 1]);
+        for (const TokenLogprobs& lp : e.logprobs) names.add(lp.token, &lp);
+        choice["logprobs"] = names.take(chat);
+      }
+      choice["finish_reason"] = finish_reason_name(e.finish);
+      choices.push_back(std::move(choice));
+      prompt_tokens += prompt.size();
+      completion_tokens += e.tokens.size();
     }
-    ojson choice = {{"index", 0}};
-    if (chat) choice["message"] = {{"role", "assistant"}, {"content", e.text}};
-    else choice["text"] = e.text;
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish_reason_name(e.finish);
     const ojson body = {{"id", id},
                         {"object", chat ? "chat.completion" : "text_completion"},
                         {"created", created},
                         {"model", opt.model_id},
-                        {"choices", ojson::array({choice})},
-                        {"usage", usage_of(prompt_tokens, e.tokens.size())}};
+                        {"choices", std::move(choices)},
+                        {"usage", usage_of(prompt_tokens, completion_tokens)}};
     res.set_content(dump(body), "application/json");
     return;
   }
 
-  // Server-sent events: one "data: {chunk}" per piece of text, the last chunk with the
-  // finish_reason, then "data: [DONE]". The provider runs on this handler thread after return.
+  // Server-sent events: one "data: {chunk}" per piece of text (with logprobs, per token), the last
+  // chunk with the finish_reason, then "data: [DONE]". The provider runs on this handler thread
+  // after return.
   res.set_header("Cache-Control", "no-cache");
   auto first = std::make_shared<bool>(true);
   const std::string model = opt.model_id;
   const bool include_usage = p.include_usage;
+  const std::shared_ptr<Ticket> ticket = tickets[0];
+  const std::vector<int32_t> prompt = prompts[0];
+  const size_t prompt_tokens = prompt.size();
+  const data::Tokenizer& tok = cx.tok;
+  // Names the streamed tokens (echo: the prompt's first), as the unstreamed answer does.
+  std::shared_ptr<LogprobNames> names;
+  if (want_logprobs >= 0) names = std::make_shared<LogprobNames>(tok, echo ? std::vector<int32_t>{} : prompt);
+  auto echoed = std::make_shared<bool>(!echo);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [ticket, first, id, created, model, chat, prompt_tokens, include_usage](size_t, httplib::DataSink& sink) {
+      [ticket, first, id, created, model, chat, prompt, prompt_tokens, include_usage, names, echoed,
+       &tok](size_t, httplib::DataSink& sink) {
         auto send = [&](const std::string& data) {
           const std::string event = "data: " + data + "\n\n";
           return sink.write(event.data(), event.size());
+        };
+        auto with_logprobs = [&](ojson c) {
+          if (names) c["choices"][0]["logprobs"] = names->take(chat);
+          return c;
         };
         if (*first && chat) {  // OpenAI's first chat chunk names the role
           *first = false;
@@ -755,11 +962,22 @@ void Server::Impl::complete(const std::string& body, httplib::Response& res, boo
             ticket->cancel();
             return false;
           }
+        // echo: the prompt's text (and logprobs) first, in a chunk of its own.
+        if (!*echoed && e->kind != Event::Kind::Failed) {
+          *echoed = true;
+          if (names)
+            for (size_t t = 0; t < prompt.size(); ++t)
+              names->add(prompt[t], t == 0 || e->prompt_logprobs.empty() ? nullptr : &e->prompt_logprobs[t - 1]);
+          if (!send(dump(with_logprobs(chunk(id, created, model, chat, ojson(tok.decode(prompt)), nullptr))))) return false;
+          if (e->prompt) return true;  // the prompt's event, answered
+        }
         bool ok = true;
         switch (e->kind) {
           case Event::Kind::Text:
-            return send(dump(chunk(id, created, model, chat, chat ? ojson{{"content", e->text}} : ojson(e->text),
-                                   nullptr)));
+            if (names)
+              for (const TokenLogprobs& lp : e->logprobs) names->add(lp.token, &lp);
+            return send(dump(with_logprobs(
+                chunk(id, created, model, chat, chat ? ojson{{"content", e->text}} : ojson(e->text), nullptr))));
           case Event::Kind::Done:
             ok = send(dump(chunk(id, created, model, chat, chat ? ojson::object() : ojson(""),
                                  finish_reason_name(e->finish))));

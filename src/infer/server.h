@@ -9,7 +9,10 @@
 // requests it shares the batch with: at temperature 0 the server gives what `generate` gives.
 //
 // Endpoints (docs/serving.md): POST /v1/completions, POST /v1/chat/completions (both with
-// "stream": true), GET /v1/models, GET /health. A bad request is HTTP 400 with OpenAI's error
+// "stream": true, and "logprobs"; completions also "echo", token-id prompts and batches of prompts:
+// each prompt of a batch is a request of its own to the Scheduler), GET /v1/models, GET /health.
+// Logprobs are computed by the scheduler (Batch: raw log_softmax, infer/generator.h) and named by
+// the handler thread (the text each token adds, data/stream_decoder.h). A bad request is HTTP 400 with OpenAI's error
 // object naming the field: {"error": {"message", "type": "invalid_request_error", "param"}}.
 #pragma once
 
@@ -33,18 +36,24 @@ namespace shardlm::infer {
 
 // What the scheduler needs of one request.
 struct Job {
-  Request req;                    // prompt tokens and sampling options (max_new_tokens included)
+  Request req;                    // prompt tokens, sampling options (max_new_tokens included), logprobs
   std::vector<std::string> stop;  // stop strings (not part of the text)
   bool stream = false;            // hand out text pieces as they settle
 };
 
-// What a request's waiter receives, in order: Text pieces (streaming only), then Done or Failed.
+// What a request's waiter receives, in order: with streaming and prompt logprobs first a Text event
+// carrying them (`prompt`), then Text pieces (streaming only), then Done or Failed.
 struct Event {
   enum class Kind { Text, Done, Failed } kind = Kind::Done;
   std::string text;                      // Text: a piece; Done: the whole completion
   FinishReason finish = FinishReason::Length;  // Done
   std::vector<int32_t> tokens;           // Done: the new tokens (usage)
   int status = 500;                      // Failed: the HTTP status (503 while shutting down)
+  // With Request::logprobs >= 0: Text (streaming), the tokens that came since the last event (one
+  // event per token, its piece of text possibly empty); Done (not streaming), every new token's.
+  std::vector<TokenLogprobs> logprobs;
+  bool prompt = false;                   // Text: the prompt's logprobs (prompt_logprobs), no text
+  std::vector<TokenLogprobs> prompt_logprobs;  // this Text event's, or Done's when not streaming
 };
 
 // One submitted request's queue of events, shared by its waiter and the scheduler.
@@ -115,6 +124,7 @@ struct ServerOptions {
   std::string model_id;    // what /v1/models lists and requests may name
   std::string model_path;  // --model as given: requests may name it too
   int64_t max_len = 0;     // the Generator's: prompt + max_tokens must fit
+  int64_t vocab_size = 0;  // the model's: a prompt of token ids must lie in [0, vocab_size) (0: the tokenizer's)
   int max_connections = 128;                      // open at once; handler threads
   std::chrono::milliseconds request_timeout{10000};  // to send a request line, headers and body
   uint64_t max_body = uint64_t(4) << 20;          // bytes of a request body

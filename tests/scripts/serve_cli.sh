@@ -198,7 +198,7 @@ cases = [
     (chat, '{"messages": [{"role": "assistant", "content": "x"}]}', "messages"),
     (comp, '{"max_tokens": 4}', "prompt"),
     (comp, '{"prompt": 123}', "prompt"),
-    (comp, '{"prompt": ["a", "b"]}', "prompt"),
+    (comp, '{"prompt": [["a"]]}', "prompt"),
     (chat, '{%s, "temperature": "hot"}' % msgs, "temperature"),
     (chat, '{%s, "top_p": 3}' % msgs, "top_p"),
     (chat, '{%s, "model": "gpt-4"}' % msgs, "model"),
