@@ -25,7 +25,7 @@ Commands (one Python start each, for the test's time budget):
   gguf_check.py prepare WORK GPT2_VOCAB GPT2_MERGES
       for tests/scripts/gguf_export_cli.sh: random norms and biases in WORK/{l3,l2,q2} (a fresh model
       has ones and zeros, which no permutation or mix-up could change), a small Qwen2-style
-      tokenizer.json in WORK/q2, and WORK/drop, WORK/shape: copies of l2 with a tensor dropped or
+      tokenizer.json in WORK/q2, and WORK/drop, WORK/shape: copies of q2 with a tensor dropped or
       mis-shaped
 """
 
@@ -693,7 +693,7 @@ def main(argv):
         return 1 if bad else 0
     if len(argv) == 4 and argv[0] == "prepare":
         # prepare WORK GPT2_VOCAB GPT2_MERGES: WORK/{l3,l2,q2} made by shardlm init get random norms
-        # and biases, q2 a Qwen2-style tokenizer; WORK/drop and WORK/shape are broken copies of l2.
+        # and biases, q2 a Qwen2-style tokenizer; WORK/drop and WORK/shape are broken copies of q2.
         work = argv[1]
         qwen2_tokenizer(os.path.join(work, "q2"), argv[2], argv[3], 200)
         for m in ("l3", "l2", "q2"):
@@ -701,7 +701,7 @@ def main(argv):
         import shutil
         for copy, how, name in (("drop", "drop", "model.layers.1.mlp.up_proj.weight"),
                                 ("shape", "reshape", "model.layers.0.self_attn.k_proj.weight")):
-            shutil.copytree(os.path.join(work, "l2"), os.path.join(work, copy))
+            shutil.copytree(os.path.join(work, "q2"), os.path.join(work, copy))
             edit(os.path.join(work, copy), how, name)
         return 0
     print(__doc__)
