@@ -7,10 +7,11 @@
 #     (rope_freqs), tied embeddings, stored bf16: --outtype bf16 (exact);
 #  B. Llama-2-style: Llama 2's SentencePiece tokenizer, attention_bias (q/k biases permuted too),
 #     GQA 4:2, stored f32: --outtype f32 (exact) and q8_0 (ffn_down's rows of 172 are
-#     not a multiple of 32: F16, as llama.cpp's converter falls back);
+#     not a multiple of 32: F16, as llama.cpp's converter falls back); a Mistral config with a
+#     sliding window: llama, --outtype f16 (f16 rounding), the window noted;
 #  C. Qwen2-style: q/k/v biases, no permutation, a small byte-level BPE tokenizer.json with Qwen2's
-#     pre-tokenizer, special tokens and a chat template, vocab padded to the model's: q8_0 and f16
-#     (the f16 rounding);
+#     pre-tokenizer, special tokens and a chat template, vocab padded to the model's: q8_0 and bf16
+#     (the nearest bf16 of f32 weights);
 #  D. refusals, one line and exit 1 naming the file or tensor, nothing written: no config.json, an
 #     unsupported architecture, a tensor missing, a tensor mis-shaped, the output over an input
 #     (a weights file, the directory), a model without tokenizer files, a bad --outtype or --format;
@@ -49,6 +50,10 @@ cp "$shared/llama2_tokenizer.model" "$work/l2/tokenizer.model"
 "$shardlm" init --preset tiny --seed 3 --dtype f32 --out "$work/q2" --set model_type=qwen2 \
   --set 'architectures=["Qwen2ForCausalLM"]' --set tie_word_embeddings=true --set bos_token_id=456 --set eos_token_id=458 \
   >/dev/null
+"$shardlm" init --preset tiny --seed 4 --dtype f32 --out "$work/ms" --set vocab_size=32000 --set model_type=mistral \
+  --set hidden_size=32 --set num_attention_heads=2 --set num_key_value_heads=1 --set num_hidden_layers=1 \
+  --set 'architectures=["MistralForCausalLM"]' --set sliding_window=128 >/dev/null
+cp "$shared/llama2_tokenizer.model" "$work/ms/tokenizer.model"
 "$py" "$check" prepare "$work" "$shared/gpt2_vocab.json" "$shared/gpt2_merges.txt"
 
 # ---- A: Llama 3 ----
@@ -62,20 +67,24 @@ grep -q "^note: 2 weights have rows not a multiple of 32, which Q8_0 cannot stor
   "$work/l2-q8_0.txt" || fail "l2 q8_0 fallback note: $(cat "$work/l2-q8_0.txt")"
 grep -q "tokenizer llama (SentencePiece): 32000 tokens" "$work/l2-f32.txt" || fail "l2: $(cat "$work/l2-f32.txt")"
 
+# Mistral is llama too; its sliding window is not in the file, and the export says so.
+"${x[@]}" --outtype f16 "$work/ms" "$work/ms-f16.gguf" > "$work/ms-f16.txt"
+grep -q "^note: sliding_window 128 is not in the file" "$work/ms-f16.txt" || fail "mistral: $(cat "$work/ms-f16.txt")"
+
 # ---- C: Qwen2 ----
 "${x[@]}" --outtype q8_0 "$work/q2" "$work/q2-q8.gguf" > "$work/q2-q8.txt"
 grep -q "(qwen2, .*q/k as stored (NEOX RoPE); tokenizer gpt2 (qwen2): 512 tokens, 200 merges" "$work/q2-q8.txt" \
   || fail "q2: $(cat "$work/q2-q8.txt")"
-"${x[@]}" --outtype f16 "$work/q2" "$work/q2-f16.gguf" > /dev/null
+"${x[@]}" --outtype bf16 "$work/q2" "$work/q2-bf16.gguf" > /dev/null
 
 # Every file read back and compared; and the reader must be able to fail: a copy of l2-f32 whose
 # blk.1.attn_q rows were left as Hugging Face has them is caught on exactly that tensor.
 "$py" "$check" check "$work/l3" "$work/l3-bf16.gguf" bf16 \
   "$work/l2" "$work/l2-f32.gguf" f32 "$work/l2" "$work/l2-q8_0.gguf" q8_0 \
-  "$work/q2" "$work/q2-q8.gguf" q8_0 "$work/q2" "$work/q2-f16.gguf" f16 \
+  "$work/ms" "$work/ms-f16.gguf" f16 "$work/q2" "$work/q2-q8.gguf" q8_0 "$work/q2" "$work/q2-bf16.gguf" bf16 \
   --tamper "$work/l2" "$work/l2-f32.gguf" blk.1.attn_q.weight 4 > "$work/check.txt" \
   || fail "gguf_check: $(cat "$work/check.txt")"
-[[ $(grep -c "^OK /" "$work/check.txt") == 5 ]] || fail "gguf_check: $(cat "$work/check.txt")"
+[[ $(grep -c "^OK /" "$work/check.txt") == 6 ]] || fail "gguf_check: $(cat "$work/check.txt")"
 grep -q "^OK caught: blk.1.attn_q.weight: values differ" "$work/check.txt" || fail "tamper: $(cat "$work/check.txt")"
 
 # ---- D: refusals (on the small q2, and copies of it) ----

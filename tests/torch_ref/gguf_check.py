@@ -13,7 +13,7 @@ python sentencepiece):
   - metadata: architecture, hyperparameters, file type, alignment;
   - every tensor present with llama.cpp's name, no others, the expected type; its values equal to
     the safetensors weights after undoing the llama q/k row permutation: exactly for F32 and BF16
-    (the bf16 rounding of the weight), F16 the f16 rounding, Q8_0 within its block's quantization
+    (the nearest bf16 of the weight, ties to even), F16 numpy's f16 rounding, Q8_0 within its block's quantization
     bound (and the scale exactly f16(max|x| / 127));
   - rope_freqs against the Llama 3 formula; the tokenizer entries against the tokenizer files.
 Exit 0 and "OK ..." lines, or the problems and exit 1.
@@ -23,7 +23,7 @@ Commands (one Python start each, for the test's time budget):
       check each file; --tamper also checks a copy of an f32 file whose TENSOR (a llama q or k) was
       left unpermuted, which must fail on exactly that tensor
   gguf_check.py prepare WORK GPT2_VOCAB GPT2_MERGES
-      for tests/scripts/gguf_export_cli.sh: random norms and biases in WORK/{l3,l2,q2} (a fresh model
+      for tests/scripts/gguf_export_cli.sh: random norms and biases in WORK/{l3,l2,ms,q2} (a fresh model
       has ones and zeros, which no permutation or mix-up could change), a small Qwen2-style
       tokenizer.json in WORK/q2, and WORK/drop, WORK/shape: copies of q2 with a tensor dropped or
       mis-shaped
@@ -39,8 +39,8 @@ import sys
 
 import numpy as np
 
-# torch is imported only where it is the reference (f32 -> bf16 rounding of a weight not stored in
-# bf16): its import alone costs seconds of the test's budget.
+# No torch: its import alone costs seconds of the test's time budget. Rounding references are numpy's
+# (f16) or written from the definition (bf16, bf16_rounded).
 
 # ---- the reader ------------------------------------------------------------------------------
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
@@ -254,11 +254,19 @@ def load_weights(model_dir):
 
 
 def bf16_rounded(w):
-    """The weight rounded to bf16, as f32: exact when it is stored in bf16, else PyTorch's rounding."""
-    if w.dtype == "BF16":
-        return w.f32()
-    import torch
-    return torch.from_numpy(w.f32()).to(torch.bfloat16).float().numpy()
+    """The weight rounded to the nearest bf16 (ties to the even one), as f32, from the definition: of
+    the two bf16 values around x (x with its low 16 bits cleared, and the next one away from zero),
+    the nearer, compared in f64. Finite values only (a model's weights)."""
+    x = w.f32()
+    u = x.view(np.uint32)
+    lo_bits = u & np.uint32(0xFFFF0000)
+    hi_bits = lo_bits + np.uint32(0x10000)
+    lo, hi = lo_bits.view(np.float32).astype(np.float64), hi_bits.view(np.float32).astype(np.float64)
+    xd = x.astype(np.float64)
+    dlo, dhi = np.abs(xd - lo), np.abs(hi - xd)
+    lo_even = (lo_bits & np.uint32(0x10000)) == 0
+    take_lo = (dlo < dhi) | ((dlo == dhi) & lo_even)
+    return np.where(take_lo, lo_bits, hi_bits).view(np.float32)
 
 
 LAYER_NAMES = {
@@ -692,11 +700,11 @@ def main(argv):
                 print(f"OK caught: {problems[0]}")
         return 1 if bad else 0
     if len(argv) == 4 and argv[0] == "prepare":
-        # prepare WORK GPT2_VOCAB GPT2_MERGES: WORK/{l3,l2,q2} made by shardlm init get random norms
+        # prepare WORK GPT2_VOCAB GPT2_MERGES: WORK/{l3,l2,ms,q2} made by shardlm init get random norms
         # and biases, q2 a Qwen2-style tokenizer; WORK/drop and WORK/shape are broken copies of q2.
         work = argv[1]
         qwen2_tokenizer(os.path.join(work, "q2"), argv[2], argv[3], 200)
-        for m in ("l3", "l2", "q2"):
+        for m in ("l3", "l2", "ms", "q2"):
             perturb(os.path.join(work, m))
         import shutil
         for copy, how, name in (("drop", "drop", "model.layers.1.mlp.up_proj.weight"),
