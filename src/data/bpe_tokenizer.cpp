@@ -40,9 +40,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kLlama3Pattern = kLlama3PreTokenizerPattern;
-constexpr const char* kGpt2Pattern = kGpt2PreTokenizerPattern;
-
 // ---- GPT-2's byte-to-unicode alphabet ---------------------------------------------------------
 // Printable bytes (33..126, 161..172, 174..255) stand for themselves; the other 68 bytes map, in
 // byte order, to code points 256, 257, ... so every token is a printable string.
@@ -688,7 +685,7 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
   spec.bos = first;
   spec.eos = first + 1;
   spec.whole_pretoken_first = true;  // tiktoken emits a pre-token that is a token as it is
-  spec.stages = {{kLlama3Pattern, false}};
+  spec.stages = {{kLlama3PreTokenizerPattern, false}};
   return std::make_unique<BpeTokenizer>(std::move(spec));
 }
 
@@ -713,7 +710,7 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
     const std::string err = add_merge(spec, ids, line.substr(0, space), line.substr(space + 1), rank++);
     if (!err.empty()) throw Error(err, {.file = merges_txt, .line = line_no});
   });
-  spec.stages = {{kGpt2Pattern, false}};
+  spec.stages = {{kGpt2PreTokenizerPattern, false}};
   return std::make_unique<BpeTokenizer>(std::move(spec));
 }
 
@@ -746,7 +743,7 @@ void read_pre_tokenizer(const json& pt, BpeSpec& spec, bool& byte_level, const s
   if (type == "ByteLevel") {
     byte_level = true;
     spec.add_prefix_space = pt.value("add_prefix_space", false);
-    if (pt.value("use_regex", true)) spec.stages.push_back({kGpt2Pattern, false});
+    if (pt.value("use_regex", true)) spec.stages.push_back({kGpt2PreTokenizerPattern, false});
   } else if (type == "Split") {
     const json& pattern = member(pt, "pattern");
     const std::string behavior = pt.value("behavior", "");
