@@ -15,7 +15,8 @@
 #  D. refusals, one line and exit 1 naming the file or tensor, nothing written: no config.json, an
 #     unsupported architecture, a tensor missing, a tensor mis-shaped, the output over an input
 #     (a weights file, the directory), a model without tokenizer files, a BPE pre-tokenizer llama.cpp
-#     does not know (Qwen2's regex with digits in pairs), a bad --outtype or --format;
+#     does not know (Qwen2's regex with digits in pairs), a bitsandbytes 4-bit config, a bad --outtype
+#     or --format;
 #     a failed export leaves an existing output untouched.
 # llama.cpp itself is not available here; the reader and this script are the check.
 # Usage: gguf_export_cli.sh SHARDLM PYTHON SHARED_DATA WORKDIR
@@ -108,6 +109,13 @@ cp -r "$work/q2" "$work/notok" && rm "$work/notok/tokenizer.json"
 must_fail notok "no tokenizer" "${x[@]}" "$work/notok" "$q2"
 cp -r "$work/q2" "$work/pre" && sed -i 's/p{N}| ?/p{N}{1,2}| ?/' "$work/pre/tokenizer.json"
 must_fail pre "pre-tokenizer .*p\{N\}\{1,2\}.* is none llama.cpp knows by name" "${x[@]}" "$work/pre" "$q2"
+cp -r "$work/q2" "$work/bnb" && "$py" -c '
+import json, sys
+p = sys.argv[1] + "/config.json"
+c = json.load(open(p))
+c["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+json.dump(c, open(p, "w"))' "$work/bnb"
+must_fail bnb "bnb/config.json: key 'quantization_config': a bitsandbytes-quantized model" "${x[@]}" "$work/bnb" "$q2"
 must_fail outtype "--outtype.*q4_0.*expected f32, f16, bf16 or q8_0" "${x[@]}" --outtype q4_0 "$work/q2" "$q2"
 must_fail format "--format.*only export format is gguf" "$shardlm" export --format onnx "$work/q2" "$q2"
 [[ $(md5sum < "$q2") == "$before" ]] || fail "a failed export changed the existing output"
