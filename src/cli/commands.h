@@ -46,6 +46,7 @@ void register_tokenize(CLI::App& app);
 void register_data_preview(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_merge(CLI::App& app);
+void register_export(CLI::App& app);
 void register_estimate_memory(CLI::App& app);
 void register_recipes(CLI::App& app);
 void register_validate(CLI::App& app);

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
       "  shardlm data-preview --config run.yaml -n 3             see rendered examples and their loss masks\n"
       "  shardlm convert runs/demo/checkpoints --out runs/demo-hf  a sharded checkpoint -> Hugging Face model\n"
       "  shardlm merge --base DIR --adapter LORA --out MERGED   a PEFT LoRA adapter merged into its base model\n"
+      "  shardlm export --format gguf --outtype q8_0 MERGED m.gguf   a model as one GGUF file for llama.cpp\n"
       "  shardlm estimate-memory --model llama2-7b --world-size 8   memory per rank, by category, per strategy\n"
       "  shardlm estimate-time --model llama3-8b --world-size 64 --nproc-per-node 8 --tflops 400 ...   step time per strategy\n"
       "  shardlm recipes                                         built-in configs (full, LoRA, QLoRA); `recipes cp NAME FILE`\n"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_data_preview(app);
   shardlm::cli::register_convert(app);
   shardlm::cli::register_merge(app);
+  shardlm::cli::register_export(app);
   shardlm::cli::register_estimate_memory(app);
   shardlm::cli::register_estimate_time(app);
   shardlm::cli::register_recipes(app);

@@ -40,10 +40,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 // ---- GPT-2's byte-to-unicode alphabet ---------------------------------------------------------
 // Printable bytes (33..126, 161..172, 174..255) stand for themselves; the other 68 bytes map, in
 // byte order, to code points 256, 257, ... so every token is a printable string.
@@ -267,7 +263,10 @@ class BpeTokenizer final : public Tokenizer {
                     {.file = spec.source});
     for (auto& [text, id] : spec.aliases) specials_.emplace(text, id);
     try {
-      for (const auto& s : spec.stages) regexes_.push_back(std::make_unique<Regex>(s.pattern, s.literal));
+      for (const auto& s : spec.stages) {
+        regexes_.push_back(std::make_unique<Regex>(s.pattern, s.literal));
+        patterns_.push_back(s.literal ? "\\Q" + s.pattern + "\\E" : s.pattern);
+      }
     } catch (Error& e) {
       e.set_file(spec.source);
       throw;
@@ -321,6 +320,36 @@ class BpeTokenizer final : public Tokenizer {
     if (id < 0 || size_t(id) >= bytes_.size() || kinds_[id] == Kind::kUnused) return "<unk>";
     if (kinds_[id] == Kind::kToken) return bytes_to_alphabet(bytes_[id]);
     return bytes_[id];
+  }
+
+  std::optional<VocabularyExport> vocabulary() const override {
+    VocabularyExport v;
+    v.model = VocabularyExport::Model::ByteLevelBpe;
+    v.pre_patterns = patterns_;
+    const size_t n = bytes_.size();
+    v.pieces.resize(n);
+    v.kinds.resize(n);
+    for (size_t id = 0; id < n; ++id) {
+      switch (kinds_[id]) {
+        case Kind::kUnused: v.kinds[id] = TokenKind::Unused; break;
+        case Kind::kToken: v.kinds[id] = TokenKind::Normal; break;
+        case Kind::kSpecial: v.kinds[id] = TokenKind::Control; break;
+        case Kind::kAdded: v.kinds[id] = TokenKind::UserDefined; break;
+      }
+      if (kinds_[id] != Kind::kUnused) v.pieces[id] = piece(int32_t(id));
+    }
+    if (!merges_.empty()) {
+      std::vector<std::pair<int32_t, uint64_t>> by_rank;  // (rank, pair key)
+      by_rank.reserve(merges_.size());
+      for (const auto& [key, m] : merges_) by_rank.emplace_back(m.rank, key);
+      std::sort(by_rank.begin(), by_rank.end());
+      v.merges.reserve(by_rank.size());
+      for (const auto& [rank, key] : by_rank)
+        v.merges.emplace_back(v.pieces[size_t(key >> 32)], v.pieces[size_t(key & 0xffffffffu)]);
+    } else {
+      v.merges = recover_merges();
+    }
+    return v;
   }
 
  private:
@@ -454,6 +483,28 @@ class BpeTokenizer final : public Tokenizer {
     for (int32_t i = 0; i < n; i = next[size_t(i)]) out.push_back(ids[size_t(i)]);
   }
 
+  // A tiktoken file ranks tokens, not merges: a pair of adjacent parts merges when their
+  // concatenation is a token, with that token's rank as its priority. The merges list that encodes
+  // the same way (transformers' tiktoken converter; Llama 3's tokenizer.json has these 280147) is
+  // every split of every token into two tokens, ordered by the token's rank, then by the ranks of
+  // the left and right parts.
+  std::vector<std::pair<std::string, std::string>> recover_merges() const {
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::vector<std::pair<int32_t, int32_t>> splits;  // (left id, right id) of one token
+    for (size_t id = 0; id < bytes_.size(); ++id) {
+      if (kinds_[id] != Kind::kToken || bytes_[id].size() < 2) continue;
+      const std::string_view token = bytes_[id];
+      splits.clear();
+      for (size_t cut = 1; cut < token.size(); ++cut) {
+        const auto l = ranks_.find(token.substr(0, cut)), r = ranks_.find(token.substr(cut));
+        if (l != ranks_.end() && r != ranks_.end()) splits.emplace_back(l->second, r->second);
+      }
+      std::sort(splits.begin(), splits.end());
+      for (const auto& [l, r] : splits) merges.emplace_back(piece(l), piece(r));
+    }
+    return merges;
+  }
+
   static constexpr size_t kMaxCachedBytes = 256;
   static constexpr size_t kCacheShards = 16;
   static constexpr size_t kCacheEntriesPerShard = 1 << 15;
@@ -474,6 +525,7 @@ class BpeTokenizer final : public Tokenizer {
   StringMap<int32_t> specials_;  // text -> id of special and added tokens (and aliases)
   std::vector<std::string> added_;  // non-special added tokens, matched in encode
   std::vector<std::unique_ptr<Regex>> regexes_;
+  std::vector<std::string> patterns_;  // the regexes' source (a literal stage quoted \Q...\E), for vocabulary()
   mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
@@ -633,7 +685,7 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
   spec.bos = first;
   spec.eos = first + 1;
   spec.whole_pretoken_first = true;  // tiktoken emits a pre-token that is a token as it is
-  spec.stages = {{kLlama3Pattern, false}};
+  spec.stages = {{kLlama3PreTokenizerPattern, false}};
   return std::make_unique<BpeTokenizer>(std::move(spec));
 }
 
@@ -658,7 +710,7 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
     const std::string err = add_merge(spec, ids, line.substr(0, space), line.substr(space + 1), rank++);
     if (!err.empty()) throw Error(err, {.file = merges_txt, .line = line_no});
   });
-  spec.stages = {{kGpt2Pattern, false}};
+  spec.stages = {{kGpt2PreTokenizerPattern, false}};
   return std::make_unique<BpeTokenizer>(std::move(spec));
 }
 
@@ -691,7 +743,7 @@ void read_pre_tokenizer(const json& pt, BpeSpec& spec, bool& byte_level, const s
   if (type == "ByteLevel") {
     byte_level = true;
     spec.add_prefix_space = pt.value("add_prefix_space", false);
-    if (pt.value("use_regex", true)) spec.stages.push_back({kGpt2Pattern, false});
+    if (pt.value("use_regex", true)) spec.stages.push_back({kGpt2PreTokenizerPattern, false});
   } else if (type == "Split") {
     const json& pattern = member(pt, "pattern");
     const std::string behavior = pt.value("behavior", "");

@@ -10,6 +10,16 @@
 
 namespace shardlm::data {
 
+// The pre-tokenizer regexes of the vocabularies shardlm knows (PCRE2 syntax, as tokenizer.json
+// spells them): Llama 3's (tiktoken files and its tokenizer.json), GPT-2's (vocab.json, and a
+// ByteLevel pre-tokenizer with use_regex) and Qwen2's (its tokenizer.json: single digits).
+inline constexpr const char* kLlama3PreTokenizerPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+inline constexpr const char* kGpt2PreTokenizerPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+inline constexpr const char* kQwen2PreTokenizerPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // Llama 3's tokenizer.model: lines of "base64(token bytes) rank". Adds Llama 3's pre-tokenizer
 // pattern and its 256 special tokens (<|begin_of_text|> = 128000, ...). BOS <|begin_of_text|>,
 // EOS <|end_of_text|>.

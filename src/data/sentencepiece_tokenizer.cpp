@@ -94,6 +94,28 @@ std::unordered_set<int32_t> user_defined_ids(const std::string& model_bytes) {
   return ids;
 }
 
+// NormalizerSpec.add_dummy_prefix (ModelProto field 3, its field 3; proto2 default true): whether
+// the normalizer prepends a space to the text, which a format embedding the vocabulary must repeat.
+bool add_dummy_prefix(const std::string& model_bytes) {
+  bool add = true;
+  ProtoReader top(model_bytes.data(), model_bytes.size());
+  while (!top.done()) {
+    uint32_t number = 0, wire = 0;
+    uint64_t value = 0;
+    ProtoReader spec(nullptr, 0);
+    if (!top.field(number, wire, value, spec)) break;
+    if (number != 3 || wire != 2) continue;
+    while (!spec.done()) {
+      uint32_t n = 0, w = 0;
+      uint64_t v = 0;
+      ProtoReader unused(nullptr, 0);
+      if (!spec.field(n, w, v, unused)) break;
+      if (n == 3 && w == 0) add = v != 0;
+    }
+  }
+  return add;
+}
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
@@ -103,6 +125,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       throw Error(fmt::format("not a valid SentencePiece model: {}", status.ToString()), {.file = path});
     if (sp_.GetPieceSize() <= 0) throw Error("SentencePiece model has no pieces", {.file = path});
     user_defined_ = user_defined_ids(bytes);
+    add_dummy_prefix_ = add_dummy_prefix(bytes);
   }
 
   std::string name() const override { return "sentencepiece"; }
@@ -148,10 +171,35 @@ class SentencePieceTokenizer final : public Tokenizer {
     return sp_.IdToPiece(id);
   }
 
+  std::optional<VocabularyExport> vocabulary() const override {
+    VocabularyExport v;
+    v.model = VocabularyExport::Model::SentencePiece;
+    v.add_dummy_prefix = add_dummy_prefix_;
+    const int32_t n = sp_.GetPieceSize();
+    v.pieces.resize(size_t(n));
+    v.kinds.resize(size_t(n));
+    v.scores.resize(size_t(n));
+    for (int32_t id = 0; id < n; ++id) {
+      v.pieces[size_t(id)] = sp_.IdToPiece(id);
+      v.scores[size_t(id)] = sp_.GetScore(id);
+      TokenKind k = TokenKind::Normal;
+      if (sp_.IsUnknown(id)) k = TokenKind::Unknown;
+      else if (sp_.IsControl(id)) k = TokenKind::Control;
+      else if (sp_.IsUnused(id)) k = TokenKind::Unused;
+      else if (sp_.IsByte(id)) k = TokenKind::Byte;
+      else if (user_defined_.count(id)) k = TokenKind::UserDefined;
+      v.kinds[size_t(id)] = k;
+    }
+    v.unk = sp_.unk_id();
+    v.pad = sp_.pad_id();
+    return v;
+  }
+
  private:
   std::string path_;
   sentencepiece::SentencePieceProcessor sp_;
   std::unordered_set<int32_t> user_defined_;
+  bool add_dummy_prefix_ = true;
 };
 
 }  // namespace

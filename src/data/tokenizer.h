@@ -11,9 +11,32 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace shardlm::data {
+
+// The type of a vocabulary entry, as SentencePiece names its pieces' types (and GGUF stores them).
+enum class TokenKind : uint8_t { Normal, Unknown, Control, UserDefined, Unused, Byte };
+
+// A whole vocabulary, for a format that embeds the tokenizer rather than pointing at its files (the
+// GGUF export, model/gguf_export.h). Everything is by id, 0 .. vocab_size() - 1.
+struct VocabularyExport {
+  enum class Model : uint8_t { ByteLevelBpe, SentencePiece };
+  Model model = Model::ByteLevelBpe;
+  std::vector<std::string> pieces;  // as piece(id) spells them; "" for an id the vocabulary leaves unused
+  std::vector<TokenKind> kinds;
+  // SentencePiece: each piece's score; and whether its normalizer prepends a space (add_dummy_prefix).
+  std::vector<float> scores;
+  bool add_dummy_prefix = false;
+  // Byte-level BPE: the merges in priority order, each side spelled as piece() spells it (tiktoken
+  // files list none: they are recovered from the ranks, as Hugging Face's converter does), and the
+  // pre-tokenizer's regexes, applied in order (Hugging Face's Split stages; a ByteLevel with
+  // use_regex is GPT-2's pattern).
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<std::string> pre_patterns;
+  int32_t unk = -1, pad = -1;  // -1: none
+};
 
 class Tokenizer {
  public:
@@ -32,6 +55,10 @@ class Tokenizer {
   // The piece an id stands for, as the vocabulary spells it ("▁the", "Ġthe", "<0x0A>"), for
   // inspection (`shardlm tokenize --pieces`).
   virtual std::string piece(int32_t id) const = 0;
+
+  // The whole vocabulary (see VocabularyExport), or nullopt for a tokenizer that has none to give
+  // (the byte-level fallback, which only shardlm understands).
+  virtual std::optional<VocabularyExport> vocabulary() const { return std::nullopt; }
 
   std::vector<int32_t> encode_with(std::string_view text, bool bos, bool eos) const;
 };

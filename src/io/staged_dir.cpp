@@ -132,7 +132,7 @@ void refuse_output_over_input(const std::string& output, const std::string& outp
   };
   if (resolved(output) != resolved(input)) return;
   throw Error(fmt::format("{} is the {} it reads ({}): writing there would overwrite its input; choose another "
-                          "directory",
+                          "path",
                           output_role, input_role, input))
       .set_file(output);
 }
