@@ -46,7 +46,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
                               op, i, t, V, kIgnoreIndex));
   }
 
-  if (dev == Device::Meta) cpu::cross_entropy_scratch(x, w, chunk_rows, Device::Meta);  // counted, then freed
+  if (dev == Device::Meta) cpu::cross_entropy_scratch(x, w, chunk_rows, dx.defined(), Device::Meta);  // counted, then freed
   SHARDLM_DISPATCH(dev, linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows));
   return cpu::linear_cross_entropy(x, w, targets, dx, dw, grad_scale, chunk_rows);
 }
