@@ -114,7 +114,8 @@ TEST(Parity, MatmulBf16Autocast) {
       // sum_k |a_ik| |b_kj| from the f64 product of |op(A)| and |op(B)| (widened values).
       std::vector<float> af(size_t(m * k)), bf(size_t(k * n));
       auto widened = [](const Input& x, std::vector<float>& out) {
-        for (size_t i = 0; i < out.size(); ++i) out[i] = x.h.empty() ? std::fabs(x.f[i]) : std::fabs(bf16_to_f32(bf16_t{x.h[i]}));
+        for (size_t i = 0; i < out.size(); ++i)
+          out[i] = std::fabs(x.h.empty() ? x.f[i] : bf16_to_f32(bf16_t{x.h[i]}));
       };
       widened(a, af);
       widened(b, bf);
