@@ -5,6 +5,7 @@
 // AMX-BF16 and oneDNN dispatches a bf16 kernel for it; otherwise, or with SHARDLM_CPU_BF16=0 in
 // the environment, the bf16 operands are widened and OpenBLAS multiplies in exact f32. Decided
 // once per process at the first matmul (cpuid), so one binary runs on every x86-64 CPU.
+// SHARDLM_CPU_BF16 other than 0, 1 or empty is an Error naming it (at the first matmul or status).
 #pragma once
 
 #include <string>

@@ -60,7 +60,14 @@ State& state() {
                         : id.avx512_bf16              ? "avx512_bf16"
                                                       : "";
     st->status.hardware = (id.avx512_bf16 || id.amx_bf16) && onednn_bf16;
+    // 0: the f32 fallback; 1 or unset: the bf16 path where the hardware has it. A typo must not
+    // silently keep the path it meant to switch off.
     const char* env = std::getenv("SHARDLM_CPU_BF16");
+    if (env && *env && std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0) {
+      delete st;
+      throw Error(fmt::format("environment variable SHARDLM_CPU_BF16: expected 0 (OpenBLAS in f32) or 1 (bf16 "
+                              "through oneDNN where the CPU has it), got '{}'", env));
+    }
     const bool off = env && std::strcmp(env, "0") == 0;
     st->status.enabled = st->status.hardware && !off;
     const dnnl_version_t* v = dnnl_version();
