@@ -3,6 +3,9 @@
 //   build/bench/bench_ops [--tokens N] [--quick]
 //   build/bench/bench_ops --sgemm     only the machine's raw sgemm rate at 2048^3, as one JSON line
 //                                     (bench/compare_torch.sh divides training FLOP rates by it)
+//   build/bench/bench_ops --bf16      bf16 matmuls at training shapes on the CPU's bf16 path (oneDNN,
+//                                     ops/cpu_bf16.h) and on its f32 fallback, beside raw sgemm on
+//                                     the same shapes in f32, one JSON line per shape (bench/cpu_bf16.sh)
 //
 // Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
 // interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
@@ -21,6 +24,7 @@
 
 #include "core/platform.h"
 #include "core/rng.h"
+#include "ops/cpu_bf16.h"
 #include "ops/ops.h"
 
 using namespace shardlm;
@@ -65,6 +69,38 @@ void compare_matmul(int64_t M, int64_t N, int64_t K, bool trans_b, int reps, con
              what, M, N, K, flop / t_op * 1e-9, flop / t_raw * 1e-9, 100.0 * t_raw / t_op);
 }
 
+// GFLOP/s of C = op(A) op(B) with bf16 A and B and an f32 C through ops::matmul on the bf16 path
+// (when this CPU has one) and on the f32 fallback, and of raw sgemm on f32 copies, interleaved.
+void compare_bf16(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const char* what) {
+  OwnedTensor A = ta ? randn(DType::BF16, {K, M}, "A") : randn(DType::BF16, {M, K}, "A");
+  OwnedTensor B = tb ? randn(DType::BF16, {N, K}, "B") : randn(DType::BF16, {K, N}, "B");
+  OwnedTensor Af(DType::F32, {A.t.shape[0], A.t.shape[1]}, MemCategory::Other);
+  OwnedTensor Bf(DType::F32, {B.t.shape[0], B.t.shape[1]}, MemCategory::Other);
+  ops::cast(Af.t, A.t);
+  ops::cast(Bf.t, B.t);
+  OwnedTensor C(DType::F32, {M, N}, MemCategory::Other);
+  const double flop = 2.0 * double(M) * double(N) * double(K);
+  const bool was = ops::cpu_bf16_enabled(), hw = ops::cpu_bf16_status().hardware;
+  double t_bf16 = 1e30, t_fallback = 1e30, t_sgemm = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    if (hw) {
+      ops::set_cpu_bf16_enabled(true);
+      t_bf16 = std::min(t_bf16, seconds_best_of(3, [&] { ops::matmul(C.t, A.t, B.t, ta, tb); }));
+    }
+    ops::set_cpu_bf16_enabled(false);
+    t_fallback = std::min(t_fallback, seconds_best_of(3, [&] { ops::matmul(C.t, A.t, B.t, ta, tb); }));
+    t_sgemm = std::min(t_sgemm, seconds_best_of(3, [&] {
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+                  1.0f, Af.t.f32(), int(Af.t.shape[1]), Bf.t.f32(), int(Bf.t.shape[1]), 0.0f, C.t.f32(), int(N));
+    }));
+  }
+  ops::set_cpu_bf16_enabled(was);
+  fmt::print("{{\"impl\": \"bf16 matmul\", \"what\": \"{}\", \"shape\": \"{}{}x{}x{}{}\", \"bf16_path_gflops\": {}, "
+             "\"fallback_gflops\": {:.1f}, \"sgemm_gflops\": {:.1f}, \"threads\": {}}}\n",
+             what, ta ? "T " : "", M, N, K, tb ? " T" : "", hw ? fmt::format("{:.1f}", flop / t_bf16 * 1e-9) : "null",
+             flop / t_fallback * 1e-9, flop / t_sgemm * 1e-9, platform_info().omp_threads);
+}
+
 void row(const char* name, const char* shape, double s, double flop = 0) {
   if (flop > 0)
     fmt::print("  {:<28} {:<34} {:9.3f} ms  {:7.1f} GFLOP/s\n", name, shape, s * 1e3, flop / s * 1e-9);
@@ -76,13 +112,14 @@ void row(const char* name, const char* shape, double s, double flop = 0) {
 
 int main(int argc, char** argv) {
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
-  bool quick = false, sgemm_only = false;
+  bool quick = false, sgemm_only = false, bf16_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--sgemm")) sgemm_only = true;
+    else if (!std::strcmp(argv[i], "--bf16")) bf16_only = true;
     else {
-      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm\n");
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16\n");
       return 2;
     }
   }
@@ -96,6 +133,21 @@ int main(int argc, char** argv) {
     });
     fmt::print("{{\"impl\": \"sgemm\", \"shape\": \"{0}x{0}x{0}\", \"gflops\": {1:.1f}, \"threads\": {2}}}\n", n,
                2.0 * double(n * n * n) / s * 1e-9, platform_info().omp_threads);
+    return 0;
+  }
+  if (bf16_only) {
+    fmt::print("# cpu bf16: {}\n", ops::cpu_bf16_status().line);
+    // The 19M model of bench/compare_torch.sh (dim 256, ffn 688, vocab 32000, 2048 tokens) and a
+    // Llama 3.2 1B layer (dim 2048, ffn 8192; 256 tokens, as bench/rank_scaling.sh): forward x W^T,
+    // backward dx = dy W and dW += dy^T x.
+    compare_bf16(2048, 688, 256, false, true, "19M gate/up x W^T");
+    compare_bf16(2048, 256, 688, false, true, "19M down x W^T");
+    compare_bf16(2048, 256, 688, false, false, "19M dx of gate/up: dy W");
+    compare_bf16(688, 256, 2048, true, false, "19M dW of gate/up: dy^T x");
+    compare_bf16(1024, 32000, 256, false, true, "19M head chunk x W^T");
+    compare_bf16(256, 8192, 2048, false, true, "1B gate/up x W^T");
+    compare_bf16(256, 2048, 8192, false, false, "1B dx of down: dy W");
+    compare_bf16(8192, 2048, 256, true, false, "1B dW of gate/up: dy^T x");
     return 0;
   }
   const int reps = quick ? 1 : 3;
@@ -113,8 +165,8 @@ int main(int argc, char** argv) {
     OwnedTensor A = randn(DType::BF16, {2048, 2048}, "A"), B = randn(DType::BF16, {2048, 2048}, "B");
     OwnedTensor C(DType::F32, {2048, 2048}, MemCategory::Other);
     const double s = seconds_best_of(reps, [&] { ops::matmul(C.t, A.t, B.t); });
-    fmt::print("  {:<34} {:>5}x{:>5}x{:>5}  ops::matmul {:7.1f} GFLOP/s (bf16 inputs widened to f32)\n", "square bf16",
-               2048, 2048, 2048, 2.0 * 2048 * 2048 * 2048 / s * 1e-9);
+    fmt::print("  {:<34} {:>5}x{:>5}x{:>5}  ops::matmul {:7.1f} GFLOP/s ({})\n", "square bf16", 2048, 2048, 2048,
+               2.0 * 2048 * 2048 * 2048 / s * 1e-9, ops::cpu_bf16_status().line);
   }
 
   fmt::print("\nper-op time at one decoder layer's shapes, {} tokens (f32)\n", T);

@@ -5,10 +5,13 @@ Llama (tests/torch_ref/llama_ref.py) on the CPU.
 Usage:
   /usr/bin/python3 bench/torch_train_bench.py [--dim 256] [--layers 4] [--heads 8] [--kv-heads 4]
       [--ffn 688] [--vocab 32000] [--seq 256] [--batch 8] [--steps 10] [--warmup 2] [--threads N]
+      [--autocast bf16] [--tie]
 
 A step is: zero_grad, forward, mean cross entropy on next-token targets, backward,
 clip_grad_norm_(1.0), AdamW step (lr 3e-4, betas (0.9, 0.95), weight decay 0.1 on
-decay_param_names). After --warmup untimed steps, --steps steps are timed; prints one JSON line
+decay_param_names). --autocast bf16 runs the forward and the loss under
+torch.autocast('cpu', dtype=torch.bfloat16) (f32 weights and AdamW; matmuls in bf16, their backward
+too); --tie ties the head to the input embedding (as the Llama 3.2 presets do). After --warmup untimed steps, --steps steps are timed; prints one JSON line
 {"tokens_per_s", "step_ms", "threads", ...} with step_ms the mean over the timed steps.
 """
 import argparse
@@ -37,6 +40,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none")
+    ap.add_argument("--tie", action="store_true")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -45,7 +50,7 @@ def main():
         "architectures": ["LlamaForCausalLM"], "vocab_size": args.vocab, "hidden_size": args.dim,
         "intermediate_size": args.ffn, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
         "num_key_value_heads": args.kv_heads, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": args.tie,
     }
     model = llama_ref.Llama(config, seed=args.seed)
     params = list(model.parameters())
@@ -59,7 +64,8 @@ def main():
 
     def step(ids, targets):
         opt.zero_grad(set_to_none=True)
-        loss = llama_ref.Llama.loss(model(ids), targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            loss = llama_ref.Llama.loss(model(ids), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -81,7 +87,7 @@ def main():
         "threads": args.threads,
         "params": sum(p.numel() for p in params),
         "batch": args.batch, "seq": args.seq, "steps": args.steps, "last_loss": round(loss, 6),
-        "torch": torch.__version__,
+        "torch": torch.__version__, "autocast": args.autocast,
     }))
 
 

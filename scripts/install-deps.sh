@@ -6,7 +6,7 @@
 # Debian's packages are the only source of libraries: nothing is downloaded from anywhere else.
 set -euo pipefail
 
-BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+BUILD_PACKAGES=(cmake ninja-build g++ pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev libsentencepiece-dev libpcre2-dev zlib1g-dev
   libcpp-httplib-dev libprotobuf-dev protobuf-compiler)
 TEST_PACKAGES=(clang libclang-rt-dev libomp-dev libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy

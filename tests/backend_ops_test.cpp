@@ -13,6 +13,10 @@
 // `backend_ops_test cpu` (ctest: backend_ops) runs the CPU backend through the same harness
 // against itself (guards, NaN and input checks, exact agreement) and checks that the harness
 // detects a perturbed output, a NaN and a guard overwrite: a real test on every machine.
+// The CPU's bf16 path (ops/cpu_bf16.h: bf16 matmuls through oneDNN, the CUDA matmul's policy) is
+// tested as a backend of its own, "cpu-bf16", by `backend_ops_test cpu` on a CPU with bf16
+// hardware: its matmul and linear_cross_entropy cases against the reference, which (with the
+// emulations) always runs on the exact f32 path.
 // `backend_ops_test cuda` (ctest: backend_ops_cuda) compares the CUDA backend with the CPU
 // reference; without a GPU (or without CUDA in the build) it prints why and exits with kSkipped
 // (77), which ctest reports as skipped (SKIP_RETURN_CODE), never as passed. With no argument it
@@ -35,6 +39,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "ops/cpu_bf16.h"
 #include "ops/nf4.h"
 #include "ops/ops.h"
 
@@ -1359,6 +1364,12 @@ int run_all(const std::string& which) {
   if (which != "cuda") backends.push_back(Device::CPU);
   if (which != "cpu" && have_cuda) backends.push_back(Device::CUDA);
 
+  // The reference is the exact f32 path; the bf16 path is switched on only for its own runs.
+  const ops::CpuBf16Status bf16 = ops::cpu_bf16_status();
+  const bool test_bf16 = which != "cuda" && bf16.hardware;
+  ops::set_cpu_bf16_enabled(false);
+  auto uses_bf16_path = [](const Case& c) { return c.op == "matmul" || c.op == "linear_cross_entropy"; };
+
   const char* large_env = std::getenv("SHARDLM_BACKEND_OPS_LARGE");
   const bool run_large = have_cuda || (large_env && std::string(large_env) == "1");
 
@@ -1419,6 +1430,16 @@ int run_all(const std::string& which) {
         ++failures;
       }
     }
+    if (test_bf16 && uses_bf16_path(c)) {
+      ops::set_cpu_bf16_enabled(true);
+      const RunResult got = run_case(c, Device::CPU);
+      ops::set_cpu_bf16_enabled(false);
+      const std::string err = compare(c, got, ref);
+      ++checks;
+      fmt::print("{} {:<8} {:<21} {}{}\n", err.empty() ? "ok  " : "FAIL", "cpu-bf16", c.op, c.label,
+                 err.empty() ? "" : ": " + err);
+      if (!err.empty()) ++failures;
+    }
     if (c.build) c.args = {};  // a large case's tensors are freed before the next one is built
   }
   if (!self_checked) {
@@ -1430,8 +1451,10 @@ int run_all(const std::string& which) {
   if (skipped > 0)
     fmt::print("backend_ops: {} production-sized cases not run (they run when a GPU is present, or with "
                "SHARDLM_BACKEND_OPS_LARGE=1)\n", skipped);
+  if (which != "cuda" && !test_bf16) fmt::print("backend_ops: cpu-bf16 not tested: {}\n", bf16.line);
   std::string names;
   for (Device dev : backends) names += std::string(names.empty() ? "" : ", ") + device_name(dev);
+  if (test_bf16) names += ", cpu-bf16";
   fmt::print("backend_ops: {} cases, {} backend runs, {} failures (backends: {})\n", cases.size(), checks, failures,
              names);
   return failures == 0 ? 0 : 1;

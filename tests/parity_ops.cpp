@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ops/cpu_bf16.h"
 #include "ops/dynamic_map.h"
 #include "ops/ops.h"
 #include "testing.h"
@@ -66,6 +67,72 @@ TEST(Parity, MatmulIntoBf16Output) {
     ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
     for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h[i].bits, f32_to_bf16(f32_out[i]).bits) << c.name << " [" << i << "]";
   }
+}
+
+// The CPU's bf16 path (ops/cpu_bf16.h) against torch.autocast('cpu', bfloat16) on the layouts and
+// dtype mixes of a bf16 training step. Forced on (skipped on a CPU without bf16 hardware), then off.
+//  - An f32 C against the f64 product of the same bf16-rounded operands: exact products, f32 sums
+//    in another order (the tolerance of Parity.Matmul).
+//  - A bf16 C against autocast's bf16 result: both round an f32 sum of the same products once, so
+//    they differ by at most one bf16 ulp (rtol 2^-7), plus the f32 sums' difference near a tie.
+//  - The f32 fallback widens instead of rounding an f32 operand: it differs from autocast by that
+//    rounding, at most 2^-8 x sum_k |a_ik b_kj| per element (checked against sum |a||b|).
+class CpuBf16 {
+ public:
+  explicit CpuBf16(bool on) : was_(ops::cpu_bf16_enabled()) { ops::set_cpu_bf16_enabled(on); }
+  ~CpuBf16() { ops::set_cpu_bf16_enabled(was_); }
+
+ private:
+  bool was_;
+};
+
+TEST(Parity, MatmulBf16Autocast) {
+  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << ops::cpu_bf16_status().line;
+  int checked = 0;
+  for (const RefCase& c : load_ref_cases("matmul_autocast")) {
+    const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
+    const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
+    Input a(c, "a", {ta ? k : m, ta ? m : k});
+    Input b(c, "b", {tb ? n : k, tb ? k : n});
+    const std::vector<float> exact = c.f32("c_exact"), autocast = c.f32("c");
+    const double atol = 1e-5 * std::sqrt(double(k)) * 4;
+    {
+      CpuBf16 on(true);
+      std::vector<float> f32_out(size_t(m * n));
+      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
+      EXPECT_TRUE(all_close(f32_out, exact, atol, 1e-5, c.name + " (bf16 path, f32 C)"));
+      std::vector<bf16_t> h(size_t(m * n));
+      ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
+      std::vector<float> hf(h.size());
+      for (size_t i = 0; i < h.size(); ++i) hf[i] = bf16_to_f32(h[i]);
+      EXPECT_TRUE(all_close(hf, autocast, atol, 1.0 / 128, c.name + " (bf16 path, bf16 C)"));
+    }
+    {
+      CpuBf16 off(false);
+      std::vector<float> f32_out(size_t(m * n));
+      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
+      // sum_k |a_ik| |b_kj| from the f64 product of |op(A)| and |op(B)| (widened values).
+      std::vector<float> af(size_t(m * k)), bf(size_t(k * n));
+      auto widened = [](const Input& x, std::vector<float>& out) {
+        for (size_t i = 0; i < out.size(); ++i)
+          out[i] = std::fabs(x.h.empty() ? x.f[i] : bf16_to_f32(bf16_t{x.h[i]}));
+      };
+      widened(a, af);
+      widened(b, bf);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double bound = 0.0;
+          for (int64_t q = 0; q < k; ++q)
+            bound += double(ta ? af[size_t(q * m + i)] : af[size_t(i * k + q)]) *
+                     double(tb ? bf[size_t(j * k + q)] : bf[size_t(q * n + j)]);
+          const size_t e = size_t(i * n + j);
+          ASSERT_LE(std::fabs(double(f32_out[e]) - double(exact[e])), bound / 256 + atol)
+              << c.name << " (f32 fallback) [" << i << ", " << j << "]";
+        }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // Embedding is a copy and a sum of a few rows: exact forward, f32-rounding backward.

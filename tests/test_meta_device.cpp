@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/device.h"
+#include "ops/cpu_bf16.h"
 #include "ops/ops.h"
 
 using namespace shardlm;
@@ -108,46 +109,62 @@ TEST(MetaDevice, OpsCheckTheirArgumentsAndReturnEmptyResults) {
 }
 
 // What a meta op counts is what its CPU kernel allocates: the bf16 widening of matmul, the logits
-// chunk and widened copies of the fused cross-entropy.
+// chunk and widened copies of the fused cross-entropy; on the CPU's bf16 path (ops/cpu_bf16.h),
+// where this CPU has one, the bf16 copies of f32 operands and of the dlogits instead.
 TEST(MetaDevice, ScratchIsTheCpuKernelsScratch) {
-  struct Case {
-    DType a, b, c;
-    bool ta, tb;
-  };
-  for (const Case k : {Case{DType::BF16, DType::BF16, DType::BF16, false, true}, Case{DType::F32, DType::BF16, DType::F32, true, false},
-                       Case{DType::BF16, DType::F32, DType::BF16, false, false}, Case{DType::F32, DType::F32, DType::F32, false, true}}) {
-    const int64_t M = 33, K = 17, N = 9;
-    auto shape_a = [&](Device d) { return k.ta ? make(k.a, {K, M}, d) : make(k.a, {M, K}, d); };
-    auto shape_b = [&](Device d) { return k.tb ? make(k.b, {N, K}, d) : make(k.b, {K, N}, d); };
-    const OwnedTensor A = shape_a(Device::CPU), B = shape_b(Device::CPU), C = make(k.c, {M, N}, Device::CPU);
-    const int64_t cpu = cpu_workspace_peak([&] { ops::matmul(C, A, B, k.ta, k.tb); });
-    const OwnedTensor mA = shape_a(Device::Meta), mB = shape_b(Device::Meta), mC = make(k.c, {M, N}, Device::Meta);
-    Recorder rec;
-    {
-      const ObserveMeta observe(rec);
-      ops::matmul(mC, mA, mB, k.ta, k.tb);
+  std::vector<bool> paths{false};
+  if (ops::cpu_bf16_status().hardware) paths.push_back(true);
+  const bool was = ops::cpu_bf16_enabled();
+  for (const bool bf16_path : paths) {
+    ops::set_cpu_bf16_enabled(bf16_path);
+    SCOPED_TRACE(bf16_path ? "bf16 path" : "f32 path");
+    struct Case {
+      DType a, b, c;
+      bool ta, tb;
+    };
+    for (const Case k : {Case{DType::BF16, DType::BF16, DType::BF16, false, true}, Case{DType::F32, DType::BF16, DType::F32, true, false},
+                         Case{DType::BF16, DType::F32, DType::BF16, false, false}, Case{DType::F32, DType::F32, DType::F32, false, true}}) {
+      const int64_t M = 33, K = 17, N = 9;
+      auto shape_a = [&](Device d) { return k.ta ? make(k.a, {K, M}, d) : make(k.a, {M, K}, d); };
+      auto shape_b = [&](Device d) { return k.tb ? make(k.b, {N, K}, d) : make(k.b, {K, N}, d); };
+      const OwnedTensor A = shape_a(Device::CPU), B = shape_b(Device::CPU), C = make(k.c, {M, N}, Device::CPU);
+      const int64_t cpu = cpu_workspace_peak([&] { ops::matmul(C, A, B, k.ta, k.tb); });
+      const OwnedTensor mA = shape_a(Device::Meta), mB = shape_b(Device::Meta), mC = make(k.c, {M, N}, Device::Meta);
+      Recorder rec;
+      {
+        const ObserveMeta observe(rec);
+        ops::matmul(mC, mA, mB, k.ta, k.tb);
+      }
+      EXPECT_EQ(rec.peak, cpu) << dtype_name(k.a) << " " << dtype_name(k.b) << " " << dtype_name(k.c);
+      EXPECT_EQ(rec.live, 0);
     }
-    EXPECT_EQ(rec.peak, cpu) << dtype_name(k.a) << " " << dtype_name(k.b) << " " << dtype_name(k.c);
-    EXPECT_EQ(rec.live, 0);
-  }
-  for (const DType dt : {DType::F32, DType::BF16}) {
-    const int64_t N = 70, D = 16, V = 300, chunk = 32;
-    std::vector<int32_t> ids(size_t(N), 3);
-    const Tensor targets = Tensor::view(ids.data(), DType::I32, {N});
-    const OwnedTensor x = make(dt, {N, D}, Device::CPU), w = make(dt, {V, D}, Device::CPU);
-    const OwnedTensor dx = make(DType::F32, {N, D}, Device::CPU), dw = make(DType::F32, {V, D}, Device::CPU);
-    const int64_t cpu = cpu_workspace_peak([&] { ops::linear_cross_entropy(x, w, targets, dx, dw, 1.0f, chunk); });
-    const OwnedTensor mx = make(dt, {N, D}, Device::Meta), mw = make(dt, {V, D}, Device::Meta);
-    const OwnedTensor mdx = make(DType::F32, {N, D}, Device::Meta), mdw = make(DType::F32, {V, D}, Device::Meta);
-    Tensor mt = targets;
-    mt.device = Device::Meta;
-    Recorder rec;
-    {
-      const ObserveMeta observe(rec);
-      ops::linear_cross_entropy(mx, mw, mt, mdx, mdw, 1.0f, chunk);
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      for (const bool backward : {true, false}) {
+        SCOPED_TRACE(backward ? "with backward" : "loss only");
+        const int64_t N = 70, D = 16, V = 300, chunk = 32;
+        std::vector<int32_t> ids(size_t(N), 3);
+        const Tensor targets = Tensor::view(ids.data(), DType::I32, {N});
+        const OwnedTensor x = make(dt, {N, D}, Device::CPU), w = make(dt, {V, D}, Device::CPU);
+        const OwnedTensor dx = make(DType::F32, {N, D}, Device::CPU), dw = make(DType::F32, {V, D}, Device::CPU);
+        const int64_t cpu = cpu_workspace_peak([&] {
+          ops::linear_cross_entropy(x, w, targets, backward ? Tensor(dx) : Tensor{}, backward ? Tensor(dw) : Tensor{},
+                                    1.0f, chunk);
+        });
+        const OwnedTensor mx = make(dt, {N, D}, Device::Meta), mw = make(dt, {V, D}, Device::Meta);
+        const OwnedTensor mdx = make(DType::F32, {N, D}, Device::Meta), mdw = make(DType::F32, {V, D}, Device::Meta);
+        Tensor mt = targets;
+        mt.device = Device::Meta;
+        Recorder rec;
+        {
+          const ObserveMeta observe(rec);
+          ops::linear_cross_entropy(mx, mw, mt, backward ? Tensor(mdx) : Tensor{}, backward ? Tensor(mdw) : Tensor{},
+                                    1.0f, chunk);
+        }
+        EXPECT_EQ(rec.peak, cpu) << dtype_name(dt);
+        EXPECT_GE(rec.peak, chunk * V * 4);  // at least the logits chunk
+        for (MemTag t : rec.tags) EXPECT_EQ(t, mem_tag::kLossScratch);
+      }
     }
-    EXPECT_EQ(rec.peak, cpu) << dtype_name(dt);
-    EXPECT_GE(rec.peak, chunk * V * 4);  // at least the logits chunk
-    for (MemTag t : rec.tags) EXPECT_EQ(t, mem_tag::kLossScratch);
   }
+  ops::set_cpu_bf16_enabled(was);
 }

@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "core/alloc.h"
 #include "core/platform.h"
+#include "ops/cpu_bf16.h"
 
 namespace shardlm::cli {
 
@@ -15,6 +16,7 @@ void register_env(CLI::App& app) {
     fmt::print("shardlm {}\n", p.version);
     fmt::print("cpu threads (OpenMP): {}\n", p.omp_threads);
     fmt::print("blas: {}\n", p.blas);
+    fmt::print("cpu bf16: {}\n", ops::cpu_bf16_status().line);
     fmt::print("mpi: {}\n", p.built_with_mpi ? "built in" : "not built");
     fmt::print("cuda: {}\n", p.built_with_cuda ? "built in" : "not built");
     if (p.cuda_devices.empty()) fmt::print("cuda devices: none ({})\n", p.cuda_status);

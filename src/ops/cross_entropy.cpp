@@ -47,7 +47,7 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
   }
 
   if (dev == Device::Meta) {
-    cpu::cross_entropy_scratch(x, w, chunk_rows, Device::Meta);  // counted, then freed
+    cpu::cross_entropy_scratch(x, w, chunk_rows, dx.defined(), Device::Meta);  // counted, then freed
     // The logits, and in a backward their products with dx and dw.
     meta_flops(2.0 * double(N) * double(V) * double(D) * (1 + int(dx.defined()) + int(dw.defined())));
   }

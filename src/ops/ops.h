@@ -28,10 +28,11 @@ constexpr int32_t kIgnoreIndex = -100;  // a target that contributes no loss (Py
 // ---- Matrix multiply -------------------------------------------------------------------------
 // C = alpha * op(A) @ op(B) + beta * C, with op(X) = X^T when the flag is set.
 // A: [M, K] ([K, M] if trans_a), B: [K, N] ([N, K] if trans_b), C: [M, N].
-// A and B: f32 or bf16 (independently); C: f32 or bf16. Accumulation is f32. The CPU widens bf16
-// operands and multiplies in exact f32; the CUDA backend follows the bf16 policy: with any bf16
-// operand it runs bf16 tensor cores, rounding an f32 operand beside a bf16 one to bf16 (one
-// rounding, <= 2^-8 relative, that the CPU does not do). A Linear layer y = x W^T is
+// A and B: f32 or bf16 (independently); C: f32 or bf16. Accumulation is f32. With any bf16
+// operand the bf16 policy applies on CUDA (bf16 tensor cores) and on a CPU with bf16 hardware
+// (oneDNN, ops/cpu_bf16.h): bf16 products, an f32 operand beside a bf16 one rounded to bf16 (one
+// rounding, <= 2^-8 relative). Elsewhere, or with SHARDLM_CPU_BF16=0, the CPU widens bf16
+// operands and multiplies in exact f32. A Linear layer y = x W^T is
 // matmul(y, x, W, false, true); its backward is matmul(dx, dy, W) and matmul(dW, dy, x, true,
 // false, 1, 1) to accumulate.
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a = false,

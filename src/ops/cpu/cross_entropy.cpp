@@ -2,42 +2,61 @@
 //
 // Rows are processed chunk_rows at a time so that only one [chunk_rows, V] f32 block of logits
 // exists at once. For each chunk:
-//   logits = x_chunk @ w^T                                  (BLAS, outside any OpenMP region)
+//   logits = x_chunk @ w^T                                  (ops::matmul, outside any OpenMP region)
 //   per row, in parallel: loss = logsumexp(logits) - logits[target]; for the backward the row
 //     becomes dlogits = grad_scale * (softmax - onehot(target)) in place (zero if ignored)
-//   dw += dlogits^T @ x_chunk (unless dw is undefined: a frozen head);  dx_chunk = dlogits @ w  (BLAS)
+//   dw += dlogits^T @ x_chunk (unless dw is undefined: a frozen head);  dx_chunk = dlogits @ w  (ops::matmul)
+// The matmuls' operands are prepared here, once per call or chunk, so that ops::matmul allocates
+// nothing (its scratch would be made once per chunk): on the f32 path (ops/cpu_bf16.h) a bf16 w and
+// x are widened to f32; on the bf16 path (a bf16 head, on a CPU with bf16 hardware) they stay bf16
+// (an f32 one is rounded) and dlogits is rounded to bf16 for the backward's two matmuls, as the
+// CUDA kernel does.
 #include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/cpu_bf16.h"
 
 namespace shardlm::ops::cpu {
 
 namespace {
 
-// An f32 view of `t`: `t` itself, or its widened copy in `scratch` when it is bf16. Widening here,
-// once, keeps ops::matmul from widening the same bf16 operand again in every matmul of every chunk
-// (w is the largest tensor involved: V x D).
-Tensor widened(const Tensor& t, const Buffer& scratch) {
-  if (t.dtype == DType::F32) return t;
-  Tensor out = Tensor::view(scratch.data(), DType::F32, t.shape.data(), t.ndim);
-  convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out.f32(), size_t(t.numel()));
+// The bf16 path: a bf16 operand, and bf16 hardware.
+bool bf16_head(const Tensor& x, const Tensor& w) {
+  return (x.dtype == DType::BF16 || w.dtype == DType::BF16) && cpu_bf16_enabled();
+}
+
+// `t` in dtype `to`: `t` itself, or its converted copy in `scratch`. Converting w here, once,
+// keeps ops::matmul from converting the same operand again in every matmul of every chunk (w is
+// the largest tensor involved: V x D).
+Tensor converted(const Tensor& t, DType to, const Buffer& scratch) {
+  if (t.dtype == to) return t;
+  Tensor out = Tensor::view(scratch.data(), to, t.shape.data(), t.ndim);
+  if (to == DType::F32)
+    convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out.f32(), size_t(t.numel()));
+  else
+    convert_f32_to_bf16(t.f32(), static_cast<bf16_t*>(out.data), size_t(t.numel()));
   return out;
 }
 
 }  // namespace
 
-CrossEntropyScratch cross_entropy_scratch(const Tensor& x, const Tensor& w, int64_t chunk_rows, Device device) {
+CrossEntropyScratch cross_entropy_scratch(const Tensor& x, const Tensor& w, int64_t chunk_rows, bool backward,
+                                          Device device) {
   const int64_t N = x.shape[0], D = x.shape[1], V = w.shape[0];
   if (N == 0) return {};
   const int64_t C = std::min(chunk_rows, N);
   const MemCategory ws = MemCategory::Workspace;
   const MemTag tag = mem_tag::kLossScratch;
+  // The matmuls' operand dtype, and the bytes of a converted element.
+  const DType mm = bf16_head(x, w) ? DType::BF16 : DType::F32;
+  const size_t esize = mm == DType::BF16 ? 2 : 4;
   CrossEntropyScratch s;
   s.logits = Buffer(size_t(C * V) * sizeof(float), ws, /*zero=*/false, device, tag);
-  if (w.dtype == DType::BF16) s.w = Buffer(size_t(w.numel()) * sizeof(float), ws, false, device, tag);
-  if (x.dtype == DType::BF16) s.x = Buffer(size_t(C * D) * sizeof(float), ws, false, device, tag);
+  if (w.dtype != mm) s.w = Buffer(size_t(w.numel()) * esize, ws, false, device, tag);
+  if (x.dtype != mm) s.x = Buffer(size_t(C * D) * esize, ws, false, device, tag);
+  if (mm == DType::BF16 && backward) s.dlogits = Buffer(size_t(C * V) * 2, ws, false, device, tag);
   return s;
 }
 
@@ -49,23 +68,19 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
   if (N == 0) return {};
 
   const int64_t C = std::min(chunk_rows, N);
-  // All scratch is allocated once per call: the logits block and, for bf16 inputs, f32 copies.
-  const CrossEntropyScratch scratch = cross_entropy_scratch(x, w, chunk_rows, Device::CPU);
+  // All scratch is allocated once per call: the logits block and the converted operands.
+  const CrossEntropyScratch scratch = cross_entropy_scratch(x, w, chunk_rows, backward, Device::CPU);
+  const DType mm = bf16_head(x, w) ? DType::BF16 : DType::F32;
   const Buffer &logits_buf = scratch.logits, &x_buf = scratch.x;
-  const Tensor wf = widened(w, scratch.w);
+  const Tensor wm = converted(w, mm, scratch.w);
 
   double loss_sum = 0.0;
   int64_t count = 0;
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t r1 = std::min(N, r0 + C), rows = r1 - r0;
-    Tensor xc = x.slice(r0, r1);
-    if (x.dtype == DType::BF16) {
-      Tensor xf = Tensor::of(x_buf, DType::F32, {rows, D});
-      convert_bf16_to_f32(static_cast<const bf16_t*>(xc.data), xf.f32(), size_t(rows * D));
-      xc = xf;
-    }
+    const Tensor xc = x.dtype == mm ? x.slice(r0, r1) : converted(x.slice(r0, r1), mm, x_buf);
     const Tensor logits = Tensor::of(logits_buf, DType::F32, {rows, V});
-    ops::matmul(logits, xc, wf, /*trans_a=*/false, /*trans_b=*/true);
+    ops::matmul(logits, xc, wm, /*trans_a=*/false, /*trans_b=*/true);
 
     float* L = logits.f32();
     const int32_t* chunk_ids = ids + r0;
@@ -123,8 +138,9 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       continue;
     }
     // dw before dx: x_chunk's last use comes before dx_chunk is written, should they share memory.
-    if (dw.defined()) ops::matmul(dw, logits, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
-    ops::matmul(dxc, logits, wf, /*trans_a=*/false, /*trans_b=*/false);
+    const Tensor dl = mm == DType::F32 ? logits : converted(logits, DType::BF16, scratch.dlogits);
+    if (dw.defined()) ops::matmul(dw, dl, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
+    ops::matmul(dxc, dl, wm, /*trans_a=*/false, /*trans_b=*/false);
   }
   return {loss_sum, count};
 }

@@ -1,11 +1,18 @@
-// Matrix multiply through OpenBLAS sgemm. bf16 operands are widened to f32 first (into a
-// Workspace buffer): OpenBLAS 0.3.21 has sbgemm only for some CPUs, and widening costs O(n^2)
-// against the O(n^3) multiply. A few rows times a transposed weight (a decode step: x W^T with
-// M = the batch) take skinny_bt below instead.
+// Matrix multiply. Two paths, chosen per call (ops/cpu_bf16.h):
+//  - bf16: with a bf16 operand, on a CPU with bf16 hardware, through oneDNN (ops/cpu/onednn.h):
+//    bf16 x bf16 products accumulated in f32, C written in its own dtype. An f32 operand beside a
+//    bf16 one (the f32 gradient buffers of the backward) is rounded to a bf16 Workspace copy: the
+//    policy of the CUDA matmul, and of torch.autocast.
+//  - f32: OpenBLAS sgemm. bf16 operands are widened to f32 first (into a Workspace buffer):
+//    OpenBLAS 0.3.21 has sbgemm only for some CPUs, and widening costs O(n^2) against the O(n^3)
+//    multiply. A few rows times a transposed weight (a decode step: x W^T with M = the batch) take
+//    skinny_bt below instead.
 #include <cblas.h>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu_bf16.h"
 
 namespace shardlm::ops::cpu {
 
@@ -44,8 +51,22 @@ void skinny_bt(float* c, const float* a, const float* b, int64_t M, int64_t N, i
 }
 }  // namespace
 
+// The bf16 path takes a call with a bf16 operand and a non-empty product.
+static bool takes_bf16_path(const Tensor& C, const Tensor& A, const Tensor& B) {
+  return (A.dtype == DType::BF16 || B.dtype == DType::BF16) && C.numel() > 0 && A.numel() > 0 && cpu_bf16_enabled();
+}
+
 MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, Device device) {
   if (C.numel() == 0) return {};
+  if (takes_bf16_path(C, A, B)) {  // bf16 copies of the f32 operands
+    auto narrowed = [&](const Tensor& t) {
+      return t.dtype == DType::BF16 ? Buffer() : Buffer(size_t(t.numel()) * 2, MemCategory::Workspace, false, device);
+    };
+    MatmulScratch s;
+    s.a = narrowed(A);
+    s.b = narrowed(B);
+    return s;
+  }
   auto widened = [&](const Tensor& t) {
     return t.dtype == DType::F32 ? Buffer() : Buffer(size_t(t.numel()) * 4, MemCategory::Workspace, false, device);
   };
@@ -62,6 +83,17 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
   if (M == 0 || N == 0) return;
 
   const MatmulScratch scratch = matmul_scratch(C, A, B, Device::CPU);
+  if (takes_bf16_path(C, A, B)) {
+    auto as_bf16 = [](const Tensor& t, const Buffer& copy) {
+      if (t.dtype == DType::BF16) return static_cast<const bf16_t*>(t.data);
+      bf16_t* out = static_cast<bf16_t*>(copy.data());
+      convert_f32_to_bf16(static_cast<const float*>(t.data), out, size_t(t.numel()));
+      return static_cast<const bf16_t*>(out);
+    };
+    onednn_matmul(C.data, C.dtype, as_bf16(A, scratch.a), as_bf16(B, scratch.b), M, N, K, trans_a, trans_b, alpha,
+                  beta);
+    return;
+  }
   const float* a = as_f32(A, scratch.a);
   const float* b = as_f32(B, scratch.b);
   float* c;

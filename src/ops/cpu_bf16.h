@@ -1,0 +1,27 @@
+// Which path the CPU's bf16 matmuls take (docs/performance.md, "bf16 on the CPU").
+//
+// A matmul with a bf16 operand runs on the CPU's bf16 hardware through oneDNN (bf16 inputs, f32
+// accumulation: the policy of the CUDA matmul, ops/ops.h) when this CPU has AVX512-BF16 or
+// AMX-BF16 and oneDNN dispatches a bf16 kernel for it; otherwise, or with SHARDLM_CPU_BF16=0 in
+// the environment, the bf16 operands are widened and OpenBLAS multiplies in exact f32. Decided
+// once per process at the first matmul (cpuid), so one binary runs on every x86-64 CPU.
+// SHARDLM_CPU_BF16 other than 0, 1 or empty is an Error naming it (at the first matmul or status).
+#pragma once
+
+#include <string>
+
+namespace shardlm::ops {
+
+struct CpuBf16Status {
+  bool hardware = false;  // the CPU has AVX512-BF16 or AMX-BF16 and oneDNN dispatches a bf16 kernel
+  bool enabled = false;   // the bf16 path is on: hardware, and not switched off
+  std::string line;       // one line for `shardlm env`: the path and why
+};
+CpuBf16Status cpu_bf16_status();
+bool cpu_bf16_enabled();
+
+// For tests that compare the two paths in one process: false forces the f32 fallback, true restores
+// the bf16 path (an Error when the hardware lacks it). Not thread-safe against running matmuls.
+void set_cpu_bf16_enabled(bool on);
+
+}  // namespace shardlm::ops
