@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -25,37 +26,37 @@ struct TimeOpts {
   bool json = false;
 };
 
+// The number a value starts with and the rest of it ("400GB/s": 400, "GB/s"); no number: nullopt.
+std::optional<std::pair<double, std::string>> leading_number(const std::string& v) {
+  size_t used = 0;
+  try {
+    const double x = std::stod(v, &used);
+    return std::pair(x, v.substr(used));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 // "400GB/s", "3.2Tbit/s", "10gbit", "125MB/s", "1e9" (bytes/s): bytes per second.
 double parse_bandwidth(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit;
-  for (char c : v.substr(used)) unit += char(std::tolower(static_cast<unsigned char>(c)));
   static const std::map<std::string, double> units = {
       {"", 1},           {"b/s", 1},         {"kb/s", 1e3},  {"mb/s", 1e6},        {"gb/s", 1e9},
       {"tb/s", 1e12},    {"gbit/s", 1e9 / 8}, {"gbit", 1e9 / 8}, {"mbit/s", 1e6 / 8}, {"mbit", 1e6 / 8},
       {"tbit/s", 1e12 / 8}, {"tbit", 1e12 / 8}};
-  const auto u = units.find(unit);
-  if (used == 0 || u == units.end() || !(x > 0) || x * (u == units.end() ? 1 : u->second) > 1e15)
-    throw Error(fmt::format("{} {}: expected a bandwidth such as 400GB/s, 25GB/s, 100Gbit/s or 1gbit", flag, v));
-  return x * u->second;
+  if (const auto n = leading_number(v)) {
+    std::string unit;
+    for (char c : n->second) unit += char(std::tolower(static_cast<unsigned char>(c)));
+    const auto u = units.find(unit);
+    if (u != units.end() && n->first > 0 && n->first * u->second <= 1e15) return n->first * u->second;
+  }
+  throw Error(fmt::format("{} {}: expected a bandwidth such as 400GB/s, 25GB/s, 100Gbit/s or 1gbit", flag, v));
 }
 
 double parse_positive(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || !(x > 0) || x > 1e9) throw Error(fmt::format("{} {}: expected a number > 0", flag, v));
-  return x;
+  const auto n = leading_number(v);
+  if (!n || !n->second.empty() || !(n->first > 0) || n->first > 1e9)
+    throw Error(fmt::format("{} {}: expected a number > 0", flag, v));
+  return n->first;
 }
 
 std::vector<int> parse_worlds(const std::string& v, int nproc, int largest) {

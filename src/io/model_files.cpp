@@ -153,6 +153,20 @@ void ModelWeights::read_range(const std::string& name, uint64_t elem_begin, uint
 const std::string& ModelWeights::file_of(const std::string& name) const { return lookup(name).path(); }
 const SafetensorsFile& ModelWeights::file_holding(const std::string& name) const { return lookup(name); }
 
+const TensorInfo& ModelWeights::float_info(const std::string& name, const std::vector<int64_t>& shape) const {
+  if (!has(name)) throw Error("missing from the model weights", {.file = dir_, .tensor = name});
+  const TensorInfo& t = info(name);
+  if (t.shape != shape) {
+    const Tensor want = Tensor::view(nullptr, DType::F32, shape.data(), int(shape.size()));
+    throw Error(fmt::format("shape {} in the file, but config.json implies {}", t.shape_str(), want.shape_str()),
+                {.file = file_of(name), .tensor = name});
+  }
+  if (!t.dtype || !is_float(*t.dtype))
+    throw Error(fmt::format("dtype {} is not a float type (F32, BF16 or F16)", t.dtype_name),
+                {.file = file_of(name), .tensor = name});
+  return t;
+}
+
 // ---- writing ---------------------------------------------------------------------------------
 
 void write_model_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,

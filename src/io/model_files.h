@@ -49,6 +49,9 @@ class ModelWeights {
   Tensor tensor(const std::string& name) const;  // see SafetensorsFile::tensor
   void read_range(const std::string& name, uint64_t elem_begin, uint64_t elem_count, void* dst) const;
   const std::string& file_of(const std::string& name) const;  // path of the file holding it
+  // info() of a float tensor (F32, BF16, F16) of exactly `shape`, as config.json implies it; else an
+  // Error naming the file and the tensor (missing, another shape, not a float type).
+  const TensorInfo& float_info(const std::string& name, const std::vector<int64_t>& shape) const;
   const SafetensorsFile& file_holding(const std::string& name) const;
 
  private:

@@ -330,15 +330,7 @@ GgufExportReport export_gguf(const GgufExportOptions& opt) {
     for (const model::ParamInfo& p : part.params) {
       if (!weights.has(p.name)) throw Error("missing from the model's weights", {.file = opt.model, .tensor = p.name});
       known.insert(p.name);
-      const io::TensorInfo& info = weights.info(p.name);
-      if (info.shape != p.shape) {
-        const Tensor want = Tensor::view(nullptr, DType::F32, p.shape.data(), int(p.shape.size()));
-        throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
-                    {.file = weights.file_of(p.name), .tensor = p.name});
-      }
-      if (!info.dtype || !is_float(*info.dtype))
-        throw Error(fmt::format("dtype {} is not a float type (F32, BF16 or F16)", info.dtype_name),
-                    {.file = weights.file_of(p.name), .tensor = p.name});
+      const io::TensorInfo& info = weights.float_info(p.name, p.shape);
       Item it;
       it.hf = p.name;
       it.t.name = gguf_tensor_name(p.name);

@@ -374,14 +374,7 @@ MergeReport merge_peft_adapter(const MergeOptions& opt) {
         ++report.dequantized;
         continue;
       }
-      const io::TensorInfo& info = weights.info(p.name);
-      if (info.shape != p.shape) {
-        const Tensor want = Tensor::view(nullptr, DType::F32, p.shape.data(), int(p.shape.size()));
-        throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
-                    {.file = weights.file_of(p.name), .tensor = p.name});
-      }
-      if (!info.dtype || !is_float(*info.dtype))
-        throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = weights.file_of(p.name), .tensor = p.name});
+      const io::TensorInfo& info = weights.float_info(p.name, p.shape);
       if (!stored) stored = *info.dtype;
     }
   for (const std::string& name : nf4.names())

@@ -63,16 +63,8 @@ void init_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, uint6
 void load_flat_range(const FlatLayout& layout, int64_t begin, int64_t end, const io::ModelWeights& weights,
                      const std::string& source, float* out) {
   for (const FlatEntry& e : layout.entries) {
-    const std::string& name = e.info.name;
-    if (!weights.has(name)) throw Error("missing from the model weights", {.file = source, .tensor = name});
-    const io::TensorInfo& info = weights.info(name);
-    if (info.shape != e.info.shape) {
-      const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
-      throw Error(fmt::format("shape {} in the file, but config.json implies {}", info.shape_str(), want.shape_str()),
-                  {.file = source, .tensor = name});
-    }
-    if (!info.dtype || !is_float(*info.dtype))
-      throw Error(fmt::format("dtype {} is not a float type", info.dtype_name), {.file = source, .tensor = name});
+    if (!weights.has(e.info.name)) throw Error("missing from the model weights", {.file = source, .tensor = e.info.name});
+    weights.float_info(e.info.name, e.info.shape);
   }
   // Read in bounded pieces through one tracked staging buffer: a shard of a large embedding in the
   // file's dtype would otherwise be an untracked copy of hundreds of MiB.
