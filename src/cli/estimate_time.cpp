@@ -204,7 +204,7 @@ void register_estimate_time(CLI::App& app) {
   auto o = std::make_shared<EstimateOptions>();
   auto t = std::make_shared<TimeOpts>();
   add_estimate_options(cmd, *o);
-  cmd->add_option("--tflops", t->tflops, "TFLOP/s one rank achieves in training (measured: bench/step_time.sh)")
+  cmd->add_option("--tflops", t->tflops, "TFLOP/s one rank achieves in training: a run's model_flops_per_s / ranks on one node (bench/slow_links.sh measures it)")
       ->required();
   cmd->add_option("--intra-node-bandwidth", t->intra_bw, "One rank's bandwidth within its node, e.g. 300GB/s");
   cmd->add_option("--inter-node-bandwidth", t->inter_bw,
