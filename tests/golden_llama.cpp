@@ -17,6 +17,7 @@
 #include "data/dataset.h"
 #include "io/model_files.h"
 #include "model/llama.h"
+#include "cpu_paths.h"
 #include "ops/cpu_bf16.h"
 #include "testing.h"
 #include "model/hf_dir.h"
@@ -134,11 +135,8 @@ TEST(Golden, LossAndEveryGradient) {
 // the loss within 1%, every parameter's gradient within 10% relative L2 and the logits within 3%
 // relative L2 (measured on dev-2c: at most 6.3e-4, 2.94e-2 and 1.34e-2, alike on both paths). A wrong matmul (a transpose, a missing beta) is far outside.
 TEST(Golden, Bf16LossGradientsAndLogitsWithinBf16Tolerance) {
-  std::vector<bool> paths{false};
-  if (ops::cpu_bf16_status().hardware) paths.push_back(true);
-  const bool was = ops::cpu_bf16_enabled();
-  for (const bool bf16_path : paths) {
-    ops::set_cpu_bf16_enabled(bf16_path);
+  for (const bool bf16_path : shardlm::testing::cpu_paths()) {
+    const shardlm::testing::CpuPath on_path(bf16_path);
     const std::string path = bf16_path ? " (bf16 path)" : " (f32 fallback)";
     for (const GoldenCase& c : golden_cases()) {
       Loaded l = load(c, DType::BF16);
@@ -167,7 +165,6 @@ TEST(Golden, Bf16LossGradientsAndLogitsWithinBf16Tolerance) {
                   c.name.c_str(), path.c_str(), logits_err, r.loss, loss0, worst, worst_name.c_str());
     }
   }
-  ops::set_cpu_bf16_enabled(was);
 }
 
 // 5 AdamW steps (lr 1e-2) with weight decay and clipping. Losses to 1e-5 and norms to 1e-4

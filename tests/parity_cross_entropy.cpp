@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_paths.h"
 #include "ops/cpu_bf16.h"
 #include "ops/ops.h"
 #include "testing.h"
@@ -33,11 +34,8 @@ double max_abs(const std::vector<float>& v) {
 
 // On both CPU paths (ops/cpu_bf16.h): the f32 fallback, and the bf16 path where this CPU has one.
 TEST(Parity, CrossEntropy) {
-  std::vector<bool> paths{false};
-  if (ops::cpu_bf16_status().hardware) paths.push_back(true);
-  const bool was = ops::cpu_bf16_enabled();
-  for (const bool bf16_path : paths) {
-    ops::set_cpu_bf16_enabled(bf16_path);
+  for (const bool bf16_path : shardlm::testing::cpu_paths()) {
+    const shardlm::testing::CpuPath on_path(bf16_path);
     SCOPED_TRACE(bf16_path ? "bf16 path" : "f32 path");
     for (const testing::RefCase& c : testing::load_ref_cases("cross_entropy")) {
       SCOPED_TRACE(c.name);
@@ -94,7 +92,6 @@ TEST(Parity, CrossEntropy) {
       EXPECT_TRUE(testing::all_close(to_vector(dx), want_dx, dx_atol, grad_rtol, c.name + " dx (second call)"));
     }
   }
-  ops::set_cpu_bf16_enabled(was);
 }
 
 }  // namespace

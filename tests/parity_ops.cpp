@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "cpu_paths.h"
 #include "ops/cpu_bf16.h"
 #include "ops/dynamic_map.h"
 #include "ops/ops.h"
@@ -77,17 +78,9 @@ TEST(Parity, MatmulIntoBf16Output) {
 //    they differ by at most one bf16 ulp (rtol 2^-7), plus the f32 sums' difference near a tie.
 //  - The f32 fallback widens instead of rounding an f32 operand: it differs from autocast by that
 //    rounding, at most 2^-8 x sum_k |a_ik b_kj| per element (checked against sum |a||b|).
-class CpuBf16 {
- public:
-  explicit CpuBf16(bool on) : was_(ops::cpu_bf16_enabled()) { ops::set_cpu_bf16_enabled(on); }
-  ~CpuBf16() { ops::set_cpu_bf16_enabled(was_); }
-
- private:
-  bool was_;
-};
 
 TEST(Parity, MatmulBf16Autocast) {
-  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << ops::cpu_bf16_status().line;
+  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << shardlm::testing::no_cpu_bf16_path();
   int checked = 0;
   for (const RefCase& c : load_ref_cases("matmul_autocast")) {
     const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
@@ -97,7 +90,7 @@ TEST(Parity, MatmulBf16Autocast) {
     const std::vector<float> exact = c.f32("c_exact"), autocast = c.f32("c");
     const double atol = 1e-5 * std::sqrt(double(k)) * 4;
     {
-      CpuBf16 on(true);
+      const shardlm::testing::CpuPath on(true);
       std::vector<float> f32_out(size_t(m * n));
       ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
       EXPECT_TRUE(all_close(f32_out, exact, atol, 1e-5, c.name + " (bf16 path, f32 C)"));
@@ -108,7 +101,7 @@ TEST(Parity, MatmulBf16Autocast) {
       EXPECT_TRUE(all_close(hf, autocast, atol, 1.0 / 128, c.name + " (bf16 path, bf16 C)"));
     }
     {
-      CpuBf16 off(false);
+      const shardlm::testing::CpuPath off(false);
       std::vector<float> f32_out(size_t(m * n));
       ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
       // sum_k |a_ik| |b_kj| from the f64 product of |op(A)| and |op(B)| (widened values).

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "cpu_paths.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "ops/cpu_bf16.h"
@@ -12,20 +13,10 @@
 
 using namespace shardlm;
 
-namespace {
-
-// Restores the process's path when a test ends.
-struct PathGuard {
-  bool was = ops::cpu_bf16_enabled();
-  ~PathGuard() { ops::set_cpu_bf16_enabled(was); }
-};
-
-}  // namespace
-
 // The status names the path, agrees with cpu_bf16_enabled(), and cannot claim a path the hardware
 // lacks.
 TEST(CpuBf16, StatusIsConsistent) {
-  const PathGuard guard;
+  const shardlm::testing::CpuPath guard;
   const ops::CpuBf16Status s = ops::cpu_bf16_status();
   EXPECT_FALSE(s.line.empty());
   EXPECT_EQ(s.enabled, ops::cpu_bf16_enabled());
@@ -44,8 +35,8 @@ TEST(CpuBf16, StatusIsConsistent) {
 // A bf16 operand beside an f32 one tells the paths apart: the bf16 path rounds the f32 operand
 // (1 + 2^-10 becomes 1), the f32 path widens the bf16 one and keeps it exactly.
 TEST(CpuBf16, TheDispatchTakesThePathItSays) {
-  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << ops::cpu_bf16_status().line;
-  const PathGuard guard;
+  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << shardlm::testing::no_cpu_bf16_path();
+  const shardlm::testing::CpuPath guard;
   const int64_t M = 3, N = 5, K = 70;
   std::vector<bf16_t> a(size_t(M * K), f32_to_bf16(1.0f));
   std::vector<float> b(size_t(K * N), 1.0f + 1.0f / 1024), c(size_t(M * N));
@@ -62,8 +53,8 @@ TEST(CpuBf16, TheDispatchTakesThePathItSays) {
 // More distinct shapes than the primitive cache holds (it is emptied when full), every one right;
 // alpha and beta are part of a primitive, so the same shape with other scalars is another one.
 TEST(CpuBf16, ManyShapesThroughTheCache) {
-  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << ops::cpu_bf16_status().line;
-  const PathGuard guard;
+  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << shardlm::testing::no_cpu_bf16_path();
+  const shardlm::testing::CpuPath guard;
   ops::set_cpu_bf16_enabled(true);
   const int64_t N = 3, K = 4;
   std::vector<bf16_t> b(size_t(K * N));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_paths.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/cpu_bf16.h"
 #include "ops/ops.h"
@@ -106,8 +107,7 @@ TEST(CrossEntropy, ResultsDoNotDependOnChunkRows) {
 // inputs holding the same (bf16-representable) values. (The CPU's bf16 path rounds dlogits to bf16
 // instead: Parity.CrossEntropy and backend_ops check it under the bf16 policy's tolerance.)
 TEST(CrossEntropy, Bf16InputsMatchF32OfSameValues) {
-  const bool was = ops::cpu_bf16_enabled();
-  ops::set_cpu_bf16_enabled(false);
+  const shardlm::testing::CpuPath fallback(false);
   Problem p = make_problem(/*N=*/19, /*D=*/12, /*V=*/40, /*ignore_every=*/5, /*seed=*/3);
   std::vector<bf16_t> xb(p.x.size()), wb(p.w.size());
   for (size_t i = 0; i < p.x.size(); ++i) p.x[i] = bf16_to_f32(xb[i] = f32_to_bf16(p.x[i]));
@@ -122,7 +122,6 @@ TEST(CrossEntropy, Bf16InputsMatchF32OfSameValues) {
   EXPECT_NEAR(g.r.loss_sum, ref.r.loss_sum, 1e-6 * std::fabs(ref.r.loss_sum));
   EXPECT_TRUE(close_to_scale(g.dx, ref.dx, "dx"));
   EXPECT_TRUE(close_to_scale(g.dw, ref.dw, "dw"));
-  ops::set_cpu_bf16_enabled(was);
 }
 
 // The point of the fusion: with N=4096 rows and V=32000, full logits would take 500 MiB; the op

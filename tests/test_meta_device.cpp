@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/device.h"
+#include "cpu_paths.h"
 #include "ops/cpu_bf16.h"
 #include "ops/ops.h"
 
@@ -112,11 +113,8 @@ TEST(MetaDevice, OpsCheckTheirArgumentsAndReturnEmptyResults) {
 // chunk and widened copies of the fused cross-entropy; on the CPU's bf16 path (ops/cpu_bf16.h),
 // where this CPU has one, the bf16 copies of f32 operands and of the dlogits instead.
 TEST(MetaDevice, ScratchIsTheCpuKernelsScratch) {
-  std::vector<bool> paths{false};
-  if (ops::cpu_bf16_status().hardware) paths.push_back(true);
-  const bool was = ops::cpu_bf16_enabled();
-  for (const bool bf16_path : paths) {
-    ops::set_cpu_bf16_enabled(bf16_path);
+  for (const bool bf16_path : shardlm::testing::cpu_paths()) {
+    const shardlm::testing::CpuPath on_path(bf16_path);
     SCOPED_TRACE(bf16_path ? "bf16 path" : "f32 path");
     struct Case {
       DType a, b, c;
@@ -166,5 +164,4 @@ TEST(MetaDevice, ScratchIsTheCpuKernelsScratch) {
       }
     }
   }
-  ops::set_cpu_bf16_enabled(was);
 }
