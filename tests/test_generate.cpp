@@ -236,3 +236,110 @@ TEST(Generator, RecomputeOfWholeSequencesGeneratesWhatTheCacheDoes) {
   EXPECT_GT(forwards, int(requests.size()));  // a prefill each, then the decode steps
   expect_error([&] { recompute.forward_all({1, 2}); }, "need a generator with weights");
 }
+
+// One forward of several sequences with different numbers of new rows (a decode row of one, prefill
+// chunks of others, one of them asking for every row's logits) computes what the training forward
+// computes for each, and a prompt prefilled over several such forwards continues where it stopped.
+TEST(Generator, RaggedForwardOfDecodeRowsAndPrefillChunksEqualsTheTrainingForward) {
+  const ModelConfig cfg = gen_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(4);
+  const int64_t V = cfg.vocab_size;
+  infer::Generator gen(cfg, p.compute_weights(), 24, 3);
+  const int a = gen.acquire(), b = gen.acquire(), c = gen.acquire();
+  std::vector<int32_t> sa = prompts()[0], sb = prompts()[2], sc = prompts()[4];
+  gen.forward(std::vector<int>{a}, sa);  // a: 5 tokens in its cache
+  // a decodes one token; b prefills 4 of its 9 (every row's logits); c prefills all of its 4.
+  sa.push_back(77);
+  std::vector<float> out = gen.forward_parts({{a, {77}, false},
+                                        {b, std::vector<int32_t>(sb.begin(), sb.begin() + 4), true},
+                                        {c, sc, false}});
+  ASSERT_EQ(out.size(), size_t((1 + 4 + 1) * V));
+  const std::vector<float> ra = training_logits(cfg, p.compute_weights(), sa),
+                           rb = training_logits(cfg, p.compute_weights(), sb),
+                           rc = training_logits(cfg, p.compute_weights(), sc);
+  EXPECT_TRUE(all_close(out.data(), ra.data() + (int64_t(sa.size()) - 1) * V, V, 1e-5, 1e-4, "a's decode row"));
+  EXPECT_TRUE(all_close(out.data() + V, rb.data(), 4 * V, 1e-5, 1e-4, "b's first chunk, every row"));
+  EXPECT_TRUE(all_close(out.data() + 5 * V, rc.data() + 3 * V, V, 1e-5, 1e-4, "c's whole prompt, last row"));
+  EXPECT_EQ(gen.length(a), 6);
+  EXPECT_EQ(gen.length(b), 4);
+  EXPECT_EQ(gen.length(c), 4);
+  // b's remaining 5 tokens beside c's decode row: b's rows 4..8 as if prefilled whole.
+  out = gen.forward_parts({{b, std::vector<int32_t>(sb.begin() + 4, sb.end()), true}, {c, {9}, false}});
+  ASSERT_EQ(out.size(), size_t((5 + 1) * V));
+  EXPECT_TRUE(all_close(out.data(), rb.data() + 4 * V, 5 * V, 1e-5, 1e-4, "b's second chunk"));
+  sc.push_back(9);
+  const std::vector<float> rc2 = training_logits(cfg, p.compute_weights(), sc);
+  EXPECT_TRUE(all_close(out.data() + 5 * V, rc2.data() + 4 * V, V, 1e-5, 1e-4, "c's decode row"));
+  expect_error([&] { gen.forward_parts({{a, {1}, false}, {a, {2}, false}}); }, "appears twice");
+  expect_error([&] { gen.forward_parts({{a, {}, false}}); }, "a forward of no tokens");
+}
+
+// Prompts prefilled in chunks of any size, beside the others' decoding, generate the tokens (and
+// the prompt and token logprobs) of whole prompts prefilled at once.
+TEST(Generator, ChunkedPrefillGeneratesWhatWholePrefillDoes) {
+  const ModelConfig cfg = gen_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(5);
+  std::vector<infer::Request> reqs;
+  for (size_t i = 0; i < prompts().size(); ++i) {
+    infer::SamplingOptions o;
+    o.temperature = i == 1 ? 0.9f : 0.0f;
+    o.seed = 11;
+    o.max_new_tokens = 3 + int64_t(i) * 2;
+    reqs.push_back({prompts()[i], o, int(i % 2) * 3, i == 2});
+  }
+  infer::Generator whole_gen(cfg, p.compute_weights(), 40, 5);
+  const std::vector<infer::Completion> whole = whole_gen.run(reqs, {}, {}, 0);
+  for (int64_t batch : {1, 2, 5})
+    for (int64_t chunk : {1, 2, 3, 7}) {
+      const std::string what = "batch " + std::to_string(batch) + ", chunk " + std::to_string(chunk);
+      infer::Generator g(cfg, p.compute_weights(), 40, batch);
+      const std::vector<infer::Completion> out = g.run(reqs, {}, {}, chunk);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ(out[i].tokens, whole[i].tokens) << "request " << i << ", " << what;
+        ASSERT_EQ(out[i].logprobs.size(), whole[i].logprobs.size()) << what;
+        for (size_t t = 0; t < out[i].logprobs.size(); ++t)
+          EXPECT_NEAR(out[i].logprobs[t].logprob, whole[i].logprobs[t].logprob, 1e-5) << what;
+        ASSERT_EQ(out[i].prompt_logprobs.size(), whole[i].prompt_logprobs.size()) << what;
+        for (size_t t = 0; t < out[i].prompt_logprobs.size(); ++t) {
+          EXPECT_EQ(out[i].prompt_logprobs[t].token, reqs[i].prompt[t + 1]);
+          EXPECT_NEAR(out[i].prompt_logprobs[t].logprob, whole[i].prompt_logprobs[t].logprob, 1e-5) << what;
+        }
+      }
+    }
+  EXPECT_EQ(whole[2].prompt_logprobs.size(), prompts()[2].size() - 1);
+  expect_error([&] { whole_gen.run(reqs, {}, {}, -1); }, "prefill chunk");
+}
+
+// A long prompt that joins while another request decodes is prefilled a chunk per step, and the
+// running request gets its next token at every one of those steps; with no limit it is prefilled
+// in one step.
+TEST(Batch, ALongPromptJoiningMidStreamDelaysTheOthersByOneChunkPerStep) {
+  const ModelConfig cfg = gen_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(7);
+  std::vector<int32_t> longp(100);
+  for (size_t i = 0; i < longp.size(); ++i) longp[i] = int32_t(1 + (i * 37) % 500);
+  const infer::SamplingOptions o{.max_new_tokens = 40, .temperature = 0};
+  for (int64_t chunk : {8, 0}) {
+    infer::Generator gen(cfg, p.compute_weights(), 160, 2);
+    infer::Batch batch(gen, {}, chunk);
+    auto positions = [&] { return gen.length(0) + gen.length(1); };  // cached over both slots
+    ASSERT_EQ(batch.admit(0, {prompts()[0], o}), infer::Batch::Admit::Joined);
+    for (int i = 0; i < 4; ++i) batch.step({}, [](size_t, infer::Completion&&) {});
+    const size_t before = batch.progress(0)->tokens.size();
+    ASSERT_EQ(before, 3u);  // a step to prefill, then a token a step
+    ASSERT_EQ(batch.admit(1, {longp, o}), infer::Batch::Admit::Joined);
+    int steps = 0;
+    while (batch.progress(1)->tokens.empty()) {
+      const int64_t cached = positions();
+      batch.step({}, [](size_t, infer::Completion&&) {});
+      ++steps;
+      EXPECT_EQ(batch.progress(0)->tokens.size(), before + size_t(steps)) << "chunk " << chunk;
+      if (chunk > 0) EXPECT_LE(positions() - cached, chunk + 1) << "a step of chunk " << chunk;
+    }
+    // The prefill's steps, and the one that samples the first token.
+    EXPECT_EQ(steps, chunk > 0 ? int((longp.size() + chunk - 1) / chunk) + 1 : 2) << "chunk " << chunk;
+  }
+}

@@ -35,7 +35,7 @@ struct Opts {
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
   infer::SamplingOptions s;
-  int64_t batch_size = 8;
+  int64_t batch_size = 8, prefill_chunk = infer::kDefaultPrefillChunk;
   bool no_bos = false, chat = false, load_in_4bit = false, quiet = false;
 };
 
@@ -273,7 +273,7 @@ void run_generate(const Opts& o) {
     const bool stopped = texts[i].push(id);
     if (stream) show(false);
     return stopped;
-  });
+  }, o.prefill_chunk);
   if (!writer) return;
   if (stream) {
     show(true);
@@ -338,6 +338,11 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--output", o->output, "With --prompts: write the JSON lines here instead of stdout");
   cmd->add_option("--batch-size", o->batch_size, "With --prompts: sequences decoded together")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "Prompt tokens prefilled per step at most, beside the batch's decoding (chunked prefill); 0 = whole "
+                  "prompts at once")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30))
       ->capture_default_str();
   cmd->add_flag("--chat", o->chat,
                 "Render each prompt as a user message in the model's chat format, ready for the assistant's "

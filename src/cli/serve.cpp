@@ -33,7 +33,7 @@ constexpr uint64_t kMaxBody = uint64_t(1) << 30;
 struct Opts {
   std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto", max_body = "4MiB";
   int port = 8000, max_connections = 128;
-  int64_t max_batch = 8, max_len = 0;
+  int64_t max_batch = 8, max_len = 0, prefill_chunk = infer::kDefaultPrefillChunk;
   double request_timeout = 10;
   bool load_in_4bit = false;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
@@ -87,7 +87,8 @@ void run_serve(const Opts& o) {
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
   infer::Scheduler scheduler(gen, *tok,
                              o.stop_token_ids_given ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
-                                                    : infer::stop_token_ids(cfg, *tok, &chat, o.model));
+                                                    : infer::stop_token_ids(cfg, *tok, &chat, o.model),
+                             o.prefill_chunk);
 
   infer::ServerOptions so;
   so.host = o.host;
@@ -160,6 +161,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-batch", o->max_batch,
                   "Requests decoded together; more wait for a free slot (each holds a KV cache of --max-len)")
       ->check(CLI::Range(int64_t(1), kMaxBatch))
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "Prompt tokens prefilled per step at most, beside the running requests' next tokens: a long "
+                  "prompt delays the others' next token by one chunk's compute; 0 = whole prompts at once")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30))
       ->capture_default_str();
   cmd->add_option("--max-connections", o->max_connections,
                   "Connections open at once (each holds a handler thread, and a waiting or running request "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/rng.h"
@@ -67,29 +68,38 @@ void Generator::release(int slot) {
 }
 
 std::vector<float> Generator::forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens) {
-  return run_rows(slots, tokens, false);
+  const size_t B = slots.size();
+  SHARDLM_CHECK(B >= 1 && !tokens.empty() && tokens.size() % B == 0,
+                "{} tokens cannot be split evenly over {} sequences", tokens.size(), B);
+  const size_t Tq = tokens.size() / B;
+  std::vector<Rows> parts(B);
+  for (size_t b = 0; b < B; ++b)
+    parts[b] = {slots[b], std::vector<int32_t>(tokens.begin() + int64_t(b * Tq), tokens.begin() + int64_t((b + 1) * Tq))};
+  return forward_parts(parts);
 }
 
 std::vector<float> Generator::forward_all(const std::vector<int32_t>& tokens) {
   reset();
-  return run_rows({0}, tokens, true);
+  return forward_parts({Rows{0, tokens, true}});
 }
 
-std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std::vector<int32_t>& tokens,
-                                       bool all_logits) {
-  const int64_t B = int64_t(slots.size());
-  SHARDLM_CHECK(B >= 1 && !tokens.empty() && int64_t(tokens.size()) % B == 0,
-                "{} tokens cannot be split evenly over {} sequences", tokens.size(), B);
-  const int64_t Tq = int64_t(tokens.size()) / B, N = B * Tq;
+std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
+  const int64_t B = int64_t(parts.size());
+  SHARDLM_CHECK(B >= 1, "a forward of no sequences");
   const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
   const int64_t qd = H * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
-  for (int64_t b = 0; b < B; ++b) {
-    const int s = slots[size_t(b)];
+  int64_t N = 0, R = 0;  // new rows; rows whose logits are wanted
+  std::vector<int64_t> q_rows;
+  for (const Rows& p : parts) {
+    const int s = p.slot;
+    const int64_t n = int64_t(p.tokens.size());
     SHARDLM_CHECK(s >= 0 && s < int(slots_.size()), "no generation slot {}", s);
-    SHARDLM_CHECK(std::count(slots.begin(), slots.end(), s) == 1, "slot {} appears twice in one step", s);
+    SHARDLM_CHECK(n >= 1, "slot {}: a forward of no tokens", s);
+    SHARDLM_CHECK(std::count_if(parts.begin(), parts.end(), [&](const Rows& o) { return o.slot == s; }) == 1,
+                  "slot {} appears twice in one step", s);
     Slot& slot = slots_[size_t(s)];
-    SHARDLM_CHECK(slot.length + Tq <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
-                  slot.length + Tq, max_len_);
+    SHARDLM_CHECK(slot.length + n <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
+                  slot.length + n, max_len_);
     if (slot.k_cache.empty() && !recompute_)  // first use of this slot: a cache per layer this rank runs
       for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
         slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
@@ -97,15 +107,18 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
         slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
       }
+    q_rows.push_back(n);
+    N += n;
+    R += p.all_logits ? n : 1;
   }
   if (recompute_) {  // no cache: each sequence goes through whole, and only its last row counts
-    SHARDLM_CHECK(!all_logits, "the logits of every position need a generator with weights");
     std::vector<std::vector<int32_t>> sequences;
-    for (int64_t b = 0; b < B; ++b) {
-      Slot& slot = slots_[size_t(slots[size_t(b)])];
+    for (const Rows& p : parts) {
+      SHARDLM_CHECK(!p.all_logits, "the logits of every position need a generator with weights");
+      Slot& slot = slots_[size_t(p.slot)];
       slot.tokens.resize(size_t(slot.length));  // a new occupant or a reset starts empty
-      slot.tokens.insert(slot.tokens.end(), tokens.begin() + b * Tq, tokens.begin() + (b + 1) * Tq);
-      slot.length += Tq;
+      slot.tokens.insert(slot.tokens.end(), p.tokens.begin(), p.tokens.end());
+      slot.length += int64_t(p.tokens.size());
       sequences.push_back(slot.tokens);
     }
     std::vector<float> logits = recompute_(sequences);
@@ -113,57 +126,66 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
                   logits.size(), B, V);
     return logits;
   }
-  // Logits of every row for all_logits, else of each sequence's last row: [R, V].
-  const int64_t R = all_logits ? N : B;
+  // The wanted logits: [R, V].
   std::vector<float> logits(static_cast<size_t>(R * V));
   if (share_.empty()) {  // a rank of a split model with no part: it only takes the logits
-    for (int s : slots) slots_[size_t(s)].length += Tq;
+    for (const Rows& p : parts) slots_[size_t(p.slot)].length += int64_t(p.tokens.size());
     comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
     return logits;
   }
   const MemCategory ws = MemCategory::Workspace;
   auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false); };
-  // The block's activations for the N = B * Tq new rows (sequence b's rows are b*Tq .. b*Tq+Tq-1).
+  // The block's activations for the N new rows, sequence after sequence.
   OwnedTensor x = make({N, D}), xn1 = make({N, D}), rstd1 = make({N}), q = make({N, qd}), k = make({N, kvd}),
-              v = make({N, kvd}), att = make({N, qd}), lse = make({B, H, Tq}), h1 = make({N, D}), xn2 = make({N, D}),
+              v = make({N, kvd}), att = make({N, qd}), lse = make({N, H}), h1 = make({N, D}), xn2 = make({N, D}),
               rstd2 = make({N}), gate = make({N, F}), up = make({N, F}), act = make({N, F});
-  OwnedTensor ids(DType::I32, {N}, ws, false), pos(DType::I32, {B, Tq}, ws, false);  // pos: each sequence's own
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Tq; ++t) {
-      ids.t.i32()[b * Tq + t] = tokens[size_t(b * Tq + t)];
-      pos.t.i32()[b * Tq + t] = int32_t(slots_[size_t(slots[size_t(b)])].length + t);
-    }
+  OwnedTensor ids(DType::I32, {N}, ws, false), pos(DType::I32, {1, N}, ws, false);  // pos: each sequence's own
+  {
+    int64_t r = 0;
+    for (const Rows& p : parts)
+      for (size_t t = 0; t < p.tokens.size(); ++t, ++r) {
+        ids.t.i32()[r] = p.tokens[t];
+        pos.t.i32()[r] = int32_t(slots_[size_t(p.slot)].length + int64_t(t));
+      }
+  }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
   if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output
   model::AttentionKv kv;
+  kv.q_rows = q_rows;
   for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
     kv.k_seq.clear();
     kv.v_seq.clear();
     const size_t own = size_t(l - share_.layer_begin);
-    for (int s : slots) {  // each sequence's cache through its Tq new rows
-      const Slot& slot = slots_[size_t(s)];
-      kv.k_seq.push_back(slot.k_cache[own].t.slice(0, slot.length + Tq));
-      kv.v_seq.push_back(slot.v_cache[own].t.slice(0, slot.length + Tq));
+    for (const Rows& p : parts) {  // each sequence's cache through its new rows
+      const Slot& slot = slots_[size_t(p.slot)];
+      kv.k_seq.push_back(slot.k_cache[own].t.slice(0, slot.length + int64_t(p.tokens.size())));
+      kv.v_seq.push_back(slot.v_cache[own].t.slice(0, slot.length + int64_t(p.tokens.size())));
     }
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
     // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
-    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, Tq, x.t, l);
+    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, 0, x.t, l);
   }
-  for (int s : slots) slots_[size_t(s)].length += Tq;
+  for (const Rows& p : parts) slots_[size_t(p.slot)].length += int64_t(p.tokens.size());
   if (!share_.head) {
     comm_->send(x.t, next_);
     comm_->broadcast(Tensor::view(logits.data(), DType::F32, {R, V}), head_rank_);
     return logits;
   }
-  // Final norm and logits.
+  // Final norm and logits, of the wanted rows only.
   Tensor rows = x.t;
-  OwnedTensor last;
-  if (!all_logits && Tq > 1) {
-    last = make({B, D});
-    for (int64_t b = 0; b < B; ++b) ops::cast(last.t.slice(b, b + 1), x.t.slice(b * Tq + Tq - 1, b * Tq + Tq));
-    rows = last.t;
+  OwnedTensor wanted;
+  if (R < N) {
+    wanted = make({R, D});
+    int64_t r = 0, w = 0;
+    for (const Rows& p : parts) {
+      const int64_t n = int64_t(p.tokens.size()), keep = p.all_logits ? n : 1;
+      ops::cast(wanted.t.slice(w, w + keep), x.t.slice(r + n - keep, r + n));
+      r += n;
+      w += keep;
+    }
+    rows = wanted.t;
   }
   OwnedTensor xn = make({R, D}), rstd = make({R});
   ops::rmsnorm_forward(xn.t, rstd.t, rows, w_.final_norm, float(cfg_.rms_norm_eps));
@@ -242,6 +264,11 @@ TokenLogprobs token_logprobs(const float* logits, int64_t V, int32_t token, int 
   return out;
 }
 
+Batch::Batch(Generator& gen, std::vector<int32_t> stop_ids, int64_t prefill_chunk)
+    : gen_(gen), stop_ids_(std::move(stop_ids)), prefill_chunk_(prefill_chunk) {
+  SHARDLM_CHECK(prefill_chunk >= 0, "the prefill chunk must be >= 0 tokens (0: whole prompts), got {}", prefill_chunk);
+}
+
 Batch::Admit Batch::admit(size_t id, const Request& r) {
   const int64_t P = int64_t(r.prompt.size());
   SHARDLM_CHECK(P >= 1, "request {}: the prompt is empty", id);
@@ -252,26 +279,8 @@ Batch::Admit Batch::admit(size_t id, const Request& r) {
   if (nothing && !r.prompt_logprobs) return Admit::NothingToDo;
   const int slot = gen_.acquire();
   if (slot < 0) return Admit::Full;
-  const auto t0 = std::chrono::steady_clock::now();
-  Active a{id, slot, r, r.prompt, {}, {}, nothing};
-  try {
-    if (r.prompt_logprobs) {  // every row's logits: row t predicts prompt[t + 1], the last the next token
-      const int64_t V = gen_.vocab_size();
-      const std::vector<float> rows = gen_.forward_rows(slot, r.prompt);
-      a.out.prompt_logprobs.reserve(size_t(P - 1));
-      for (int64_t t = 0; t + 1 < P; ++t)
-        a.out.prompt_logprobs.push_back(token_logprobs(rows.data() + t * V, V, r.prompt[size_t(t + 1)],
-                                                       std::max(r.logprobs, 0)));
-      a.logits.assign(rows.end() - V, rows.end());
-    } else {
-      a.logits = gen_.forward(std::vector<int>{slot}, r.prompt);
-    }
-  } catch (...) {
-    gen_.release(slot);
-    throw;
-  }
-  a.out.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  active_.push_back(std::move(a));
+  active_.push_back(Active{id, slot, r, r.prompt, {}, {}, nothing});
+  if (r.prompt_logprobs) active_.back().out.prompt_logprobs.reserve(size_t(P - 1));
   return Admit::Joined;
 }
 
@@ -285,59 +294,94 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
   if (active_.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = gen_.vocab_size();
-  // Each sequence samples its next token from its own logits, at its own step; those that finish
-  // leave the batch, the rest go through one decode step together.
+  // Each member with its next token's logits samples it at its own step; those that finish leave
+  // the batch. The rest go through one forward together: a decoding member with its new token, a
+  // member being prefilled with its prompt's next chunk, as long as this step's budget lasts.
   std::vector<Active> running, finished;
-  std::vector<int> step_slots;
-  std::vector<int32_t> step_tokens;
+  std::vector<Generator::Rows> parts;
+  std::vector<bool> prefilling;  // per part: a prompt chunk (else a decode row)
+  std::vector<bool> waits;       // per member that stays: still being prefilled (its time to first token)
+  int64_t budget = prefill_chunk_ > 0 ? prefill_chunk_ : std::numeric_limits<int64_t>::max();
   for (Active& s : active_) {
     Completion& c = s.out;
-    if (s.score_only) {  // scored at admission; nothing to generate
-      c.finish = FinishReason::Length;
-      gen_.release(s.slot);
-      finished.push_back(std::move(s));
+    if (!s.prefilled_all()) {
+      const int64_t n = std::min(int64_t(s.req.prompt.size()) - s.prefilled, budget);
+      if (n > 0) {
+        const auto from = s.req.prompt.begin() + s.prefilled;
+        parts.push_back({s.slot, std::vector<int32_t>(from, from + n), s.req.prompt_logprobs});
+        prefilling.push_back(true);
+        budget -= n;
+      }
+      waits.push_back(true);
+      running.push_back(std::move(s));
       continue;
     }
-    // Logprobs are the raw logits': kept before the repetition penalty changes them.
-    std::vector<float> raw;
-    if (s.req.logprobs >= 0 && s.req.opt.repetition_penalty != 1.0f) raw = s.logits;
-    apply_repetition_penalty(s.logits, s.seen, s.req.opt.repetition_penalty);
-    const int32_t tok = sample_token(s.logits, s.req.opt, uint64_t(c.tokens.size()));
     bool done = true;
-    if (std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end()) {
-      c.finish = FinishReason::Stop;
+    if (s.score_only) {  // its prompt is scored; nothing to generate
+      c.finish = FinishReason::Length;
     } else {
-      c.tokens.push_back(tok);
-      s.seen.push_back(tok);
-      const TokenLogprobs* lp = nullptr;
-      if (s.req.logprobs >= 0) {
-        c.logprobs.push_back(token_logprobs(raw.empty() ? s.logits.data() : raw.data(), V, tok, s.req.logprobs));
-        lp = &c.logprobs.back();
+      // Logprobs are the raw logits': kept before the repetition penalty changes them.
+      std::vector<float> raw;
+      if (s.req.logprobs >= 0 && s.req.opt.repetition_penalty != 1.0f) raw = s.logits;
+      apply_repetition_penalty(s.logits, s.seen, s.req.opt.repetition_penalty);
+      const int32_t tok = sample_token(s.logits, s.req.opt, uint64_t(c.tokens.size()));
+      if (std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end()) {
+        c.finish = FinishReason::Stop;
+      } else {
+        c.tokens.push_back(tok);
+        s.seen.push_back(tok);
+        const TokenLogprobs* lp = nullptr;
+        if (s.req.logprobs >= 0) {
+          c.logprobs.push_back(token_logprobs(raw.empty() ? s.logits.data() : raw.data(), V, tok, s.req.logprobs));
+          lp = &c.logprobs.back();
+        }
+        if (on_token && on_token(s.id, tok, lp)) c.finish = FinishReason::Stop;
+        else if (int64_t(c.tokens.size()) >= s.req.opt.max_new_tokens ||
+                 int64_t(s.req.prompt.size() + c.tokens.size()) >= gen_.max_len())
+          c.finish = FinishReason::Length;  // the next token would have no position
+        else
+          done = false;
       }
-      if (on_token && on_token(s.id, tok, lp)) c.finish = FinishReason::Stop;
-      else if (int64_t(c.tokens.size()) >= s.req.opt.max_new_tokens ||
-               int64_t(s.req.prompt.size() + c.tokens.size()) >= gen_.max_len())
-        c.finish = FinishReason::Length;  // the next token would have no position
-      else
-        done = false;
     }
     if (done) {
       gen_.release(s.slot);
       finished.push_back(std::move(s));
       continue;
     }
-    step_slots.push_back(s.slot);
-    step_tokens.push_back(tok);
+    parts.push_back({s.slot, {c.tokens.back()}, false});
+    prefilling.push_back(false);
+    waits.push_back(false);
     running.push_back(std::move(s));
   }
   active_ = std::move(running);
-  if (!active_.empty()) {
-    const std::vector<float> logits = gen_.forward(step_slots, step_tokens);  // [B, V]
-    for (size_t b = 0; b < active_.size(); ++b)
-      active_[b].logits.assign(logits.begin() + int64_t(b) * V, logits.begin() + int64_t(b + 1) * V);
+  if (!parts.empty()) {
+    const std::vector<float> logits = gen_.forward_parts(parts);  // the parts' wanted rows, [*, V]
+    const float* row = logits.data();
+    size_t i = 0;  // parts are in the order of active_, one per member that has one
+    for (Active& s : active_) {
+      if (i == parts.size() || parts[i].slot != s.slot) continue;  // out of this step's prefill budget
+      const Generator::Rows& p = parts[i];
+      if (prefilling[i]) {
+        const int64_t P = int64_t(s.req.prompt.size()), n = int64_t(p.tokens.size());
+        if (p.all_logits) {  // row t of the chunk predicts the prompt token after it
+          for (int64_t t = 0; t < n; ++t, row += V)
+            if (s.prefilled + t + 1 < P)
+              s.out.prompt_logprobs.push_back(
+                  token_logprobs(row, V, s.req.prompt[size_t(s.prefilled + t + 1)], std::max(s.req.logprobs, 0)));
+          row -= V;  // the chunk's last row is also its logits below
+        }
+        s.prefilled += n;
+        if (s.prefilled_all()) s.logits.assign(row, row + V);
+      } else {
+        s.logits.assign(row, row + V);
+      }
+      row += V;
+      ++i;
+    }
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (Active& s : active_) s.out.decode_seconds += dt;
+  for (size_t m = 0; m < active_.size(); ++m)  // the step's time, to its first token or to its next
+    (waits[m] ? active_[m].out.prefill_seconds : active_[m].out.decode_seconds) += dt;
   for (Active& s : finished) {
     s.out.decode_seconds += dt;
     on_done(s.id, std::move(s.out));
@@ -355,9 +399,9 @@ std::vector<size_t> Batch::clear() {
 }
 
 std::vector<Completion> Generator::run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
-                                      const TokenHook& on_token) {
+                                      const TokenHook& on_token, int64_t prefill_chunk) {
   std::vector<Completion> out(requests.size());
-  Batch batch(*this, stop_ids);
+  Batch batch(*this, stop_ids, prefill_chunk);
   size_t next = 0;
   while (next < requests.size() || !batch.empty()) {
     // Sequences join while slots are free (a request with nothing to generate keeps its empty

@@ -70,8 +70,8 @@ inline const char* finish_reason_name(FinishReason r) { return r == FinishReason
 struct Completion {
   std::vector<int32_t> tokens;  // new tokens, without the stop token that ended them
   FinishReason finish = FinishReason::Length;
-  double prefill_seconds = 0.0;  // this request's prefill
-  double decode_seconds = 0.0;   // wall time of the decode steps (and sampling) it took part in
+  double prefill_seconds = 0.0;  // wall time of the steps from its admission until its prompt was prefilled
+  double decode_seconds = 0.0;   // wall time of the steps after (each shared with the batch's other work)
   std::vector<TokenLogprobs> logprobs;         // one per token of `tokens` (Request::logprobs >= 0)
   std::vector<TokenLogprobs> prompt_logprobs;  // prompt[1..] (Request::prompt_logprobs)
 };
@@ -90,6 +90,9 @@ struct Pipeline {
 // Generator is driven with the same requests, and the function returns the same logits on every
 // rank, so all of them take the same scheduling decisions.
 using Recompute = std::function<std::vector<float>(const std::vector<std::vector<int32_t>>& sequences)>;
+
+// Prompt tokens one step of a Batch prefills at most, over all its members (see Batch).
+constexpr int64_t kDefaultPrefillChunk = 256;
 
 class Generator {
  public:
@@ -114,15 +117,20 @@ class Generator {
   // Frees a slot (its sequence leaves the batch; its cache is reused by the next one).
   void release(int slot);
   int64_t length(int slot) const { return slots_[size_t(slot)].length; }
+  // One sequence's part of a forward: `tokens` appended to the sequence in `slot`, and whether the
+  // logits of every new position are wanted (prompt logprobs; not with a Recompute) or only the last.
+  struct Rows {
+    int slot = 0;
+    std::vector<int32_t> tokens;
+    bool all_logits = false;
+  };
+  // One forward of several sequences (distinct slots), each with its own number of new tokens: a
+  // decode step of some and prefill chunks of others together. Returns the wanted logits, sequence
+  // after sequence: [sum over parts of (all_logits ? tokens : 1), vocab].
+  std::vector<float> forward_parts(const std::vector<Rows>& parts);
   // Appends tokens[b] to the sequence in slots[b] (B distinct slots, each given tokens.size() / B
-  // tokens: a prefill of one sequence, or one decode step of many) and returns the logits of each
-  // sequence's last new position, [B, vocab].
+  // tokens) and returns the logits of each sequence's last new position, [B, vocab].
   std::vector<float> forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
-  // Appends `tokens` to the sequence in `slot` and returns the logits of every new position,
-  // [tokens, vocab] (prompt logprobs). Not with a Recompute.
-  std::vector<float> forward_rows(int slot, const std::vector<int32_t>& tokens) {
-    return run_rows({slot}, tokens, true);
-  }
 
   // ---- one sequence in slot 0 (tests, scoring) -----------------------------------------------------
   // Runs `tokens` through the model after what slot 0 holds and returns the last logits, [vocab].
@@ -137,14 +145,15 @@ class Generator {
   // (streaming, stop strings), with its logprobs when the request asked for them (else null);
   // returning true ends that request with FinishReason::Stop, the token kept.
   using TokenHook = std::function<bool(size_t request, int32_t token, const TokenLogprobs* logprobs)>;
-  // Runs every request to completion, at most max_batch at a time, in a Batch (below): a request
-  // enters the batch (its prefill) as soon as a slot is free, and leaves it when it stops (one of
+  // Runs every request to completion, at most max_batch at a time, in a Batch (below) that
+  // prefills at most prefill_chunk prompt tokens per step: a request enters the batch as soon as
+  // a slot is free, is prefilled beside the others' decoding, and leaves it when it stops (one of
   // stop_ids, the hook), reaches its max_new_tokens or max_len. Each request's tokens depend only
   // on its own prompt and options: sampling draws from the counter-based RNG at (its seed, its own
   // step), so the batch it shares changes nothing (at temperature 0 the result is token for token
   // the one-at-a-time one).
   std::vector<Completion> run(const std::vector<Request>& requests, const std::vector<int32_t>& stop_ids,
-                              const TokenHook& on_token = {});
+                              const TokenHook& on_token = {}, int64_t prefill_chunk = kDefaultPrefillChunk);
 
   // One prompt: run() with a batch of one. on_token (optional) sees each new token.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
@@ -158,9 +167,6 @@ class Generator {
     std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] f32; empty until first used
     std::vector<int32_t> tokens;                // with a Recompute: the sequence so far
   };
-  // The forward of `slots`, each with Tq = tokens.size() / slots.size() new tokens; logits of the
-  // last new row of each ([B, V]) or, with all_logits, of every new row ([B * Tq, V]).
-  std::vector<float> run_rows(const std::vector<int>& slots, const std::vector<int32_t>& tokens, bool all_logits);
 
   ModelConfig cfg_;
   model::LlamaWeights w_;
@@ -177,31 +183,36 @@ class Generator {
 
 // A running batch on a Generator: the scheduling that run() (`shardlm generate`) and the server's
 // scheduler (infer/server.h: continuous batching) share, so both produce the same tokens.
-// Requests join between decode steps (admit: a free slot and the prefill of its prompt, on its
-// own) and leave when they finish; step() samples each member's next token from its own logits
-// at its own step, hands it to on_token, lets the finished leave (on_done, their slots freed) and
-// runs one decode step of the rest together. Requests are named by the caller's ids.
-// The Batch uses `gen` (which must outlive it) and holds its slots until their requests finish,
-// clear() or its destruction; one thread at a time drives it.
+// Requests join between steps (admit: a free slot) and leave when they finish. Each step() is one
+// forward of the batch: every member that has its next token's logits samples it at its own step
+// and hands it to on_token, the finished leave (on_done, their slots freed), and the rest go
+// through the model together, each decoding member with its new token and each member still
+// being prefilled with the next chunk of its prompt: in admission order, at most prefill_chunk
+// prompt tokens per step over all of them (0: no limit, whole prompts). So a long prompt that
+// arrives mid-stream delays the running members' next token by one chunk's compute, not by its
+// whole prefill (chunked prefill), and prompts that arrive together are prefilled in one forward
+// (batched prefill). A member's first token is sampled in the step after its prefill completes.
+// Requests are named by the caller's ids. The Batch uses `gen` (which must outlive it) and holds
+// its slots until their requests finish, clear() or its destruction; one thread at a time drives it.
 class Batch {
  public:
   using DoneHook = std::function<void(size_t id, Completion&& c)>;
-  Batch(Generator& gen, std::vector<int32_t> stop_ids) : gen_(gen), stop_ids_(std::move(stop_ids)) {}
+  Batch(Generator& gen, std::vector<int32_t> stop_ids, int64_t prefill_chunk = kDefaultPrefillChunk);
   ~Batch() { clear(); }
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
   enum class Admit {
-    Joined,       // prefilled: its first token comes with the next step()
+    Joined,       // holds a slot: its prefill runs in the coming steps, then its tokens come
     Full,         // no free slot: try again after a step()
     NothingToDo,  // max_new_tokens 0, or a prompt of max_len tokens: an empty completion ("length"),
-                  // unless it asks for prompt logprobs: then it joins, and the next step() ends it
+                  // unless it asks for prompt logprobs: then it joins, and ends once they are computed
   };
   // Errors (an empty prompt, one longer than max_len) name the request as "request ID".
   Admit admit(size_t id, const Request& r);
-  // One token for every member; see the class comment. on_token may be empty.
+  // One forward of the batch; see the class comment. on_token may be empty.
   void step(const Generator::TokenHook& on_token, const DoneHook& on_done);
-  // A member's completion so far (its prompt logprobs once it has joined); null when not a member.
+  // A member's completion so far; null when not a member.
   const Completion* progress(size_t id) const;
   bool empty() const { return active_.empty(); }
   size_t size() const { return active_.size(); }
@@ -214,12 +225,15 @@ class Batch {
     int slot;
     Request req;
     std::vector<int32_t> seen;  // prompt + generated (the repetition penalty's tokens)
-    std::vector<float> logits;  // [V]: the next token's
+    std::vector<float> logits;  // [V]: the next token's, once the prompt is prefilled
     Completion out;
-    bool score_only = false;    // prompt logprobs and nothing to generate: ends at the next step
+    bool score_only = false;    // prompt logprobs and nothing to generate: ends once they are computed
+    int64_t prefilled = 0;      // prompt tokens in the cache
+    bool prefilled_all() const { return prefilled == int64_t(req.prompt.size()); }
   };
   Generator& gen_;
   std::vector<int32_t> stop_ids_;
+  int64_t prefill_chunk_;
   std::vector<Active> active_;
 };
 

@@ -95,8 +95,10 @@ Event failed(int status, std::string message) {
 }
 }  // namespace
 
-Scheduler::Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids)
-    : gen_(gen), tok_(tok), stop_ids_(std::move(stop_ids)) {
+Scheduler::Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids,
+                     int64_t prefill_chunk)
+    : gen_(gen), tok_(tok), stop_ids_(std::move(stop_ids)), prefill_chunk_(prefill_chunk) {
+  SHARDLM_CHECK(prefill_chunk >= 0, "the prefill chunk must be >= 0 tokens, got {}", prefill_chunk);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -130,8 +132,9 @@ void Scheduler::loop() {
     std::shared_ptr<Ticket> ticket;
     CompletionText text;
     bool stream;
+    bool prompt_logprobs_due;  // streaming with prompt logprobs: their event goes before the first token's
   };
-  Batch batch(gen_, stop_ids_);
+  Batch batch(gen_, stop_ids_, prefill_chunk_);
   std::unordered_map<size_t, Live> live;
   // Every admitted request that has had no answer yet is in `live` (also one a failed step had
   // already taken out of the batch), so none is left waiting.
@@ -141,8 +144,18 @@ void Scheduler::loop() {
     live.clear();
     running_ = 0;
   };
+  // The prompt's logprobs, once its prefill has computed them (before its first token or its end).
+  auto send_prompt_logprobs = [](Live& l, const std::vector<TokenLogprobs>& lps) {
+    if (!l.prompt_logprobs_due) return;
+    l.prompt_logprobs_due = false;
+    Event e = text_event({});
+    e.prompt = true;
+    e.prompt_logprobs = lps;
+    l.ticket->push(std::move(e));
+  };
   const Generator::TokenHook on_token = [&](size_t id, int32_t tok, const TokenLogprobs* lp) {
     Live& l = live.at(id);
+    if (l.prompt_logprobs_due) send_prompt_logprobs(l, batch.progress(id)->prompt_logprobs);
     const bool stop = l.text.push(tok);
     if (l.stream) {
       std::string piece = l.text.take_delta(false);
@@ -156,6 +169,7 @@ void Scheduler::loop() {
   };
   const Batch::DoneHook on_done = [&](size_t id, Completion&& c) {
     Live& l = live.at(id);
+    send_prompt_logprobs(l, c.prompt_logprobs);
     if (l.stream)
       if (std::string piece = l.text.take_delta(true); !piece.empty())
         l.ticket->push(text_event(std::move(piece)));
@@ -174,7 +188,7 @@ void Scheduler::loop() {
       cv_.wait(lk, [&] { return stopping_ || !waiting_.empty() || !batch.empty(); });
       if (stopping_) break;
     }
-    // Between decode steps, waiting requests join while slots are free, each prefilled on its own.
+    // Between steps, waiting requests join while slots are free (prefilled in the coming steps).
     for (;;) {
       Pending p;
       {
@@ -202,13 +216,8 @@ void Scheduler::loop() {
         p.ticket->push(done_event({}, FinishReason::Length, {}));
         continue;
       }
-      if (p.job.stream && p.job.req.prompt_logprobs) {  // the prompt's logprobs come first
-        Event e = text_event({});
-        e.prompt = true;
-        e.prompt_logprobs = batch.progress(p.id)->prompt_logprobs;
-        p.ticket->push(std::move(e));
-      }
-      live.emplace(p.id, Live{p.ticket, CompletionText(tok_, p.job.req.prompt, p.job.stop), p.job.stream});
+      live.emplace(p.id, Live{p.ticket, CompletionText(tok_, p.job.req.prompt, p.job.stop), p.job.stream,
+                              p.job.stream && p.job.req.prompt_logprobs});
       ++running_;
     }
     try {

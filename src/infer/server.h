@@ -2,10 +2,11 @@
 //
 // Threads. HTTP handler threads (cpp-httplib's pool) parse and check a request, tokenize it and
 // submit it to the Scheduler, then wait on its Ticket (or stream from it as server-sent events).
-// One scheduler thread owns the Generator: between decode steps it admits waiting requests into
-// free slots (each prefilled on its own), then runs one decode step of every running request
-// together (a Batch, infer/generator.h: the scheduling `shardlm generate` runs) and hands each
-// request its tokens. A request's tokens depend only on its prompt and options, never on the
+// One scheduler thread owns the Generator: between steps it admits waiting requests into free
+// slots, then runs one step of every running request together (a Batch, infer/generator.h: the
+// scheduling `shardlm generate` runs): the next token of those decoding, and prefill chunks of
+// those just admitted (at most --prefill-chunk prompt tokens per step, so a long prompt does not
+// stall the streams already running), and hands each request its tokens. A request's tokens depend only on its prompt and options, never on the
 // requests it shares the batch with: at temperature 0 the server gives what `generate` gives.
 //
 // Endpoints (docs/serving.md): POST /v1/completions, POST /v1/chat/completions (both with
@@ -77,8 +78,10 @@ class Ticket {
 class Scheduler {
  public:
   // gen and tok must outlive the Scheduler, and nothing else may use gen while it runs: its thread
-  // starts here. stop_ids: the tokens that end a completion (stop_token_ids).
-  Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids);
+  // starts here. stop_ids: the tokens that end a completion (stop_token_ids); prefill_chunk: the
+  // prompt tokens one step prefills at most (Batch).
+  Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids,
+            int64_t prefill_chunk = kDefaultPrefillChunk);
   ~Scheduler() { shutdown(); }
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -104,6 +107,7 @@ class Scheduler {
   Generator& gen_;
   const data::Tokenizer& tok_;
   std::vector<int32_t> stop_ids_;
+  int64_t prefill_chunk_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> waiting_;  // under mu_

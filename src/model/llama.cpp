@@ -248,30 +248,42 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   lora(M::K, w.wk, a.k, a.xn1);
   linear(a.v, a.xn1, w.wv, w.bv);
   lora(M::V, w.wv, a.v, a.xn1);
-  const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
-  ops::rope_forward(q4, q4, positions, inv_freq);
-  ops::rope_forward(k4, k4, positions, inv_freq);
   const float scale = 1.0f / std::sqrt(float(Dh));
   if (kv.k_seq.empty()) {
+    const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
+    ops::rope_forward(q4, q4, positions, inv_freq);
+    ops::rope_forward(k4, k4, positions, inv_freq);
     ops::attention_forward(a.att.reshape({B, Tq, H, Dh}), a.lse, q4, kv.k_all.reshape({B, kv.Tk, Hkv, Dh}),
                            kv.v_all.reshape({B, kv.Tk, Hkv, Dh}), segment_ids, scale);
   } else {
-    SHARDLM_CHECK(int64_t(kv.k_seq.size()) == B && int64_t(kv.v_seq.size()) == B && !segment_ids.defined(),
-                  "per-sequence keys and values: {} caches for {} sequences", kv.k_seq.size(), B);
-    const Tensor lse = a.lse.reshape({B, H * Tq});  // [B, H, Tq]: sequence b's slice is row b
+    SHARDLM_CHECK(int64_t(kv.k_seq.size()) == B && int64_t(kv.v_seq.size()) == B && !segment_ids.defined() &&
+                      (kv.q_rows.empty() || int64_t(kv.q_rows.size()) == B),
+                  "per-sequence keys and values: {} caches and {} row counts for {} sequences", kv.k_seq.size(),
+                  kv.q_rows.size(), B);
+    // RoPE is per row (each row's own position), so all N rows rotate as one sequence.
+    const int64_t N = a.q.shape[0];
+    SHARDLM_CHECK(positions.numel() == N, "{} positions for {} rows", positions.numel(), N);
+    const Tensor q4 = a.q.reshape({1, N, H, Dh}), k4 = a.k.reshape({1, N, Hkv, Dh});
+    const Tensor pos = positions.reshape({1, N});
+    ops::rope_forward(q4, q4, pos, inv_freq);
+    ops::rope_forward(k4, k4, pos, inv_freq);
+    const Tensor lse = a.lse.reshape({a.lse.numel()});  // H per row, sequence after sequence
+    int64_t r0 = 0;  // sequence b's first row
     for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = kv.q_rows.empty() ? Tq : kv.q_rows[size_t(b)];
       const int64_t Tk = kv.k_seq[size_t(b)].shape[0];
-      SHARDLM_CHECK(Tk >= Tq, "sequence {}: a cache of {} rows for {} new tokens", b, Tk, Tq);
+      SHARDLM_CHECK(Tk >= n && r0 + n <= N, "sequence {}: a cache of {} rows for {} new tokens", b, Tk, n);
       // Sequence b's new keys and values go to the end of its cache; its queries sit at
-      // positions Tk - Tq .. Tk - 1 (attention's convention), which read the cache causally.
-      copy(kv.k_seq[size_t(b)].slice(Tk - Tq, Tk), a.k.slice(b * Tq, (b + 1) * Tq));
-      copy(kv.v_seq[size_t(b)].slice(Tk - Tq, Tk), a.v.slice(b * Tq, (b + 1) * Tq));
-      ops::attention_forward(a.att.slice(b * Tq, (b + 1) * Tq).reshape({1, Tq, H, Dh}),
-                             lse.slice(b, b + 1).reshape({1, H, Tq}),
-                             a.q.slice(b * Tq, (b + 1) * Tq).reshape({1, Tq, H, Dh}),
-                             kv.k_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}),
+      // positions Tk - n .. Tk - 1 (attention's convention), which read the cache causally.
+      copy(kv.k_seq[size_t(b)].slice(Tk - n, Tk), a.k.slice(r0, r0 + n));
+      copy(kv.v_seq[size_t(b)].slice(Tk - n, Tk), a.v.slice(r0, r0 + n));
+      ops::attention_forward(a.att.slice(r0, r0 + n).reshape({1, n, H, Dh}),
+                             lse.slice(H * r0, H * (r0 + n)).reshape({1, H, n}),
+                             a.q.slice(r0, r0 + n).reshape({1, n, H, Dh}), kv.k_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}),
                              kv.v_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}), Tensor{}, scale);
+      r0 += n;
     }
+    SHARDLM_CHECK(r0 == N, "{} rows for sequences of {} new rows in all", N, r0);
   }
   // h1 = x_in + o_proj(att): start from the residual and let the matmul accumulate onto it.
   copy(a.h1, a.x_in);

@@ -318,21 +318,26 @@ struct LoraForward {
 //    values; the block writes its new rows into a.k / a.v, which the caller makes the last Tq
 //    positions of k_all / v_all (in training they are the same tensors and Tk == Tq).
 //  Per sequence (generation, B sequences of different lengths in one batch): k_seq[b] / v_seq[b]
-//    are views of sequence b's KV cache up to and including its Tq new positions, [Tk_b, Hkv*Dh]
-//    with Tk_b >= Tq. The block computes the new keys and values of all B*Tq rows into a.k / a.v
-//    (scratch) with one matmul each, copies sequence b's Tq rows into the last Tq rows of its
-//    cache, and runs attention per sequence: its Tq queries against its own Tk_b keys. Everything
-//    else in the block (norms, projections, MLP) is one [B*Tq, *] computation for the batch.
+//    are views of sequence b's KV cache up to and including its new positions, [Tk_b, Hkv*Dh].
+//    Sequence b has q_rows[b] new rows (Tq each when q_rows is empty; different counts let a
+//    decode step of some sequences and prefill chunks of others share one forward), which follow
+//    sequence b-1's in x (N rows in all), and Tk_b >= its rows. The block computes the new keys
+//    and values of all N rows into a.k / a.v (scratch) with one matmul each, copies sequence b's
+//    rows into the last rows of its cache, and runs attention per sequence: its queries against
+//    its own Tk_b keys. Everything else in the block (norms, projections, MLP) is one [N, *]
+//    computation for the batch.
 struct AttentionKv {
   Tensor k_all, v_all;
   int64_t Tk = 0;  // shared layout: the key length
   std::vector<Tensor> k_seq, v_seq;
+  std::vector<int64_t> q_rows;  // per sequence: its new rows; empty: Tq each
 };
 
-// The forward of one decoder block on rows x_in (B*Tq rows), writing into `a` (whose tensors
-// must already be sized) and, when `out` is defined, the block's output out = h1 + down(act)
-// [B*Tq, D] (a recomputing backward leaves it undefined). `kv` says where attention reads keys and
-// values (above); positions [B, Tq] are the new rows' positions (RoPE).
+// The forward of one decoder block on rows x_in (B*Tq rows, or the sum of kv.q_rows), writing into
+// `a` (whose tensors must already be sized) and, when `out` is defined, the block's output
+// out = h1 + down(act) [rows, D] (a recomputing backward leaves it undefined). `kv` says where
+// attention reads keys and values (above); positions [B, Tq] (with q_rows: [1, rows]) are the new
+// rows' positions (RoPE), and lse holds H floats per row, sequence after sequence.
 // Adapters bound in `w` (w.lora_a, and w.lora_m for DoRA) are applied as PEFT does, as `lora` says,
 // their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.

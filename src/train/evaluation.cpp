@@ -59,7 +59,8 @@ EvalResult task_accuracy(shard::ShardedModel& engine, model::LlamaCompute& m, co
   std::vector<infer::Request> requests;
   for (int64_t i = 0; i < r.problems; ++i)
     requests.push_back({tok.encode_with(task.prompt(i), true, false), {.max_new_tokens = kMaxNewTokens, .temperature = 0}});
-  const std::vector<infer::Completion> answers = gen.run(requests, {eos});
+  // Whole prompts in one step: without a cache, each prefill chunk would recompute its whole sequence.
+  const std::vector<infer::Completion> answers = gen.run(requests, {eos}, {}, 0);
   for (int64_t i = 0; i < r.problems; ++i) r.correct += tok.decode(answers[size_t(i)].tokens) == task.answer(i);
   r.accuracy = r.problems ? double(r.correct) / double(r.problems) : 0.0;
   return r;
