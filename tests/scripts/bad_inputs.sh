@@ -314,6 +314,7 @@ row cli_generate_bad_topp           "--top-p"                                   
 row generate_prompts_missing        "no_such_prompts\.txt"                                      S generate --model "$m" --prompts "$work/no_such_prompts.txt"
 row generate_prompts_bad_row        "prompts_bad\.jsonl:2: key 'temperature'"                   S generate --model "$m" --prompts "$fx/prompts_bad.jsonl"
 row generate_chat_format            "--chat-format.*vicuna"                                    S generate --model "$m" --prompt hi --chat --chat-format vicuna
+row generate_prefill_text           "--prefill-chunk.*lots"                                    S generate --model "$m" --prompt hi --prefill-chunk lots
 row generate_prompt_and_prompts     "--prompt.*--prompts"                                      S generate --model "$m" --prompt hi --prompts "$fx/prompts_bad.jsonl"
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
 row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
@@ -415,6 +416,7 @@ row serve_connections_zero  "--max-connections"                                 
 row serve_max_body_huge     "--max-body.*1GiB"                                         S serve --model "$m" --port 0 --max-body 10TB
 row serve_max_body_text     "--max-body.*lots"                                         S serve --model "$m" --port 0 --max-body lots
 row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
+row serve_prefill_negative  "--prefill-chunk"                                          S serve --model "$m" --port 0 --prefill-chunk -1
 # launch
 row launch_nnodes_no_hosts  "--hostfile"                                               S launch --nproc-per-node 1 --nnodes 2 -- train --config "$cfg"
 row launch_hostfile_missing "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
