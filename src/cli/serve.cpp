@@ -11,10 +11,12 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "infer/load_weights.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/requests.h"
+#include "infer/tensor_parallel.h"
 #include "infer/server.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
@@ -34,6 +36,7 @@ struct Opts {
   std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto", max_body = "4MiB";
   int port = 8000, max_connections = 128;
   int64_t max_batch = 8, max_len = 0;
+  int64_t tensor_parallel = 0;  // 0: the whole model in this process
   double request_timeout = 10;
   bool load_in_4bit = false;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
@@ -80,11 +83,30 @@ void run_serve(const Opts& o) {
                 {.key = "--max-len"});
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format, "--chat-format");
-  infer::ParamStore params(cfg, DType::F32);
+  // --tensor-parallel: every rank holds a slice of every layer (infer/tensor_parallel.h); rank 0
+  // serves HTTP and schedules, and the other ranks follow its forwards (Generator::follow).
+  comm::Communicator& w = world();
+  infer::TensorSplit split;
+  infer::TensorParallel tp;
+  if (o.tensor_parallel > 0) {
+    split = infer::tensor_parallel_split(cfg, o.tensor_parallel, w.rank(), w.size());
+    tp.comm = &w;
+    comm::set_activity({.step = 0, .what = "serving split by --tensor-parallel", .unit = nullptr});
+  }
+  const std::string command = w.rank() == 0 ? "serve" : fmt::format("serve: rank {}", w.rank());
+  infer::ParamStore params(cfg, DType::F32, {}, split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
-                                [](const std::string& line) { std::fprintf(stderr, "serve: %s\n", line.c_str()); });
-  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
+                                [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
+  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, {}, tp);
+  if (split.active() && w.rank() != 0) {
+    gen.follow();  // until rank 0 shuts down
+    return;
+  }
+  if (split.active()) {
+    gen.lead();
+    std::fprintf(stderr, "serve: tensor parallel over %d ranks (this one serves HTTP)\n", split.ranks);
+  }
   infer::Scheduler scheduler(gen, *tok,
                              o.stop_token_ids_given ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
                                                     : infer::stop_token_ids(cfg, *tok, &chat, o.model));
@@ -133,6 +155,7 @@ void run_serve(const Opts& o) {
   pthread_kill(on_signal.native_handle(), SIGTERM);  // no-op for the thread if it has returned already
   on_signal.join();
   scheduler.shutdown();
+  gen.stop_followers();  // the scheduler's thread has ended: no forward runs any more
   std::fprintf(stderr, "serve: stopped\n");
 }
 
@@ -176,6 +199,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-len", o->max_len,
                   "Positions per request, prompt + max_tokens (default: max_position_embeddings, at most 4096)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split every layer over the N ranks of `shardlm launch --nproc-per-node N` (as generate "
+                  "--tensor-parallel does): rank 0 serves HTTP and schedules, every rank computes each step")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--name", o->name, "The model id clients name (default: the --model directory's name)");
   cmd->add_option("--chat-format", o->chat_format,
                   "For /v1/chat/completions: auto (from tokenizer_config.json's chat_template, else the "
@@ -190,6 +217,7 @@ void register_serve(CLI::App& app) {
       "  shardlm serve --model runs/demo/trained --port 8000\n"
       "  shardlm serve --model models/llama3-8b-instruct --max-batch 16 --max-len 2048\n"
       "  shardlm serve --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter\n"
+      "  shardlm launch --nproc-per-node 2 -- serve --model models/llama3-8b --tensor-parallel 2\n"
       "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'\n"
       "docs/serving.md: the request fields, the responses, and what continuous batching does.");

@@ -6,14 +6,18 @@
 #include <numeric>
 
 #include "core/rng.h"
+#include "infer/tensor_parallel.h"
 #include "ops/ops.h"
 
 namespace shardlm::infer {
 
 Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
-                     const Pipeline& pipeline)
-    : cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm) {
+                     const Pipeline& pipeline, const TensorParallel& tp)
+    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm), tp_(tp.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
+  SHARDLM_CHECK(!(comm_ && tp_), "a model is split over ranks either as a pipeline or by tensor parallelism");
+  if (tp_ && tp_->size() > 1) part_cfg_ = sliced_config(cfg, tp_->size());
+  else tp_ = nullptr;  // one rank holds whole tensors
   SHARDLM_CHECK(max_batch >= 1, "generation batch size must be >= 1, got {}", max_batch);
   share_ = {.layer_begin = 0, .layer_end = cfg.num_hidden_layers, .embed = true, .head = true, .bytes = 0};
   if (comm_) {
@@ -46,7 +50,7 @@ Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_le
 
 int64_t Generator::kv_cache_bytes_per_sequence() const {
   if (recompute_) return 0;
-  const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  const int64_t kvd = part_cfg_.kv_dim();
   return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(sizeof(float));
 }
 
@@ -75,14 +79,68 @@ std::vector<float> Generator::forward_all(const std::vector<int32_t>& tokens) {
   return run_rows({0}, tokens, true);
 }
 
+// What lead() broadcasts before each forward: kOpForward (all_logits, B, Tq), then each slot, its
+// length before the forward, and the tokens; kOpStop ends follow().
+namespace {
+enum : int64_t { kOpStop = 0, kOpForward = 1 };
+}
+
+void Generator::lead() {
+  SHARDLM_CHECK(tp_ || comm_, "lead(): the model is not split over ranks");
+  SHARDLM_CHECK((tp_ ? tp_ : comm_)->rank() == 0, "lead(): rank 0 drives the others");
+  leading_ = true;
+}
+
+void Generator::stop_followers() {
+  if (!leading_) return;
+  leading_ = false;
+  int64_t head[4] = {kOpStop, 0, 0, 0};
+  (tp_ ? tp_ : comm_)->broadcast_bytes(head, sizeof(head), 0);
+}
+
+void Generator::follow() {
+  comm::Communicator* c = tp_ ? tp_ : comm_;
+  SHARDLM_CHECK(c && c->rank() != 0, "follow(): rank 0 drives the others");
+  for (;;) {
+    int64_t head[4];
+    c->broadcast_bytes(head, sizeof(head), 0);
+    if (head[0] == kOpStop) return;
+    const int64_t B = head[2], Tq = head[3];
+    std::vector<int64_t> body(size_t(2 * B + B * Tq));
+    c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
+    std::vector<int> slots(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      slots[size_t(b)] = int(body[size_t(b)]);
+      SHARDLM_CHECK(slots[size_t(b)] >= 0 && slots[size_t(b)] < int(slots_.size()), "no generation slot {}",
+                    slots[size_t(b)]);
+      Slot& slot = slots_[size_t(slots[size_t(b)])];  // rank 0's acquire, release and reset, as they left it
+      slot.used = true;
+      slot.length = body[size_t(B + b)];
+    }
+    run_rows(slots, std::vector<int32_t>(body.begin() + 2 * B, body.end()), head[1] != 0);
+  }
+}
+
 std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std::vector<int32_t>& tokens,
                                        bool all_logits) {
   const int64_t B = int64_t(slots.size());
   SHARDLM_CHECK(B >= 1 && !tokens.empty() && int64_t(tokens.size()) % B == 0,
                 "{} tokens cannot be split evenly over {} sequences", tokens.size(), B);
   const int64_t Tq = int64_t(tokens.size()) / B, N = B * Tq;
-  const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
-  const int64_t qd = H * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  if (leading_) {
+    int64_t head[4] = {kOpForward, all_logits ? 1 : 0, B, Tq};
+    std::vector<int64_t> body;
+    for (int s : slots) body.push_back(s);
+    for (int s : slots) body.push_back(s >= 0 && s < int(slots_.size()) ? slots_[size_t(s)].length : 0);
+    body.insert(body.end(), tokens.begin(), tokens.end());
+    comm::Communicator* c = tp_ ? tp_ : comm_;
+    c->broadcast_bytes(head, sizeof(head), 0);
+    c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
+  }
+  // With tensor parallelism the block computes this rank's heads and MLP columns (part_cfg_).
+  const int64_t D = cfg_.hidden_size, F = part_cfg_.intermediate_size, V = cfg_.vocab_size,
+                H = part_cfg_.num_attention_heads;
+  const int64_t qd = part_cfg_.q_dim(), kvd = part_cfg_.kv_dim();
   for (int64_t b = 0; b < B; ++b) {
     const int s = slots[size_t(b)];
     SHARDLM_CHECK(s >= 0 && s < int(slots_.size()), "no generation slot {}", s);
@@ -134,8 +192,12 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
       pos.t.i32()[b * Tq + t] = int32_t(slots_[size_t(slots[size_t(b)])].length + t);
     }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
+  if (tp_) embed_vocab_slice(x.t, ids.t);
+  else if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output
+  model::PartialSums sums;  // tensor parallelism: o_proj's and down_proj's partial sums, all-reduced
+  if (tp_) sums = {.sum = [this](const Tensor& t) { tp_->all_reduce(t, comm::ReduceOp::Sum); },
+                   .residual = tp_->rank() == 0};
   model::AttentionKv kv;
   for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
     kv.k_seq.clear();
@@ -149,7 +211,8 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
     // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
-    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, Tq, x.t, l);
+    model::decoder_block_forward(part_cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, Tq, x.t, l, {},
+                                 sums);
   }
   for (int s : slots) slots_[size_t(s)].length += Tq;
   if (!share_.head) {
@@ -168,9 +231,44 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
   OwnedTensor xn = make({R, D}), rstd = make({R});
   ops::rmsnorm_forward(xn.t, rstd.t, rows, w_.final_norm, float(cfg_.rms_norm_eps));
   const Tensor out = Tensor::view(logits.data(), DType::F32, {R, V});
+  if (tp_) {
+    logits_vocab_slices(out, xn.t);
+    return logits;
+  }
   ops::matmul(out, xn.t, w_.lm_head, false, true);
   if (comm_ && comm_->size() > 1) comm_->broadcast(out, head_rank_);  // every rank samples the same tokens
   return logits;
+}
+
+void Generator::embed_vocab_slice(const Tensor& x, const Tensor& ids) {
+  // Rank r holds the embedding rows of tokens [r Vr, (r+1) Vr): it looks up the tokens there and
+  // leaves zeros for the others, and the all-reduce adds each token's one nonzero row (exactly).
+  const int64_t Vr = part_cfg_.vocab_size, first = int64_t(tp_->rank()) * Vr, N = ids.numel();
+  OwnedTensor local(DType::I32, {N}, MemCategory::Workspace, false);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = ids.i32()[n];
+    SHARDLM_CHECK(id >= 0 && id < cfg_.vocab_size, "token {} outside the vocabulary of {}", id, cfg_.vocab_size);
+    local.t.i32()[n] = id >= first && id < first + Vr ? int32_t(id - first) : 0;
+  }
+  ops::embedding_forward(x, w_.embed, local.t);
+  for (int64_t n = 0; n < N; ++n)
+    if (int64_t(ids.i32()[n]) - first < 0 || int64_t(ids.i32()[n]) - first >= Vr) ops::zero(x.slice(n, n + 1));
+  tp_->all_reduce(x, comm::ReduceOp::Sum);
+}
+
+void Generator::logits_vocab_slices(const Tensor& out, const Tensor& xn) {
+  // Each rank's lm_head rows give its columns of the logits; the all-gather stacks them by rank,
+  // [ranks, R, Vr], and they are laid out as [R, V]: the same bytes on every rank.
+  const int64_t R = xn.shape[0], Vr = part_cfg_.vocab_size, P = tp_->size();
+  OwnedTensor mine(DType::F32, {R, Vr}, MemCategory::Workspace, false),
+      all(DType::F32, {P, R, Vr}, MemCategory::Workspace, false);
+  ops::matmul(mine.t, xn, w_.lm_head, false, true);
+  tp_->all_gather(all.t.reshape({P * R * Vr}), mine.t.reshape({R * Vr}));
+  const float* from = all.t.f32();
+  float* to = out.f32();
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t r = 0; r < R; ++r)
+      std::copy(from + (p * R + r) * Vr, from + (p * R + r + 1) * Vr, to + r * cfg_.vocab_size + p * Vr);
 }
 
 void apply_repetition_penalty(std::vector<float>& logits, const std::vector<int32_t>& seen, float penalty) {
