@@ -72,6 +72,9 @@ void run_serve(const Opts& o) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  // `shardlm launch` relays a SIGINT or SIGTERM to every rank as SIGUSR1 (its stop signal): the
+  // same shutdown. With --tensor-parallel only rank 0 acts on it; it then releases the others.
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of the server
 
@@ -146,7 +149,8 @@ void run_serve(const Opts& o) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (listen_ended) return;  // woken by main below: the server has stopped already
-    std::fprintf(stderr, "serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    std::fprintf(stderr, "serve: %s: shutting down\n",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1 (shardlm launch's stop)");
     scheduler.shutdown();  // waiting and running requests end (503), so handler threads return
     server.stop();
   });
