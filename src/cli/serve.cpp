@@ -1,8 +1,11 @@
 // `shardlm serve`: an OpenAI-compatible HTTP server for a model directory, with continuous batching
 // of decode steps (infer/server.h). docs/serving.md describes the endpoints and the flags.
 #include <fmt/format.h>
-#include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <csignal>
@@ -43,6 +46,14 @@ struct Opts {
   bool stop_token_ids_given = false;
 };
 
+// The stop signals' pipe (run_serve): the handler writes the signal's number, one byte.
+int g_stop_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int sig) {
+  const char c = char(sig);
+  const ssize_t n = write(g_stop_pipe[1], &c, 1);  // async-signal-safe
+  (void)n;
+}
+
 void run_serve(const Opts& o) {
   uint64_t max_body = 0;
   try {
@@ -66,16 +77,17 @@ void run_serve(const Opts& o) {
                   {.key = "--max-connections"});
   }
 
-  // SIGINT and SIGTERM are taken by one thread (below) that shuts the server down; every thread
-  // started from here on, OpenMP's included, inherits the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  // `shardlm launch` relays a SIGINT or SIGTERM to every rank as SIGUSR1 (its stop signal): the
-  // same shutdown. With --tensor-parallel only rank 0 acts on it; it then releases the others.
-  sigaddset(&signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT and SIGTERM end the server; so does SIGUSR1, as which `shardlm launch` relays a SIGINT or
+  // SIGTERM to every rank. A handler writes the signal's number to a pipe that one thread (below)
+  // reads to shut the server down: a handler, not sigwait with the signals blocked, because under
+  // MPI threads started before this one (MPI's own) would take them with the default action. With
+  // --tensor-parallel only rank 0 reads the pipe; it releases the other ranks as it stops.
+  if (pipe(g_stop_pipe) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  struct sigaction stop {};
+  stop.sa_handler = on_stop_signal;
+  stop.sa_flags = SA_RESTART;
+  sigemptyset(&stop.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &stop, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of the server
 
   const ModelConfig cfg = load_hf_config(o.model);
@@ -146,8 +158,9 @@ void run_serve(const Opts& o) {
 
   std::atomic<bool> listen_ended{false};
   std::thread on_signal([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    char sig = 0;
+    while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
     if (listen_ended) return;  // woken by main below: the server has stopped already
     std::fprintf(stderr, "serve: %s: shutting down\n",
                  sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1 (shardlm launch's stop)");
@@ -156,7 +169,7 @@ void run_serve(const Opts& o) {
   });
   server.listen();
   listen_ended = true;
-  pthread_kill(on_signal.native_handle(), SIGTERM);  // no-op for the thread if it has returned already
+  on_stop_signal(0);  // wakes the thread if no signal has (it then returns)
   on_signal.join();
   scheduler.shutdown();
   gen.stop_followers();  // the scheduler's thread has ended: no forward runs any more

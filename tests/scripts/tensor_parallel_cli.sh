@@ -122,7 +122,7 @@ pid=$!
 wait_listening serve
 ask serve1
 kill -TERM "$pid"; wait "$pid" || fail "serve did not exit cleanly"; pid=
-timeout 60 "$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-batch 2 \
+"$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-batch 2 \
   --max-len 64 --tensor-parallel 2 2> "$work/serve.err" &
 pid=$!
 wait_listening "serve --tensor-parallel 2"
