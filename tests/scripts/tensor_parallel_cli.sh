@@ -3,18 +3,20 @@
 #  1. generate on 2 ranks (shardlm launch) gives the single process's tokens, greedy and sampled,
 #     for one streamed prompt and a --prompts batch of different lengths (continuous batching), on a
 #     GQA model (4 query heads, 2 key-value heads: one kv head per rank), a tied-embedding model,
-#     with --adapter and --load-in-4bit (merged / rounded whole, then sliced), and on 4 ranks (an
-#     MHA model: 4 kv heads);
+#     with --adapter and --load-in-4bit (merged / rounded whole, then sliced), a bitsandbytes NF4
+#     directory (double-quantized; each rank dequantizes its slices), and on 4 ranks (an MHA
+#     model: 4 kv heads);
 #  2. serve on 2 ranks: a completion with logprobs equals the single-process server's (the text,
 #     and every logprob within 1e-5: the logits, all-reduced in another order), streamed too;
 #     SIGTERM ends every rank (exit 0);
 #  3. impossible splits are one-line errors naming the flag or the config key, non-zero, no hang.
-# Usage: tensor_parallel_cli.sh SHARDLM PEFT_TOOL PYTHON WORKDIR
+# Usage: tensor_parallel_cli.sh SHARDLM PEFT_TOOL PYTHON WORKDIR TORCH_REF_DIR
 set -euo pipefail
 shardlm=$1
 tool=$2
 py=$3
 work=$4
+torch_ref=$5
 rm -rf "$work" && mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One thread everywhere, so the single process and every rank run the same BLAS blocking.
@@ -92,6 +94,38 @@ gen lora1 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4b
 cmp -s "$work/one.out" "$work/lora1.out" && fail "the adapter does not change generation (vacuous test)"
 tp lora2 2 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4bit
 same lora1 lora2
+
+# A bitsandbytes NF4 directory (double quantization) as transformers saves it, made from m by
+# tests/torch_ref/nf4_reference.py's quantizer (as bnb_cli.sh does).
+"$py" - "$torch_ref" "$work/m" "$work/nf4" <<'PY'
+import json, os, shutil, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import nf4_reference as R
+from safetensors_check import load, save
+base, out = sys.argv[2], sys.argv[3]
+os.makedirs(out)
+tensors = {}
+for name, w in load(os.path.join(base, "model.safetensors")).items():
+    w = torch.as_tensor(np.asarray(w)).to(torch.bfloat16)
+    if name.split(".")[-2].endswith("_proj"):
+        packed, absmax = R.quantize_nf4(w.float().numpy().reshape(-1))
+        tensors.update(R._quant_state_tensors(name, list(w.shape), "bfloat16", packed, absmax, True)[0])
+    else:
+        tensors[name] = w
+save(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
+for f in os.listdir(base):
+    if f != "model.safetensors":
+        shutil.copy(os.path.join(base, f), out)
+config = json.load(open(os.path.join(out, "config.json")))
+config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                 "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16"}
+json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
+PY
+gen nf4one nf4 --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+grep -q "is bitsandbytes NF4" "$work/nf4one.err" || fail "nf4: not read as NF4: $(cat "$work/nf4one.err")"
+tp nf4two 2 nf4 --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+same nf4one nf4two
 
 gen mha1 mha --prompts "$work/p.jsonl" --batch-size 4 --temperature 0
 tp mha4 4 mha --prompts "$work/p.jsonl" --batch-size 4 --temperature 0
