@@ -13,12 +13,12 @@
 using namespace shardlm;
 
 namespace {
-struct Run {
+struct Piece {
   int64_t at, n, to;
-  bool operator==(const Run&) const = default;
+  bool operator==(const Piece&) const = default;
 };
-std::vector<Run> runs(std::vector<int64_t> whole, std::vector<int64_t> part, int rank, int ranks) {
-  std::vector<Run> out;
+std::vector<Piece> runs(std::vector<int64_t> whole, std::vector<int64_t> part, int rank, int ranks) {
+  std::vector<Piece> out;
   infer::slice_runs(whole, part, {.rank = rank, .ranks = ranks},
                     [&](int64_t at, int64_t n, int64_t to) { out.push_back({at, n, to}); });
   return out;
@@ -26,10 +26,10 @@ std::vector<Run> runs(std::vector<int64_t> whole, std::vector<int64_t> part, int
 }  // namespace
 
 TEST(TensorParallel, SliceRunsRowsColumnsAndWhole) {
-  EXPECT_EQ(runs({6, 4}, {3, 4}, 1, 2), (std::vector<Run>{{12, 12, 0}}));              // rows: one block
-  EXPECT_EQ(runs({2, 6}, {2, 2}, 2, 3), (std::vector<Run>{{4, 2, 0}, {10, 2, 2}}));    // columns: per row
-  EXPECT_EQ(runs({8}, {4}, 1, 2), (std::vector<Run>{{4, 4, 0}}));                       // a bias
-  EXPECT_EQ(runs({5, 3}, {5, 3}, 1, 2), (std::vector<Run>{{0, 15, 0}}));                // replicated
+  EXPECT_EQ(runs({6, 4}, {3, 4}, 1, 2), (std::vector<Piece>{{12, 12, 0}}));              // rows: one block
+  EXPECT_EQ(runs({2, 6}, {2, 2}, 2, 3), (std::vector<Piece>{{4, 2, 0}, {10, 2, 2}}));    // columns: per row
+  EXPECT_EQ(runs({8}, {4}, 1, 2), (std::vector<Piece>{{4, 4, 0}}));                       // a bias
+  EXPECT_EQ(runs({5, 3}, {5, 3}, 1, 2), (std::vector<Piece>{{0, 15, 0}}));                // replicated
 }
 
 TEST(TensorParallel, SlicedConfigDividesOrNamesTheKey) {

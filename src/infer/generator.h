@@ -93,18 +93,18 @@ struct Pipeline {
   std::vector<RankShare> shares;  // one per rank of comm
 };
 
-// A model that is not held as LlamaWeights and keeps no KV cache, such as the training engine
-// (shard/engine.h: its parameters are sharded over ranks and gathered one unit at a time for each
-// forward). Given every sequence of a step, whole (prompt and tokens so far), it returns the logits
-// of each one's last position, [sequences, vocab]. Over ranks it is collective: every rank's
-// Generator is driven with the same requests, and the function returns the same logits on every
-// rank, so all of them take the same scheduling decisions.
 // A model split over the ranks of `comm` by tensor parallelism (infer/tensor_parallel.h): rank r
 // holds slice r of `comm->size()`. comm must outlive the Generator. The default: not split.
 struct TensorParallel {
   comm::Communicator* comm = nullptr;
 };
 
+// A model that is not held as LlamaWeights and keeps no KV cache, such as the training engine
+// (shard/engine.h: its parameters are sharded over ranks and gathered one unit at a time for each
+// forward). Given every sequence of a step, whole (prompt and tokens so far), it returns the logits
+// of each one's last position, [sequences, vocab]. Over ranks it is collective: every rank's
+// Generator is driven with the same requests, and the function returns the same logits on every
+// rank, so all of them take the same scheduling decisions.
 using Recompute = std::function<std::vector<float>(const std::vector<std::vector<int32_t>>& sequences)>;
 
 class Generator {

@@ -65,7 +65,6 @@ class ParamStore {
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   bool partial() const { return partial_; }
   const TensorSplit& split() const { return split_; }
-  const ModelConfig& config() const { return cfg_; }  // the whole model's (not the slices')
   std::vector<std::string> names() const;
   int64_t numel() const;
 
