@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/placement.h"
+#include "infer/tensor_parallel.h"
 #include "infer/requests.h"
 #include "io/json_parse.h"
 #include "io/read_file.h"
@@ -31,6 +32,7 @@ using nlohmann::json;
 struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
   std::string device_map, max_memory_per_rank;  // empty: the whole model in each process
+  int64_t tensor_parallel = 0;                   // 0: the whole model in each process
   std::vector<std::string> stop;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
@@ -153,7 +155,7 @@ uint64_t max_memory_per_rank(const Opts& o) {
 void run_generate(const Opts& o) {
   // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
   // rank 0 writes results and notes.
-  const bool writer = o.device_map.empty() || world().rank() == 0;
+  const bool writer = (o.device_map.empty() && o.tensor_parallel == 0) || world().rank() == 0;
   const ModelConfig cfg = load_hf_config(o.model);
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   std::vector<PromptRow> rows;
@@ -250,12 +252,27 @@ void run_generate(const Opts& o) {
     // What a rank was doing when the watchdog names a send, recv or broadcast that never completed.
     comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
   }
-  infer::ParamStore params(cfg, DType::F32, keep);
+  // --tensor-parallel: this rank holds, loads and runs a slice of every layer (infer/tensor_parallel.h);
+  // every rank runs the same requests in lockstep and rank 0 writes the results.
+  infer::TensorSplit split;
+  infer::TensorParallel tp;
+  if (o.tensor_parallel > 0) {
+    split = infer::tensor_parallel_split(cfg, o.tensor_parallel, w.rank(), w.size());
+    tp.comm = &w;
+    if (writer && split.active())
+      std::fprintf(stderr, "generate: tensor parallel over %d ranks: %lld of %lld attention heads, %lld of %lld "
+                   "key-value heads and 1/%d of the MLP and vocabulary per rank\n", split.ranks,
+                   (long long)(cfg.num_attention_heads / split.ranks), (long long)cfg.num_attention_heads,
+                   (long long)(cfg.num_key_value_heads / split.ranks), (long long)cfg.num_key_value_heads, split.ranks);
+    if (w.rank() != 0) command = fmt::format("generate: rank {}", w.rank());
+    comm::set_activity({.step = 0, .what = "generation split by --tensor-parallel", .unit = nullptr});
+  }
+  infer::ParamStore params(cfg, DType::F32, keep, split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
-  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp);
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
@@ -396,6 +413,12 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--max-memory-per-rank", o->max_memory_per_rank,
                   "With --device-map: the most parameter bytes (f32) one rank may hold, e.g. 20GB, 500MiB; "
                   "default unlimited");
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split every layer over N ranks of `shardlm launch --nproc-per-node N` (N = the number of "
+                  "ranks), as Megatron-LM does: each rank holds and loads 1/N of the attention heads, MLP and "
+                  "vocabulary and all compute each token at once; the heads, key-value heads, intermediate_size "
+                  "and vocab_size must divide by N (docs/generation.md)")
+      ->check(CLI::PositiveNumber);
   cmd->footer(
       "Examples:\n"
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
@@ -406,13 +429,17 @@ void register_generate(CLI::App& app) {
       "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"\n"
       "  shardlm launch --nproc-per-node 2 -- generate --model models/llama2-13b --device-map balanced --prompt \"Hi\"\n"
       "  shardlm launch --nproc-per-node 4 -- generate --model M --device-map sequential --max-memory-per-rank 20GB "
-      "--prompt \"Hi\"");
+      "--prompt \"Hi\"\n"
+      "  shardlm launch --nproc-per-node 2 -- generate --model models/llama3-8b --tensor-parallel 2 --prompt \"Hi\"");
   cmd->callback([o, prompt, prompts, stop_ids] {
     o->stop_token_ids_given = stop_ids->count() > 0;
     if (prompt->count() == 0 && prompts->count() == 0)
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
     infer::check_sampling(o->s);
     // Flag errors before anything is read.
+    if (o->tensor_parallel > 0 && !o->device_map.empty())
+      throw Error("cannot be combined with --device-map (one way of splitting the model at a time)",
+                  {.key = "--tensor-parallel"});
     if (!o->device_map.empty()) device_map_flag(o->device_map);
     else if (!o->max_memory_per_rank.empty())
       throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});

@@ -1,8 +1,11 @@
 // `shardlm serve`: an OpenAI-compatible HTTP server for a model directory, with continuous batching
 // of decode steps (infer/server.h). docs/serving.md describes the endpoints and the flags.
 #include <fmt/format.h>
-#include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <csignal>
@@ -11,10 +14,12 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "infer/load_weights.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/requests.h"
+#include "infer/tensor_parallel.h"
 #include "infer/server.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
@@ -34,11 +39,20 @@ struct Opts {
   std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto", max_body = "4MiB";
   int port = 8000, max_connections = 128;
   int64_t max_batch = 8, max_len = 0, prefill_chunk = infer::kDefaultPrefillChunk;
+  int64_t tensor_parallel = 0;  // 0: the whole model in this process
   double request_timeout = 10;
   bool load_in_4bit = false;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
 };
+
+// The stop signals' pipe (run_serve): the handler writes the signal's number, one byte.
+int g_stop_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int sig) {
+  const char c = char(sig);
+  const ssize_t n = write(g_stop_pipe[1], &c, 1);  // async-signal-safe
+  (void)n;
+}
 
 void run_serve(const Opts& o) {
   uint64_t max_body = 0;
@@ -63,13 +77,17 @@ void run_serve(const Opts& o) {
                   {.key = "--max-connections"});
   }
 
-  // SIGINT and SIGTERM are taken by one thread (below) that shuts the server down; every thread
-  // started from here on, OpenMP's included, inherits the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT and SIGTERM end the server; so does SIGUSR1, as which `shardlm launch` relays a SIGINT or
+  // SIGTERM to every rank. A handler writes the signal's number to a pipe that one thread (below)
+  // reads to shut the server down: a handler, not sigwait with the signals blocked, because under
+  // MPI threads started before this one (MPI's own) would take them with the default action. With
+  // --tensor-parallel only rank 0 reads the pipe; it releases the other ranks as it stops.
+  if (pipe(g_stop_pipe) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  struct sigaction stop {};
+  stop.sa_handler = on_stop_signal;
+  stop.sa_flags = SA_RESTART;
+  sigemptyset(&stop.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &stop, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of the server
 
   const ModelConfig cfg = load_hf_config(o.model);
@@ -80,11 +98,30 @@ void run_serve(const Opts& o) {
                 {.key = "--max-len"});
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format, "--chat-format");
-  infer::ParamStore params(cfg, DType::F32);
+  // --tensor-parallel: every rank holds a slice of every layer (infer/tensor_parallel.h); rank 0
+  // serves HTTP and schedules, and the other ranks follow its forwards (Generator::follow).
+  comm::Communicator& w = world();
+  infer::TensorSplit split;
+  infer::TensorParallel tp;
+  if (o.tensor_parallel > 0) {
+    split = infer::tensor_parallel_split(cfg, o.tensor_parallel, w.rank(), w.size());
+    tp.comm = &w;
+    comm::set_activity({.step = 0, .what = "serving split by --tensor-parallel", .unit = nullptr});
+  }
+  const std::string command = w.rank() == 0 ? "serve" : fmt::format("serve: rank {}", w.rank());
+  infer::ParamStore params(cfg, DType::F32, {}, split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
-                                [](const std::string& line) { std::fprintf(stderr, "serve: %s\n", line.c_str()); });
-  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch);
+                                [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
+  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, {}, tp);
+  if (split.active() && w.rank() != 0) {
+    gen.follow();  // until rank 0 shuts down
+    return;
+  }
+  if (split.active()) {
+    gen.lead();
+    std::fprintf(stderr, "serve: tensor parallel over %d ranks (this one serves HTTP)\n", split.ranks);
+  }
   infer::Scheduler scheduler(gen, *tok,
                              o.stop_token_ids_given ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
                                                     : infer::stop_token_ids(cfg, *tok, &chat, o.model),
@@ -122,18 +159,21 @@ void run_serve(const Opts& o) {
 
   std::atomic<bool> listen_ended{false};
   std::thread on_signal([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    char sig = 0;
+    while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
     if (listen_ended) return;  // woken by main below: the server has stopped already
-    std::fprintf(stderr, "serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    std::fprintf(stderr, "serve: %s: shutting down\n",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1 (shardlm launch's stop)");
     scheduler.shutdown();  // waiting and running requests end (503), so handler threads return
     server.stop();
   });
   server.listen();
   listen_ended = true;
-  pthread_kill(on_signal.native_handle(), SIGTERM);  // no-op for the thread if it has returned already
+  on_stop_signal(0);  // wakes the thread if no signal has (it then returns)
   on_signal.join();
   scheduler.shutdown();
+  gen.stop_followers();  // the scheduler's thread has ended: no forward runs any more
   std::fprintf(stderr, "serve: stopped\n");
 }
 
@@ -182,6 +222,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-len", o->max_len,
                   "Positions per request, prompt + max_tokens (default: max_position_embeddings, at most 4096)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Split every layer over the N ranks of `shardlm launch --nproc-per-node N` (as generate "
+                  "--tensor-parallel does): rank 0 serves HTTP and schedules, every rank computes each step")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--name", o->name, "The model id clients name (default: the --model directory's name)");
   cmd->add_option("--chat-format", o->chat_format,
                   "For /v1/chat/completions: auto (from tokenizer_config.json's chat_template, else the "
@@ -196,6 +240,7 @@ void register_serve(CLI::App& app) {
       "  shardlm serve --model runs/demo/trained --port 8000\n"
       "  shardlm serve --model models/llama3-8b-instruct --max-batch 16 --max-len 2048\n"
       "  shardlm serve --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter\n"
+      "  shardlm launch --nproc-per-node 2 -- serve --model models/llama3-8b --tensor-parallel 2\n"
       "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'\n"
       "docs/serving.md: the request fields, the responses, and what continuous batching does.");

@@ -7,14 +7,18 @@
 #include <numeric>
 
 #include "core/rng.h"
+#include "infer/tensor_parallel.h"
 #include "ops/ops.h"
 
 namespace shardlm::infer {
 
 Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
-                     const Pipeline& pipeline)
-    : cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm) {
+                     const Pipeline& pipeline, const TensorParallel& tp)
+    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm), tp_(tp.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
+  SHARDLM_CHECK(!(comm_ && tp_), "a model is split over ranks either as a pipeline or by tensor parallelism");
+  if (tp_ && tp_->size() > 1) part_cfg_ = sliced_config(cfg, tp_->size());
+  else tp_ = nullptr;  // one rank holds whole tensors
   SHARDLM_CHECK(max_batch >= 1, "generation batch size must be >= 1, got {}", max_batch);
   share_ = {.layer_begin = 0, .layer_end = cfg.num_hidden_layers, .embed = true, .head = true, .bytes = 0};
   if (comm_) {
@@ -47,7 +51,7 @@ Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_le
 
 int64_t Generator::kv_cache_bytes_per_sequence() const {
   if (recompute_) return 0;
-  const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  const int64_t kvd = part_cfg_.kv_dim();
   return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(sizeof(float));
 }
 
@@ -83,11 +87,79 @@ std::vector<float> Generator::forward_all(const std::vector<int32_t>& tokens) {
   return forward_parts({Rows{0, tokens, true}});
 }
 
+// What lead() broadcasts before each forward: kOpForward (parts, tokens in all), then per part its
+// slot, its length before the forward, its token count and all_logits, then the tokens; kOpStop
+// ends follow().
+namespace {
+enum : int64_t { kOpStop = 0, kOpForward = 1 };
+}
+
+void Generator::lead() {
+  SHARDLM_CHECK(tp_ || comm_, "lead(): the model is not split over ranks");
+  SHARDLM_CHECK((tp_ ? tp_ : comm_)->rank() == 0, "lead(): rank 0 drives the others");
+  leading_ = true;
+}
+
+void Generator::stop_followers() {
+  if (!leading_) return;
+  leading_ = false;
+  int64_t head[3] = {kOpStop, 0, 0};
+  (tp_ ? tp_ : comm_)->broadcast_bytes(head, sizeof(head), 0);
+}
+
+void Generator::follow() {
+  comm::Communicator* c = tp_ ? tp_ : comm_;
+  SHARDLM_CHECK(c && c->rank() != 0, "follow(): rank 0 drives the others");
+  for (;;) {
+    int64_t head[3];
+    c->broadcast_bytes(head, sizeof(head), 0);
+    if (head[0] == kOpStop) return;
+    const int64_t B = head[1], T = head[2];
+    SHARDLM_CHECK(B >= 1 && B <= int64_t(slots_.size()) && T >= B && T <= B * max_len_,
+                  "a forward of {} sequences and {} tokens from rank 0", B, T);
+    std::vector<int64_t> body(size_t(4 * B + T));
+    c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
+    std::vector<Rows> parts(static_cast<size_t>(B));
+    auto token = body.begin() + 4 * B;
+    for (int64_t b = 0; b < B; ++b) {
+      Rows& p = parts[size_t(b)];
+      p.slot = int(body[size_t(4 * b)]);
+      SHARDLM_CHECK(p.slot >= 0 && p.slot < int(slots_.size()), "no generation slot {}", p.slot);
+      Slot& slot = slots_[size_t(p.slot)];  // rank 0's acquire, release and reset, as they left it
+      slot.used = true;
+      slot.length = body[size_t(4 * b + 1)];
+      const int64_t n = body[size_t(4 * b + 2)];
+      SHARDLM_CHECK(n >= 1 && token + n <= body.end(), "a part of {} tokens from rank 0", n);
+      p.tokens.assign(token, token + n);
+      token += n;
+      p.all_logits = body[size_t(4 * b + 3)] != 0;
+    }
+    forward_parts(parts);
+  }
+}
+
 std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   const int64_t B = int64_t(parts.size());
   SHARDLM_CHECK(B >= 1, "a forward of no sequences");
-  const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size, H = cfg_.num_attention_heads;
-  const int64_t qd = H * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  if (leading_) {
+    std::vector<int64_t> body;
+    int64_t T = 0;
+    for (const Rows& p : parts) {
+      const bool ok = p.slot >= 0 && p.slot < int(slots_.size());
+      body.insert(body.end(), {int64_t(p.slot), ok ? slots_[size_t(p.slot)].length : 0, int64_t(p.tokens.size()),
+                               int64_t(p.all_logits)});
+      T += int64_t(p.tokens.size());
+    }
+    for (const Rows& p : parts) body.insert(body.end(), p.tokens.begin(), p.tokens.end());
+    int64_t head[3] = {kOpForward, B, T};
+    comm::Communicator* c = tp_ ? tp_ : comm_;
+    c->broadcast_bytes(head, sizeof(head), 0);
+    c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
+  }
+  // With tensor parallelism the block computes this rank's heads and MLP columns (part_cfg_).
+  const int64_t D = cfg_.hidden_size, F = part_cfg_.intermediate_size, V = cfg_.vocab_size,
+                H = part_cfg_.num_attention_heads;
+  const int64_t qd = part_cfg_.q_dim(), kvd = part_cfg_.kv_dim();
   int64_t N = 0, R = 0;  // new rows; rows whose logits are wanted
   std::vector<int64_t> q_rows;
   for (const Rows& p : parts) {
@@ -149,8 +221,12 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
       }
   }
   const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
-  if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
+  if (tp_) embed_vocab_slice(x.t, ids.t);
+  else if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output
+  model::PartialSums sums;  // tensor parallelism: o_proj's and down_proj's partial sums, all-reduced
+  if (tp_) sums = {.sum = [this](const Tensor& t) { tp_->all_reduce(t, comm::ReduceOp::Sum); },
+                   .residual = tp_->rank() == 0};
   model::AttentionKv kv;
   kv.q_rows = q_rows;
   for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
@@ -165,7 +241,8 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
     // x = h1 + down(act): the next block's input (x_in is read only before h1 is made).
-    model::decoder_block_forward(cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, 0, x.t, l);
+    model::decoder_block_forward(part_cfg_, w_.layers[size_t(l)], a, kv, pos.t, Tensor{}, inv, B, 0, x.t, l, {},
+                                 sums);
   }
   for (const Rows& p : parts) slots_[size_t(p.slot)].length += int64_t(p.tokens.size());
   if (!share_.head) {
@@ -190,9 +267,44 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   OwnedTensor xn = make({R, D}), rstd = make({R});
   ops::rmsnorm_forward(xn.t, rstd.t, rows, w_.final_norm, float(cfg_.rms_norm_eps));
   const Tensor out = Tensor::view(logits.data(), DType::F32, {R, V});
+  if (tp_) {
+    logits_vocab_slices(out, xn.t);
+    return logits;
+  }
   ops::matmul(out, xn.t, w_.lm_head, false, true);
   if (comm_ && comm_->size() > 1) comm_->broadcast(out, head_rank_);  // every rank samples the same tokens
   return logits;
+}
+
+void Generator::embed_vocab_slice(const Tensor& x, const Tensor& ids) {
+  // Rank r holds the embedding rows of tokens [r Vr, (r+1) Vr): it looks up the tokens there and
+  // leaves zeros for the others, and the all-reduce adds each token's one nonzero row (exactly).
+  const int64_t Vr = part_cfg_.vocab_size, first = int64_t(tp_->rank()) * Vr, N = ids.numel();
+  OwnedTensor local(DType::I32, {N}, MemCategory::Workspace, false);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = ids.i32()[n];
+    SHARDLM_CHECK(id >= 0 && id < cfg_.vocab_size, "token {} outside the vocabulary of {}", id, cfg_.vocab_size);
+    local.t.i32()[n] = id >= first && id < first + Vr ? int32_t(id - first) : 0;
+  }
+  ops::embedding_forward(x, w_.embed, local.t);
+  for (int64_t n = 0; n < N; ++n)
+    if (int64_t(ids.i32()[n]) - first < 0 || int64_t(ids.i32()[n]) - first >= Vr) ops::zero(x.slice(n, n + 1));
+  tp_->all_reduce(x, comm::ReduceOp::Sum);
+}
+
+void Generator::logits_vocab_slices(const Tensor& out, const Tensor& xn) {
+  // Each rank's lm_head rows give its columns of the logits; the all-gather stacks them by rank,
+  // [ranks, R, Vr], and they are laid out as [R, V]: the same bytes on every rank.
+  const int64_t R = xn.shape[0], Vr = part_cfg_.vocab_size, P = tp_->size();
+  OwnedTensor mine(DType::F32, {R, Vr}, MemCategory::Workspace, false),
+      all(DType::F32, {P, R, Vr}, MemCategory::Workspace, false);
+  ops::matmul(mine.t, xn, w_.lm_head, false, true);
+  tp_->all_gather(all.t.reshape({P * R * Vr}), mine.t.reshape({R * Vr}));
+  const float* from = all.t.f32();
+  float* to = out.f32();
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t r = 0; r < R; ++r)
+      std::copy(from + (p * R + r) * Vr, from + (p * R + r + 1) * Vr, to + r * cfg_.vocab_size + p * Vr);
 }
 
 void apply_repetition_penalty(std::vector<float>& logits, const std::vector<int32_t>& seen, float penalty) {

@@ -18,6 +18,16 @@
 // next one (or computes the logits); the head's rank then broadcasts the logits to every rank, so
 // every rank samples the same tokens and runs the same scheduling (Batch) on the same requests.
 //
+// A model split by tensor parallelism (`generate --tensor-parallel`, infer/tensor_parallel.h) also
+// runs the same Generator on every rank, each holding a slice of every weight (a ParamStore with
+// the same TensorSplit) and the KV cache of its own heads: every rank runs every layer at once,
+// decoder_block_forward all-reducing o_proj's and down_proj's partial sums, and the logits come
+// out whole and the same on every rank (an all-gather of each rank's vocabulary columns).
+//
+// Ranks that cannot run the same scheduling themselves (`serve`: requests arrive at rank 0) follow
+// rank 0's: rank 0 calls lead(), and then each of its forwards is first broadcast to the other
+// ranks, which run it in follow() until rank 0 calls stop_followers().
+//
 // A model sharded for training (shard/engine.h) has no LlamaWeights to hand over: training's
 // evaluation (train/evaluation.h) runs the Generator over a Recompute instead, the engine's
 // forward of whole sequences, with the same scheduling and sampling.
@@ -83,6 +93,12 @@ struct Pipeline {
   std::vector<RankShare> shares;  // one per rank of comm
 };
 
+// A model split over the ranks of `comm` by tensor parallelism (infer/tensor_parallel.h): rank r
+// holds slice r of `comm->size()`. comm must outlive the Generator. The default: not split.
+struct TensorParallel {
+  comm::Communicator* comm = nullptr;
+};
+
 // A model that is not held as LlamaWeights and keeps no KV cache, such as the training engine
 // (shard/engine.h: its parameters are sharded over ranks and gathered one unit at a time for each
 // forward). Given every sequence of a step, whole (prompt and tokens so far), it returns the logits
@@ -97,9 +113,10 @@ constexpr int64_t kDefaultPrefillChunk = 256;
 class Generator {
  public:
   // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
-  // With a pipeline, `weights` need only this rank's share bound.
+  // With a pipeline, `weights` need only this rank's share bound; with tensor parallelism they are
+  // this rank's slices (ParamStore with TensorSplit{rank, size}). `cfg` is the whole model's.
   Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1,
-            const Pipeline& pipeline = {});
+            const Pipeline& pipeline = {}, const TensorParallel& tp = {});
   // Every forward runs through `recompute` over the sequences' whole tokens (no KV cache here);
   // the scheduling and sampling are the same. forward_all is not available.
   Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch = 1);
@@ -131,6 +148,14 @@ class Generator {
   // Appends tokens[b] to the sequence in slots[b] (B distinct slots, each given tokens.size() / B
   // tokens) and returns the logits of each sequence's last new position, [B, vocab].
   std::vector<float> forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
+
+  // ---- rank 0 drives the others (serve over ranks) -----------------------------------------------
+  // Rank 0: from now on every forward is broadcast to the other ranks before it runs.
+  void lead();
+  // Ranks other than 0: runs rank 0's forwards, as they come, until it calls stop_followers().
+  void follow();
+  // Rank 0: ends the others' follow(). Idempotent.
+  void stop_followers();
 
   // ---- one sequence in slot 0 (tests, scoring) -----------------------------------------------------
   // Runs `tokens` through the model after what slot 0 holds and returns the last logits, [vocab].
@@ -167,8 +192,13 @@ class Generator {
     std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] f32; empty until first used
     std::vector<int32_t> tokens;                // with a Recompute: the sequence so far
   };
+  // Tensor parallelism: x [N, D] = the embedding rows of ids [N] (this rank's vocabulary slice,
+  // all-reduced), and out [R, V] = the logits of xn [R, D] (this rank's columns, all-gathered).
+  void embed_vocab_slice(const Tensor& x, const Tensor& ids);
+  void logits_vocab_slices(const Tensor& out, const Tensor& xn);
 
   ModelConfig cfg_;
+  ModelConfig part_cfg_;  // the shapes this rank computes with: cfg_, or its slices' (tensor parallel)
   model::LlamaWeights w_;
   int64_t max_len_;
   // This rank's part of the model (the whole model without a pipeline) and its neighbours.
@@ -176,6 +206,8 @@ class Generator {
   RankShare share_;
   int prev_ = -1, next_ = -1;  // the ranks hidden states come from (no embedding) and go to (no head)
   int head_rank_ = 0;          // the rank whose logits every rank samples from
+  comm::Communicator* tp_ = nullptr;  // tensor parallelism over these ranks
+  bool leading_ = false;              // lead(): forwards are broadcast to the followers first
   Recompute recompute_;        // set: forwards go through it, and w_ is unbound
   std::vector<float> inv_freq_;
   std::vector<Slot> slots_;

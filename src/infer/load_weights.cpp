@@ -11,6 +11,14 @@ namespace shardlm::infer {
 void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
                             const std::function<void(const std::string&)>& note) {
   const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
+  if (params.split().active() && (!w.adapter.empty() || (w.load_in_4bit && !stored_nf4))) {
+    // Merging and NF4 rounding work on whole tensors: do them on a whole copy of the model, then
+    // keep this rank's slices (the whole model in f32 is held meanwhile).
+    ParamStore whole(cfg, DType::F32);
+    load_inference_weights(w, cfg, whole, note);
+    params.load_slices(whole);
+    return;
+  }
   params.load(io::ModelWeights(w.model), w.model);
   if (stored_nf4) note(fmt::format("{} is bitsandbytes NF4: its weights are dequantized to f32", w.model));
   if (w.load_in_4bit && !stored_nf4) {

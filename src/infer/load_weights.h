@@ -27,6 +27,9 @@ struct InferenceWeights {
 //  - an adapter merges a PEFT LoRA adapter in memory (W + scale * B A).
 // A partial `params` (a rank's share of a split model, ParamStore::PartFilter) reads, quantizes and
 // merges only the parts it holds.
+// A store split over ranks (tensor parallelism) reads only its slices, except with an adapter or
+// load_in_4bit on a dense base: those load the whole model on each rank, merge or round it, and
+// keep the slices (a transient whole f32 copy per rank: the same weights as one process).
 // Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
 void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
                             const std::function<void(const std::string&)>& note);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -11,11 +13,15 @@
 
 namespace shardlm::infer {
 
-ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep)
-    : cfg_(cfg), compute_dtype_(compute_dtype) {
+ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep, const TensorSplit& split)
+    : cfg_(cfg), part_cfg_(split.active() ? sliced_config(cfg, split.ranks) : cfg), split_(split),
+      compute_dtype_(compute_dtype) {
   SHARDLM_CHECK(compute_dtype == DType::F32 || compute_dtype == DType::BF16,
                 "compute dtype must be f32 or bf16, got {}", dtype_name(compute_dtype));
-  for (model::ModelPart& part : model::llama_parts(cfg)) {
+  if (split.active())
+    for (const model::ModelPart& part : model::llama_parts(cfg))
+      for (const model::ParamInfo& info : part.params) whole_shapes_[info.name] = info.shape;
+  for (model::ModelPart& part : model::llama_parts(part_cfg_)) {
     if (keep && !keep(part)) {
       partial_ = true;
       continue;
@@ -53,7 +59,7 @@ void ParamStore::bind() {
   };
   compute_ = {};
   compute_.layers.resize(size_t(cfg_.num_hidden_layers));  // a partial store leaves others' layers unbound
-  for (const model::ModelPart& part : parts_) model::bind_part(cfg_, part, compute_, lookup);
+  for (const model::ModelPart& part : parts_) model::bind_part(part_cfg_, part, compute_, lookup);
 }
 
 Tensor ParamStore::master(const std::string& name) const {
@@ -74,7 +80,13 @@ int64_t ParamStore::numel() const {
   return n;
 }
 
+const std::vector<int64_t>& ParamStore::whole_shape(const std::string& name) const {
+  if (!split_.active()) return where(name).entry->info.shape;
+  return whole_shapes_.at(name);
+}
+
 void ParamStore::init_random(uint64_t seed) {
+  SHARDLM_CHECK(!split_.active(), "random initialization of a store split over ranks");
   for (Unit& u : units_)
     shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
@@ -84,21 +96,44 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
   const model::Nf4ModelReader stored(weights, cfg_);
+  // A tensor split over ranks is read run by run (tensor_parallel.h's slice_runs), as NF4 states are.
+  auto sliced = [&](const shard::FlatEntry& e) { return whole_shape(e.info.name) != e.info.shape; };
   std::vector<const shard::FlatLayout*> layouts;
+  Buffer tmp;
   for (Unit& u : units_) {
     shard::FlatLayout plain = u.layout;  // the other entries keep their offsets
-    std::erase_if(plain.entries, [&](const shard::FlatEntry& e) { return stored.is_quantized(e.info.name); });
+    std::erase_if(plain.entries,
+                  [&](const shard::FlatEntry& e) { return stored.is_quantized(e.info.name) || sliced(e); });
     shard::load_flat_range(plain, 0, u.layout.padded_numel, weights, source, u.master.t.f32());
     for (const shard::FlatEntry& e : u.layout.entries) {
-      if (!stored.is_quantized(e.info.name)) continue;
-      const std::vector<int64_t> shape = stored.state(e.info.name).shape;
-      if (shape != e.info.shape) {
-        const Tensor want = Tensor::view(nullptr, DType::F32, e.info.shape.data(), int(e.info.shape.size()));
-        const Tensor got = Tensor::view(nullptr, DType::F32, shape.data(), int(shape.size()));
-        throw Error(fmt::format("NF4 shape {} in the file, but config.json implies {}", got.shape_str(), want.shape_str()),
-                    {.file = source, .tensor = e.info.name});
+      const bool nf4 = stored.is_quantized(e.info.name);
+      if (!nf4 && !sliced(e)) continue;
+      const std::vector<int64_t>& whole = whole_shape(e.info.name);
+      float* dst = u.master.t.f32() + e.offset;
+      if (nf4) {
+        const std::vector<int64_t> shape = stored.state(e.info.name).shape;
+        if (shape != whole) {
+          const Tensor want = Tensor::view(nullptr, DType::F32, whole.data(), int(whole.size()));
+          const Tensor got = Tensor::view(nullptr, DType::F32, shape.data(), int(shape.size()));
+          throw Error(fmt::format("NF4 shape {} in the file, but config.json implies {}", got.shape_str(), want.shape_str()),
+                      {.file = source, .tensor = e.info.name});
+        }
+        slice_runs(whole, e.info.shape, split_, [&](int64_t at, int64_t n, int64_t to) {
+          stored.dequantize_range(e.info.name, at, at + n, dst + to);
+        });
+        continue;
       }
-      stored.dequantize_range(e.info.name, 0, e.info.numel(), u.master.t.f32() + e.offset);
+      const DType file_dtype = *weights.float_info(e.info.name, whole).dtype;
+      slice_runs(whole, e.info.shape, split_, [&](int64_t at, int64_t n, int64_t to) {
+        const size_t need = size_t(n) * dtype_size(file_dtype);
+        if (tmp.bytes() < need) tmp = Buffer(need, MemCategory::Workspace, false);
+        weights.read_range(e.info.name, uint64_t(at), uint64_t(n), tmp.data());
+        ops::cast(Tensor::view(dst + to, DType::F32, {n}), Tensor::view(tmp.data(), file_dtype, {n}));
+        for (int64_t i = 0; i < n; ++i)  // as load_flat_range checks
+          if (!std::isfinite(dst[to + i]))
+            throw Error(fmt::format("element {} is {}: the weights hold a non-finite value", at + i, dst[to + i]),
+                        {.file = source, .tensor = e.info.name});
+      });
     }
     layouts.push_back(&u.layout);
   }
@@ -118,9 +153,22 @@ void ParamStore::load(const io::ModelWeights& weights, const std::string& source
   sync_compute();
 }
 
+void ParamStore::load_slices(const ParamStore& whole) {
+  SHARDLM_CHECK(!whole.split_.active(), "slices are taken from an unsplit store");
+  for (Unit& u : units_)
+    for (const shard::FlatEntry& e : u.layout.entries) {
+      const Tensor src = whole.master(e.info.name);
+      const float* from = src.f32();
+      float* dst = u.master.t.f32() + e.offset;
+      slice_runs(whole_shape(e.info.name), e.info.shape, split_,
+                 [&](int64_t at, int64_t n, int64_t to) { std::copy(from + at, from + at + n, dst + to); });
+    }
+  sync_compute();
+}
+
 void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
-  SHARDLM_CHECK(!partial_, "cannot save a model from a store that holds only some of its parts");
+  SHARDLM_CHECK(!partial_ && !split_.active(), "cannot save a model from a store that holds only some of its parts");
   io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "infer/tensor_parallel.h"
 #include "io/staged_dir.h"
 #include "model/config.h"
 #include "model/llama.h"
@@ -34,7 +35,11 @@ class ParamStore {
   // load(), and their slots in compute_weights() are unbound (undefined tensors).
   using PartFilter = std::function<bool(const model::ModelPart&)>;
 
-  ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep = {});
+  // With a tensor split (infer/tensor_parallel.h), the store holds this rank's slices: its tensors
+  // have the shapes of sliced_config(cfg), load() reads only their byte ranges from the files of
+  // the whole model `cfg` describes, and compute_weights() is a rank's model for a Generator
+  // with the same split.
+  ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFilter& keep = {}, const TensorSplit& split = {});
 
   // Random initialization as transformers does it (normal(0, initializer_range) for linear and
   // embedding weights, ones for norms, zeros for biases), element i of tensor "name" drawn from
@@ -44,6 +49,10 @@ class ParamStore {
   // match the config exactly, and every file tensor must be used (a partial store reads only its
   // parts' byte ranges and does not look at the other tensors).
   void load(const io::ModelWeights& weights, const std::string& source);
+  // A split store takes its slices from a whole store of the same model (`whole` holds every part
+  // this store holds, unsplit): how a merged adapter or a load_in_4bit rounding, which work on whole
+  // tensors, reach a split model (infer/load_weights.h).
+  void load_slices(const ParamStore& whole);
   // Writes a Hugging Face model directory: the weights as a safetensors set in `dtype` (sharded above
   // max_shard_bytes), config.json and generation_config.json, and the tokenizer files copied from
   // `tokenizer_source` ("" for none), published as `publish` says (io/staged_dir.h; `role` names
@@ -55,6 +64,7 @@ class ParamStore {
   Tensor master(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   bool partial() const { return partial_; }
+  const TensorSplit& split() const { return split_; }
   std::vector<std::string> names() const;
   int64_t numel() const;
 
@@ -74,7 +84,13 @@ class ParamStore {
   const Where& where(const std::string& name) const;
   void bind();
 
-  ModelConfig cfg_;
+  // The whole tensor's shape of each entry (a split store's entries have their slices' shapes).
+  const std::vector<int64_t>& whole_shape(const std::string& name) const;
+
+  ModelConfig cfg_;        // the whole model
+  ModelConfig part_cfg_;   // the shapes held: cfg_, or sliced_config(cfg_) with a split
+  TensorSplit split_;
+  std::map<std::string, std::vector<int64_t>> whole_shapes_;  // with a split
   DType compute_dtype_;
   bool partial_ = false;  // some parts left out (PartFilter)
   std::vector<model::ModelPart> parts_;  // the parts held, one per unit

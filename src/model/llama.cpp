@@ -234,7 +234,7 @@ void lora_forward(const LayerWeights& w, int m, const Tensor& W, const Tensor& y
 void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const BlockActivations& a,
                            const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
                            const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer,
-                           const LoraForward& lf) {
+                           const LoraForward& lf, const PartialSums& tp) {
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   using M = LoraModule;
@@ -285,11 +285,14 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
     }
     SHARDLM_CHECK(r0 == N, "{} rows for sequences of {} new rows in all", N, r0);
   }
-  // h1 = x_in + o_proj(att): start from the residual and let the matmul accumulate onto it.
-  copy(a.h1, a.x_in);
-  ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, 1.0f);
-  if (w.bo.defined()) ops::add_bias(a.h1, w.bo);
+  // h1 = x_in + o_proj(att): start from the residual and let the matmul accumulate onto it (over
+  // ranks: this rank's partial sum, the residual on one rank only, then the sum of all of them).
+  const float residual = tp.residual ? 1.0f : 0.0f;
+  if (tp.residual) copy(a.h1, a.x_in);
+  ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, residual);
+  if (w.bo.defined() && tp.residual) ops::add_bias(a.h1, w.bo);
   lora(M::O, w.wo, a.h1, a.att);
+  if (tp.sum) tp.sum(a.h1);
   ops::rmsnorm_forward(a.xn2, a.rstd2, a.h1, w.mlp_norm, eps);
   ops::matmul(a.gate, a.xn2, w.w_gate, false, true);
   lora(M::Gate, w.w_gate, a.gate, a.xn2);
@@ -298,10 +301,14 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   ops::swiglu_forward(a.act, a.gate, a.up);
   // out = h1 + down_proj(act).
   if (out.defined()) {
-    copy(out, a.h1);
-    ops::matmul(out, a.act, w.w_down, false, true, 1.0f, 1.0f);
+    if (tp.residual) copy(out, a.h1);
+    ops::matmul(out, a.act, w.w_down, false, true, 1.0f, residual);
   }
   lora(M::Down, w.w_down, out, a.act);
+  if (tp.sum) {
+    SHARDLM_CHECK(out.defined(), "a block split over ranks needs its output");
+    tp.sum(out);
+  }
 }
 
 // ---- LlamaCompute --------------------------------------------------------------------------

@@ -341,9 +341,18 @@ struct AttentionKv {
 // Adapters bound in `w` (w.lora_a, and w.lora_m for DoRA) are applied as PEFT does, as `lora` says,
 // their u saved in a.lora_u.
 // Shared by training and generation so that both compute exactly the same function.
+// With tensor parallelism (generation over ranks, infer/tensor_parallel.h) `w` holds this rank's
+// slices and `cfg` counts this rank's heads and intermediate width (Megatron-LM's split), so
+// o_proj's and down_proj's products are partial sums over the ranks: `tp` sums them.
+struct PartialSums {
+  // Sums a tensor over the ranks, in place (an all-reduce); empty: one process, nothing to sum.
+  std::function<void(const Tensor&)> sum;
+  // The residual stream (and o_proj's bias) enters the sum once: from the rank where this is true.
+  bool residual = true;
+};
 void decoder_block_forward(const ModelConfig& cfg, const LayerWeights& w, const BlockActivations& a,
                            const AttentionKv& kv, const Tensor& positions, const Tensor& segment_ids,
                            const Tensor& inv_freq, int64_t B, int64_t Tq, const Tensor& out, int64_t layer = 0,
-                           const LoraForward& lora = {});
+                           const LoraForward& lora = {}, const PartialSums& tp = {});
 
 }  // namespace shardlm::model

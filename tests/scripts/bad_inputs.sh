@@ -417,6 +417,10 @@ row serve_max_body_huge     "--max-body.*1GiB"                                  
 row serve_max_body_text     "--max-body.*lots"                                         S serve --model "$m" --port 0 --max-body lots
 row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
 row serve_prefill_negative  "--prefill-chunk"                                          S serve --model "$m" --port 0 --prefill-chunk -1
+# --tensor-parallel: impossible splits (tests/scripts/tensor_parallel_cli.sh has more)
+row generate_tp_one_rank    "--tensor-parallel.*needs 2 ranks"                         S generate --model "$m" --prompt hi --tensor-parallel 2
+row generate_tp_device_map  "--tensor-parallel.*--device-map"                          S generate --model "$m" --prompt hi --tensor-parallel 2 --device-map auto
+row serve_tp_one_rank       "--tensor-parallel.*needs 2 ranks"                         S serve --model "$m" --port 0 --tensor-parallel 2
 # launch
 row launch_nnodes_no_hosts  "--hostfile"                                               S launch --nproc-per-node 1 --nnodes 2 -- train --config "$cfg"
 row launch_hostfile_missing "no_such_hosts"                                            S launch --nnodes 2 --hostfile "$work/no_such_hosts" -- train --config "$cfg"
@@ -424,8 +428,10 @@ if [[ $mpi == mpi ]]; then
   row launch_hybrid_group     "rank 0: .*shard_group_size.*(2|3)"                        S launch --nproc-per-node 3 -- train --config "$cfg" sharding_strategy=HYBRID_SHARD shard_group_size=2
   row launch_bad_key          "rank 0: .*max_stepz"                                      S launch --nproc-per-node 2 -- train --config "$cfg" max_stepz=1
   row launch_resume_trunc     "rank [01]: .*ck_trunc/rank_00000\.safetensors"            S launch --nproc-per-node 2 -- train --config "$cfg" resume_from="$ck_trunc"
+  row launch_tp_kv_heads      "rank [0-3]: .*num_key_value_heads"                        S launch --nproc-per-node 4 -- generate --model "$m" --prompt hi --tensor-parallel 4
+  row launch_tp_ranks         "rank [01]: .*--tensor-parallel 3 needs 3 ranks"           S launch --nproc-per-node 2 -- serve --model "$m" --port 0 --tensor-parallel 3
 else
-  skipped=3
+  skipped=5
 fi
 
 echo "bad_inputs: $pass passed, $fails failed, $skipped launch rows skipped (no MPI), $((SECONDS - start)) s"

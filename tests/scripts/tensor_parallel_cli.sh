@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# `shardlm generate/serve --tensor-parallel N` (docs/generation.md): every layer split over ranks.
+#  1. generate on 2 ranks (shardlm launch) gives the single process's tokens, greedy and sampled,
+#     for one streamed prompt and a --prompts batch of different lengths (continuous batching), on a
+#     GQA model (4 query heads, 2 key-value heads: one kv head per rank), a tied-embedding model,
+#     with --adapter and --load-in-4bit (merged / rounded whole, then sliced), a bitsandbytes NF4
+#     directory (double-quantized; each rank dequantizes its slices), and on 4 ranks (an MHA
+#     model: 4 kv heads);
+#  2. serve on 2 ranks: a completion with logprobs equals the single-process server's (the text,
+#     and every logprob within 1e-5: the logits, all-reduced in another order), streamed too;
+#     SIGTERM ends every rank (exit 0);
+#  3. impossible splits are one-line errors naming the flag or the config key, non-zero, no hang.
+# Usage: tensor_parallel_cli.sh SHARDLM PEFT_TOOL PYTHON WORKDIR TORCH_REF_DIR
+set -euo pipefail
+shardlm=$1
+tool=$2
+py=$3
+work=$4
+torch_ref=$5
+rm -rf "$work" && mkdir -p "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One thread everywhere, so the single process and every rank run the same BLAS blocking.
+export OMP_NUM_THREADS=1
+pid=
+fail() {
+  echo "FAIL: $*"
+  [[ -f "$work/serve.err" ]] && sed 's/^/  serve: /' "$work/serve.err" | tail -20
+  exit 1
+}
+# Only the server this script started is stopped.
+trap '[[ -n "$pid" ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
+
+# tiny: hidden 64, 4 heads, 2 kv heads, intermediate 172, vocab 512, 2 layers.
+# (seed 3: greedy decoding of these random weights neither stops at once nor repeats one byte.)
+"$shardlm" init --preset tiny --seed 3 --out "$work/m" >/dev/null
+"$shardlm" init --preset tiny --set tie_word_embeddings=true --set initializer_range=0.2 --seed 3 --out "$work/tied" >/dev/null
+"$shardlm" init --preset tiny --set num_key_value_heads=4 --seed 3 --out "$work/mha" >/dev/null
+
+gen() {  # gen NAME MODEL ARGS...: one process
+  local name=$1 model=$2
+  shift 2
+  "$shardlm" generate --model "$work/$model" --max-new-tokens 12 "$@" > "$work/$name.out" 2> "$work/$name.err" ||
+    fail "$name: $(cat "$work/$name.err")"
+}
+tp() {  # tp NAME RANKS MODEL ARGS...: --tensor-parallel RANKS through shardlm launch
+  local name=$1 ranks=$2 model=$3
+  shift 3
+  timeout 60 "$shardlm" launch --nproc-per-node "$ranks" --threads-per-rank 1 -- generate --model "$work/$model" \
+    --max-new-tokens 12 --tensor-parallel "$ranks" "$@" > "$work/$name.out" 2> "$work/$name.err" ||
+    fail "$name: $(cat "$work/$name.err")"
+}
+strip() {  # the JSON lines of a --prompts run without their timings
+  "$py" -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); r.pop("prefill_seconds", None); r.pop("decode_seconds", None); print(json.dumps(r))' "$work/$1.out" > "$work/$1.cmp"
+}
+same() {  # same A B: identical stdout (JSON lines: but for the timings)
+  if [[ $(head -c 1 "$work/$1.out") == "{" ]]; then
+    strip "$1"; strip "$2"
+    cmp -s "$work/$1.cmp" "$work/$2.cmp" || fail "$2 differs from $1: $(cat "$work/$2.cmp") vs $(cat "$work/$1.cmp")"
+  else
+    cmp -s "$work/$1.out" "$work/$2.out" || fail "$2 differs from $1: $(cat "$work/$2.out") vs $(cat "$work/$1.out")"
+  fi
+  echo "$2 = $1: $(head -c 100 "$work/$2.out" | tr '\n' ' ')"
+}
+
+# ---- 1. generate ----
+gen one m --prompt "hello" --temperature 0
+[[ $(wc -c < "$work/one.out") -gt 10 ]] || fail "nothing generated (vacuous test): $(cat "$work/one.out")"
+tp tp2 2 m --prompt "hello" --temperature 0
+same one tp2
+grep -q "tensor parallel over 2 ranks: 2 of 4 attention heads, 1 of 2 key-value heads" "$work/tp2.err" ||
+  fail "no split line: $(cat "$work/tp2.err")"
+gen sampled m --prompt "hello" --temperature 0.9 --top-k 50 --seed 11
+tp sampled2 2 m --prompt "hello" --temperature 0.9 --top-k 50 --seed 11
+same sampled sampled2
+
+printf '%s\n' '{"prompt": "one"}' '{"prompt": "two two two two two two", "temperature": 0.7, "seed": 3}' \
+  '{"prompt": "three", "max_new_tokens": 5}' '{"prompt": "four four four four four four four four four four"}' \
+  '{"prompt": "5"}' > "$work/p.jsonl"
+gen batch1 m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+tp batch2 2 m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+same batch1 batch2
+[[ $(wc -l < "$work/batch2.cmp") -eq 5 ]] || fail "--prompts on 2 ranks: expected 5 results, got $(cat "$work/batch2.out")"
+
+gen tied1 tied --prompt "hello" --temperature 0
+[[ $(wc -c < "$work/tied1.out") -gt 10 ]] || fail "tied: nothing generated (vacuous test): $(cat "$work/tied1.out")"
+tp tied2 2 tied --prompt "hello" --temperature 0
+same tied1 tied2
+
+"$tool" make-adapter "$work/m" "$work/lora" --rank 4 --alpha 8 --targets all-linear --seed 1 --std 0.2 >/dev/null
+gen lora1 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4bit
+cmp -s "$work/one.out" "$work/lora1.out" && fail "the adapter does not change generation (vacuous test)"
+tp lora2 2 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4bit
+same lora1 lora2
+
+# A bitsandbytes NF4 directory (double quantization) as transformers saves it, made from m by
+# tests/torch_ref/nf4_reference.py's quantizer (as bnb_cli.sh does).
+"$py" - "$torch_ref" "$work/m" "$work/nf4" <<'PY'
+import json, os, shutil, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import nf4_reference as R
+from safetensors_check import load, save
+base, out = sys.argv[2], sys.argv[3]
+os.makedirs(out)
+tensors = {}
+for name, w in load(os.path.join(base, "model.safetensors")).items():
+    w = torch.as_tensor(np.asarray(w)).to(torch.bfloat16)
+    if name.split(".")[-2].endswith("_proj"):
+        packed, absmax = R.quantize_nf4(w.float().numpy().reshape(-1))
+        tensors.update(R._quant_state_tensors(name, list(w.shape), "bfloat16", packed, absmax, True)[0])
+    else:
+        tensors[name] = w
+save(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
+for f in os.listdir(base):
+    if f != "model.safetensors":
+        shutil.copy(os.path.join(base, f), out)
+config = json.load(open(os.path.join(out, "config.json")))
+config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                 "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16"}
+json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
+PY
+gen nf4one nf4 --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+grep -q "is bitsandbytes NF4" "$work/nf4one.err" || fail "nf4: not read as NF4: $(cat "$work/nf4one.err")"
+tp nf4two 2 nf4 --prompts "$work/p.jsonl" --batch-size 3 --temperature 0
+same nf4one nf4two
+
+gen mha1 mha --prompts "$work/p.jsonl" --batch-size 4 --temperature 0
+tp mha4 4 mha --prompts "$work/p.jsonl" --batch-size 4 --temperature 0
+same mha1 mha4
+
+# ---- 2. serve ----
+# wait_listening WHAT: sets port from serve's "listening on" line in $work/serve.err.
+wait_listening() {
+  port=
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's|.*serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
+    [[ -n "$port" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "$1 exited before listening"
+    sleep 0.1
+  done
+  fail "$1 did not say where it listens"
+}
+ask() {  # ask NAME: a completion with logprobs, and the same streamed, to the server on $port
+  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "hello there", "max_tokens": 10, "temperature": 0, "logprobs": 5, "echo": true}' \
+    > "$work/$1.json" || fail "$1: the completion failed"
+  curl -sfN "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "four four", "max_tokens": 10, "temperature": 0, "stream": true}' \
+    > "$work/$1.sse" || fail "$1: the streamed completion failed"
+}
+"$shardlm" serve --model "$work/m" --port 0 --max-batch 2 --max-len 64 2> "$work/serve.err" &
+pid=$!
+wait_listening serve
+ask serve1
+kill -TERM "$pid"; wait "$pid" || fail "serve did not exit cleanly"; pid=
+"$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-batch 2 \
+  --max-len 64 --tensor-parallel 2 2> "$work/serve.err" &
+pid=$!
+wait_listening "serve --tensor-parallel 2"
+ask serve2
+kill -TERM "$pid"; wait "$pid" || fail "serve --tensor-parallel 2 did not exit cleanly (SIGTERM)"; pid=
+"$py" - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+a, b = (json.load(open(f"{w}/serve{i}.json"))["choices"][0] for i in (1, 2))
+assert a["text"] == b["text"] and len(a["text"]) > len("hello there"), (a["text"], b["text"])
+la, lb = a["logprobs"], b["logprobs"]
+assert la["tokens"] == lb["tokens"], (la["tokens"], lb["tokens"])
+worst, n = 0.0, 0
+for x, y in zip(la["token_logprobs"], lb["token_logprobs"]):
+    if x is None:
+        assert y is None
+        continue
+    worst, n = max(worst, abs(x - y) / max(abs(x), 1e-3)), n + 1
+for ta, tb in zip(la["top_logprobs"], lb["top_logprobs"]):
+    if ta is None:
+        continue
+    assert ta.keys() == tb.keys(), (ta, tb)
+    for k in ta:
+        worst, n = max(worst, abs(ta[k] - tb[k]) / max(abs(ta[k]), 1e-3)), n + 1
+assert n > 20 and worst <= 1e-5, f"{n} logprobs, largest relative difference {worst:.2e}"
+def text(path):
+    out = ""
+    for line in open(path):
+        if line.startswith("data: {"):
+            out += json.loads(line[6:])["choices"][0]["text"]
+    return out
+sa, sb = text(f"{w}/serve1.sse"), text(f"{w}/serve2.sse")
+assert sa == sb and sa, (sa, sb)
+print(f"serve on 2 ranks = one process: {a['text']!r}; {n} logprobs within {worst:.1e} relative; streamed {sb!r}")
+PY
+
+# ---- 3. impossible splits ----
+bad() {  # bad WHAT EXPECTED COMMAND...: one line (besides launch's own), non-zero, in time
+  local what=$1 expected=$2
+  shift 2
+  if timeout 60 "$shardlm" "$@" > "$work/bad.out" 2>&1; then fail "$what was accepted"; fi
+  grep -v '^shardlm launch: mpirun ' "$work/bad.out" > "$work/bad.err" || true
+  echo "$what: $(cat "$work/bad.err")"
+  [[ $(wc -l < "$work/bad.err") -eq 1 ]] || fail "$what: not one line"
+  grep -q -- "$expected" "$work/bad.err" || fail "$what: does not say '$expected'"
+}
+L=(launch --nproc-per-node 4 --threads-per-rank 1 --)
+bad "kv heads over 4" "key 'num_key_value_heads'" "${L[@]}" generate --model "$work/m" --prompt x --tensor-parallel 4
+bad "serve: kv heads over 4" "key 'num_key_value_heads'" "${L[@]}" serve --model "$work/m" --port 0 --tensor-parallel 4
+bad "2 of 4 ranks" "key '--tensor-parallel': --tensor-parallel 2 needs 2 ranks" "${L[@]}" generate --model "$work/m" \
+  --prompt x --tensor-parallel 2
+bad "one process" "key '--tensor-parallel': --tensor-parallel 2 needs 2 ranks" generate --model "$work/m" --prompt x \
+  --tensor-parallel 2
+bad "with --device-map" "key '--tensor-parallel': cannot be combined with --device-map" generate --model "$work/m" \
+  --prompt x --tensor-parallel 2 --device-map auto
+"$shardlm" init --preset tiny --set intermediate_size=171 --seed 3 --out "$work/odd" >/dev/null
+bad "intermediate over 2" "key 'intermediate_size'" launch --nproc-per-node 2 --threads-per-rank 1 -- generate \
+  --model "$work/odd" --prompt x --tensor-parallel 2
+echo "tensor_parallel_cli: all passed"
