@@ -11,9 +11,11 @@
 namespace shardlm::infer {
 
 Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
-                     const Pipeline& pipeline)
-    : cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm) {
+                     const Pipeline& pipeline, DType kv_dtype)
+    : cfg_(cfg), w_(weights), max_len_(max_len), kv_dtype_(kv_dtype), comm_(pipeline.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
+  SHARDLM_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "a KV cache in f32 or bf16, not {}",
+                dtype_name(kv_dtype));
   SHARDLM_CHECK(max_batch >= 1, "generation batch size must be >= 1, got {}", max_batch);
   share_ = {.layer_begin = 0, .layer_end = cfg.num_hidden_layers, .embed = true, .head = true, .bytes = 0};
   if (comm_) {
@@ -47,7 +49,7 @@ Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_le
 int64_t Generator::kv_cache_bytes_per_sequence() const {
   if (recompute_) return 0;
   const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
-  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(sizeof(float));
+  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(dtype_size(kv_dtype_));
 }
 
 int Generator::acquire() {
@@ -92,9 +94,9 @@ std::vector<float> Generator::run_rows(const std::vector<int>& slots, const std:
                   slot.length + Tq, max_len_);
     if (slot.k_cache.empty() && !recompute_)  // first use of this slot: a cache per layer this rank runs
       for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
-        slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+        slot.k_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
-        slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+        slot.v_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
       }
   }

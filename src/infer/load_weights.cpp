@@ -35,6 +35,12 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
                      adapter.targets.size(), adapter.spec.rank, adapter.spec.scale()));
   }
   params.sync_compute();
+  if (w.dtype == DType::BF16) {
+    params.keep_only_bf16();
+    note(fmt::format("weights rounded to bf16: {:.1f} MiB", double(params.bytes()) / (1 << 20)));
+  } else {
+    SHARDLM_CHECK(w.dtype == DType::F32, "generation holds weights in f32 or bf16, not {}", dtype_name(w.dtype));
+  }
 }
 
 }  // namespace shardlm::infer
