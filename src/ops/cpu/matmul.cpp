@@ -39,14 +39,18 @@ const float* as_f32(const Tensor& t, const Buffer& scratch) {
 // row of B is read once, straight from memory, and dotted with each row of A (which stays in
 // cache). OpenBLAS 0.3.21's sgemm packs all of B first, which for a decode step means copying
 // every weight once more per token: this path decoded a 506M-parameter model 1.5x faster in f32
-// (bench/RESULTS.md). A row of B is loaded a vector at a time, a bf16 one widened to f32 in the
-// register (exact), and multiplied into up to kGroup rows of A at once, so each load feeds several
-// multiply-adds. Every row's dot product is computed the same way whatever M is and whichever
-// group it falls in (two vector accumulators, summed lane by lane, then the tail), so a sequence's
-// logits do not depend on the batch it decodes in, and a bf16 B gives bit for bit the result of
-// its f32 widening.
+// (bench/RESULTS.md). The work is tiles of up to kTileRows rows of A by kTileCols rows of B, one
+// vector accumulator each in registers: a vector of B (a bf16 one widened to f32 in the register,
+// exact) feeds every row of A in the tile, and a vector of A every row of B. With one or two rows
+// of A the tiles are one row of B wide instead: B is then read as one sequential stream, which
+// the hardware prefetcher keeps ahead (a bf16 lm_head at M = 1 read 1.4x faster than in tiles of
+// 4 rows of B; at M = 8 the wide tiles were 1.7x faster; bench_ops --decode). Every dot product is
+// computed the same way whatever tile it falls in (one accumulator over the vectors of K, summed
+// lane by lane, then the tail), so a row's result does not depend on M (a sequence's logits do
+// not depend on the batch it decodes in), and a bf16 B gives bit for bit its f32 widening's result.
 constexpr int64_t kSkinnyRows = 8;
-constexpr int kGroup = 4;  // rows of A per pass over a row of B: 2 x kGroup accumulators in registers
+constexpr int kTileRows = 4;
+constexpr int kTileCols = kLanes == 16 ? 4 : 2;  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers
 
 typedef uint16_t vhalf_unaligned __attribute__((vector_size(kLanes * sizeof(uint16_t)), aligned(2), may_alias));
 typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));
@@ -58,47 +62,58 @@ inline vfloat vload_f32(const bf16_t* p) {  // bf16 is the top half of an f32: w
 inline float widen(float x) { return x; }
 inline float widen(bf16_t x) { return bf16_to_f32(x); }
 
-// Rows [0, R) of A (row stride lda) dotted with one row w of B: c[r * ldc] = alpha * dot + beta * c.
-template <int R, class W>
-inline void skinny_dots(float* c, int64_t ldc, const float* a, int64_t lda, const W* w, int64_t K, float alpha,
-                        float beta) {
-  vfloat acc0[R] = {}, acc1[R] = {};
+// c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
+template <int R, int C, class W>
+inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t K,
+                        float alpha, float beta) {
+  vfloat acc[R][C] = {};
   int64_t k = 0;
-  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
-    const vfloat w0 = vload_f32(w + k), w1 = vload_f32(w + k + kLanes);
+  for (; k + kLanes <= K; k += kLanes) {
+    vfloat w[C];
+    for (int j = 0; j < C; ++j) w[j] = vload_f32(b + j * ldb + k);
     for (int r = 0; r < R; ++r) {
-      acc0[r] += vload(a + r * lda + k) * w0;
-      acc1[r] += vload(a + r * lda + k + kLanes) * w1;
+      const vfloat x = vload(a + r * lda + k);
+      for (int j = 0; j < C; ++j) acc[r][j] += x * w[j];
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const vfloat v = acc0[r] + acc1[r];
-    float sum = 0.0f;
-    for (int l = 0; l < kLanes; ++l) sum += v[l];
-    // Explicit fused multiply-adds: whether the compiler would contract `sum + x * w` differs
-    // between the f32 and the bf16 instantiation, and the two must agree bit for bit. (The vector
-    // loop above is contracted in both; CpuBf16.DecodeShapesTakeTheSkinnyKernel checks it.)
-    for (int64_t j = k; j < K; ++j) sum = std::fma(a[r * lda + j], widen(w[j]), sum);
-    float& out = c[r * ldc];
-    out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) {
+      float sum = 0.0f;
+      for (int l = 0; l < kLanes; ++l) sum += acc[r][j][l];
+      // Explicit fused multiply-adds: whether the compiler would contract `sum + x * w` differs
+      // between the f32 and the bf16 instantiation, and the two must agree bit for bit. (The
+      // vector loop above is contracted in both; CpuBf16.DecodeShapesTakeTheSkinnyKernel checks it.)
+      for (int64_t q = k; q < K; ++q) sum = std::fma(a[r * lda + q], widen(b[j * ldb + q]), sum);
+      float& out = c[r * ldc + j];
+      out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
+    }
+}
+
+// Rows [0, R) of A against rows [0, cols) of B, cols <= kTileCols.
+template <int R, class W>
+inline void skinny_rows(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t cols,
+                        int64_t K, float alpha, float beta) {
+  if (cols == kTileCols) return skinny_tile<R, kTileCols>(c, ldc, a, lda, b, ldb, K, alpha, beta);
+  for (int64_t j = 0; j < cols; ++j) skinny_tile<R, 1>(c + j, ldc, a, lda, b + j * ldb, ldb, K, alpha, beta);
 }
 
 template <class W>
 void skinny_bt(float* c, const float* a, const W* b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                float alpha, float beta) {
+  const int64_t width = M <= 2 ? 1 : kTileCols, tiles = (N + width - 1) / width;
   parallel_region(M * N * K >= kMinParallelWork, [&] {
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const W* w = b + n * ldb;
-      for (int64_t m = 0; m < M; m += kGroup) {
-        float* cm = c + m * N + n;
-        const float* am = a + m * lda;
-        switch (std::min<int64_t>(kGroup, M - m)) {
-          case 1: skinny_dots<1>(cm, N, am, lda, w, K, alpha, beta); break;
-          case 2: skinny_dots<2>(cm, N, am, lda, w, K, alpha, beta); break;
-          case 3: skinny_dots<3>(cm, N, am, lda, w, K, alpha, beta); break;
-          default: skinny_dots<4>(cm, N, am, lda, w, K, alpha, beta); break;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n = t * width, cols = std::min<int64_t>(width, N - n);
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        float* ct = c + m * N + n;
+        const float* at = a + m * lda;
+        const W* bt = b + n * ldb;
+        switch (std::min<int64_t>(kTileRows, M - m)) {
+          case 1: skinny_rows<1>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          case 2: skinny_rows<2>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          case 3: skinny_rows<3>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          default: skinny_rows<4>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
         }
       }
     }
