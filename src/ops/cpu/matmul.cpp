@@ -2,10 +2,12 @@
 //  - skinny: a few f32 rows times a transposed f32 or bf16 weight into f32 (a decode step: x W^T
 //    with M = the batch, at most kSkinnyRows), by skinny_bt below, on every x86-64 CPU: each
 //    weight row is read once, straight from memory, bf16 widened to f32 in registers (a 16-bit
-//    shift), and every product and sum is f32. Decode is memory-bound, so a bf16 weight decodes
-//    about twice as fast as an f32 one; this path is taken before the bf16 one even where oneDNN
-//    has bf16 hardware, which would round x to bf16 and was slower at these shapes
-//    (bench/generate_speed.sh, docs/generation.md).
+//    shift), and every product and sum is f32. At one row, decode is memory-bound and a bf16
+//    weight is read about twice as fast as an f32 one, and 1.5x as fast as oneDNN reads it. This
+//    path is taken before the bf16 one even where oneDNN has bf16 hardware: oneDNN would round x
+//    to bf16 and make a row's result depend on how many rows share the call (on the development
+//    machine it was 1.5-2x faster at 8 rows, where this kernel is compute-bound: bench_ops
+//    --decode; docs/generation.md).
 //  - bf16: with a bf16 operand, on a CPU with bf16 hardware, through oneDNN (ops/cpu/onednn.h):
 //    bf16 x bf16 products accumulated in f32, C written in its own dtype. An f32 operand beside a
 //    bf16 one (the f32 gradient buffers of the backward) is rounded to a bf16 Workspace copy: the
