@@ -6,6 +6,11 @@
 //   build/bench/bench_ops --bf16      bf16 matmuls at training shapes on the CPU's bf16 path (oneDNN,
 //                                     ops/cpu_bf16.h) and on its f32 fallback, beside raw sgemm on
 //                                     the same shapes in f32, one JSON line per shape (bench/cpu_bf16.sh)
+//   build/bench/bench_ops --decode    a decode step's matmuls (M = 1 and 8 rows times a transposed
+//                                     weight) with f32 weights, with bf16 weights on the skinny
+//                                     kernel, through oneDNN (x rounded to bf16) and through the f32
+//                                     fallback's widening; and decode attention over an f32 and a
+//                                     bf16 KV cache; one JSON line each
 //
 // Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
 // interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
@@ -101,6 +106,44 @@ void compare_bf16(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const char*
              flop / t_fallback * 1e-9, flop / t_sgemm * 1e-9, platform_info().omp_threads);
 }
 
+// A decode step's x W^T, W [N, K], M rows: ms per call and the weight's GB/s on each path.
+void compare_decode(int64_t M, int64_t N, int64_t K, const char* what) {
+  OwnedTensor x = randn(DType::F32, {M, K}, "x"), xh = randn(DType::BF16, {M, K}, "x");
+  OwnedTensor w = randn(DType::F32, {N, K}, "w"), wh = randn(DType::BF16, {N, K}, "w");
+  OwnedTensor c(DType::F32, {M, N}, MemCategory::Other);
+  const bool was = ops::cpu_bf16_enabled(), hw = ops::cpu_bf16_status().hardware;
+  auto time = [&](const Tensor& a, const Tensor& b, bool bf16_path) {
+    if (bf16_path && !hw) return -1.0;
+    ops::set_cpu_bf16_enabled(bf16_path);
+    return seconds_best_of(5, [&] { ops::matmul(c.t, a, b, false, true); });
+  };
+  const double f32 = time(x.t, w.t, false), skinny = time(x.t, wh.t, false), onednn = time(xh.t, wh.t, true),
+               widened = time(xh.t, wh.t, false);
+  ops::set_cpu_bf16_enabled(was);
+  auto ms = [](double t) { return t < 0 ? std::string("null") : fmt::format("{:.3f}", t * 1e3); };
+  const double nk = double(N) * double(K);
+  fmt::print("{{\"impl\": \"decode matmul\", \"what\": \"{}\", \"shape\": \"{}x{}x{} T\", \"f32_ms\": {}, "
+             "\"bf16_skinny_ms\": {}, \"bf16_onednn_ms\": {}, \"bf16_widened_ms\": {}, \"f32_weight_gbs\": {:.1f}, "
+             "\"bf16_skinny_weight_gbs\": {:.1f}, \"threads\": {}}}\n",
+             what, M, N, K, ms(f32), ms(skinny), ms(onednn), ms(widened), nk * 4 / f32 * 1e-9, nk * 2 / skinny * 1e-9,
+             platform_info().omp_threads);
+}
+
+// One decode step's attention (1 query row per head) against a KV cache of T positions, f32 or bf16.
+void compare_decode_attention(int64_t T, int64_t H, int64_t Hkv, int64_t Dh) {
+  OwnedTensor q = randn(DType::F32, {1, 1, H, Dh}, "q"), o(DType::F32, {1, 1, H, Dh}, MemCategory::Other),
+              lse(DType::F32, {1, H, 1}, MemCategory::Other);
+  double t[2];
+  for (int i = 0; i < 2; ++i) {
+    const DType d = i ? DType::BF16 : DType::F32;
+    OwnedTensor k = randn(d, {1, T, Hkv, Dh}, "k"), v = randn(d, {1, T, Hkv, Dh}, "v");
+    t[i] = seconds_best_of(5, [&] { ops::attention_forward(o.t, lse.t, q.t, k.t, v.t, Tensor{}, 0.125f); });
+  }
+  fmt::print("{{\"impl\": \"decode attention\", \"shape\": \"cache {} x {} kv heads x {}, {} heads\", "
+             "\"f32_cache_ms\": {:.3f}, \"bf16_cache_ms\": {:.3f}, \"threads\": {}}}\n",
+             T, Hkv, Dh, H, t[0] * 1e3, t[1] * 1e3, platform_info().omp_threads);
+}
+
 void row(const char* name, const char* shape, double s, double flop = 0) {
   if (flop > 0)
     fmt::print("  {:<28} {:<34} {:9.3f} ms  {:7.1f} GFLOP/s\n", name, shape, s * 1e3, flop / s * 1e-9);
@@ -112,14 +155,15 @@ void row(const char* name, const char* shape, double s, double flop = 0) {
 
 int main(int argc, char** argv) {
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
-  bool quick = false, sgemm_only = false, bf16_only = false;
+  bool quick = false, sgemm_only = false, bf16_only = false, decode_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--sgemm")) sgemm_only = true;
     else if (!std::strcmp(argv[i], "--bf16")) bf16_only = true;
+    else if (!std::strcmp(argv[i], "--decode")) decode_only = true;
     else {
-      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16\n");
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16 | --decode\n");
       return 2;
     }
   }
@@ -133,6 +177,19 @@ int main(int argc, char** argv) {
     });
     fmt::print("{{\"impl\": \"sgemm\", \"shape\": \"{0}x{0}x{0}\", \"gflops\": {1:.1f}, \"threads\": {2}}}\n", n,
                2.0 * double(n * n * n) / s * 1e-9, platform_info().omp_threads);
+    return 0;
+  }
+  if (decode_only) {
+    fmt::print("# cpu bf16: {}\n", ops::cpu_bf16_status().line);
+    // Llama 3.2 1B's projections and head (dim 2048, ffn 8192, kv 512, vocab 128256), one row and 8.
+    for (int64_t M : {1, 8}) {
+      compare_decode(M, 2048, 2048, "q/o proj");
+      compare_decode(M, 512, 2048, "k/v proj");
+      compare_decode(M, 8192, 2048, "gate/up proj");
+      compare_decode(M, 2048, 8192, "down proj");
+      compare_decode(M, 128256, 2048, "lm_head");
+    }
+    for (int64_t T : {128, 1024, 4096}) compare_decode_attention(T, 32, 8, 64);
     return 0;
   }
   if (bf16_only) {

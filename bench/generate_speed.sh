@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Generation speed, shardlm against PyTorch eager with a KV cache (bench/torch_generate_bench.py),
 # on the same model and machine, side by side in one run: prefill and decode tokens/s at batch 1
-# and batch 8, greedy, one process, every core.
-#   bench/generate_speed.sh [NEW_TOKENS=16] [WORKDIR=/tmp/shardlm_generate_speed] [MODEL_DIR]
+# and batch 8, greedy, one process, every core, for each dtype of DTYPES: shardlm
+# `generate --dtype D` (bf16: weights and KV cache in bf16, f32 math) beside PyTorch with the model
+# in D (bf16: transformers' torch_dtype=torch.bfloat16), then shardlm's bf16 speed over its f32 one.
+#   bench/generate_speed.sh [NEW_TOKENS=16] [WORKDIR=/tmp/shardlm_generate_speed] [MODEL_DIR] [DTYPES="f32 bf16"]
 # Model (default): Llama 3.2 1B's shape cut to 4 layers (506M parameters, vocab 128256, tied), f32,
 # random weights, with the Llama 3 tokenizer from ../shared/data (the prompts are text for shardlm;
 # PyTorch gets random ids of the same count). Prompts: one English line of ~130 tokens, B times.
 # Decode tokens/s = B x (NEW_TOKENS - 1) over the decode steps' time (the first new token comes from
-# the prefill), on both sides.
+# the prefill), on both sides. Each line carries the 1-minute load average when it was measured.
+# SHARDLM_CPU_BF16=0 in the environment sends shardlm's bf16 prefill through the f32 fallback
+# instead of oneDNN (ops/cpu_bf16.h); decode steps take the skinny kernel either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 new=${1:-16}
 work=${2:-/tmp/shardlm_generate_speed}
 model=${3:-}
+dtypes=${4:-f32 bf16}
 shardlm=build/shardlm
 threads=$(nproc --all)
 export OMP_NUM_THREADS=$threads
@@ -27,14 +32,19 @@ line="The committee met on a grey morning in early spring to settle, at last, th
 line="$line library should stand: by the river, where the old mill had burned, or on the hill above the"
 line="$line market, where the children of the town could reach it on foot. Each member had come with maps,"
 line="$line letters from neighbours, and a list of costs that did not agree with anyone else's list."
+load() { cut -d' ' -f1 /proc/loadavg; }
+ratio() { /usr/bin/python3 -c "print(f'{$1 / $2:.2f}')"; }
 echo "generate_speed: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads cores;" \
-  "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $new new tokens, greedy, f32"
+  "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $new new tokens, greedy; $model"
+declare -A decode_of
 for batch in 1 8; do
   : > "$work/prompts_$batch.txt"
   for _ in $(seq "$batch"); do echo "$line" >> "$work/prompts_$batch.txt"; done
-  "$shardlm" generate --model "$model" --prompts "$work/prompts_$batch.txt" --batch-size "$batch" \
-    --max-new-tokens "$new" --temperature 0 --output "$work/out_$batch.jsonl" 2>"$work/generate_$batch.log"
-  read -r prompt_tokens prefill decode < <(/usr/bin/python3 - "$work/out_$batch.jsonl" "$batch" "$new" <<'PY'
+  for dtype in $dtypes; do
+    out=$work/out_${batch}_$dtype.jsonl
+    "$shardlm" generate --model "$model" --prompts "$work/prompts_$batch.txt" --batch-size "$batch" --dtype "$dtype" \
+      --max-new-tokens "$new" --temperature 0 --output "$out" 2>"$work/generate_${batch}_$dtype.log"
+    read -r prompt_tokens prefill decode < <(/usr/bin/python3 - "$out" "$batch" "$new" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 batch, new = int(sys.argv[2]), int(sys.argv[3])
@@ -45,11 +55,17 @@ decode = batch * (new - 1) / max(r["decode_seconds"] for r in rows)
 print(p, f"{prefill:.1f}", f"{decode:.2f}")
 PY
 )
-  torch_json=$(/usr/bin/python3 bench/torch_generate_bench.py "$model" --batch "$batch" \
-    --prompt-tokens "$prompt_tokens" --new-tokens "$new" --threads "$threads")
-  read -r tprefill tdecode < <(echo "$torch_json" | /usr/bin/python3 -c \
-    "import json,sys; r=json.load(sys.stdin); print(r['prefill_tokens_per_s'], r['decode_tokens_per_s'])")
-  echo "batch $batch, $prompt_tokens prompt tokens: prefill shardlm $prefill tok/s, PyTorch $tprefill tok/s" \
-    "($(/usr/bin/python3 -c "print(f'{$prefill / $tprefill:.2f}')")x); decode shardlm $decode tok/s," \
-    "PyTorch $tdecode tok/s ($(/usr/bin/python3 -c "print(f'{$decode / $tdecode:.2f}')")x)"
+    shardlm_load=$(load)
+    decode_of[$batch,$dtype]=$decode
+    torch_json=$(/usr/bin/python3 bench/torch_generate_bench.py "$model" --batch "$batch" --dtype "$dtype" \
+      --prompt-tokens "$prompt_tokens" --new-tokens "$new" --threads "$threads")
+    read -r tprefill tdecode < <(echo "$torch_json" | /usr/bin/python3 -c \
+      "import json,sys; r=json.load(sys.stdin); print(r['prefill_tokens_per_s'], r['decode_tokens_per_s'])")
+    echo "batch $batch, $dtype, $prompt_tokens prompt tokens: prefill shardlm $prefill tok/s, PyTorch $tprefill tok/s" \
+      "($(ratio "$prefill" "$tprefill")x); decode shardlm $decode tok/s, PyTorch $tdecode tok/s" \
+      "($(ratio "$decode" "$tdecode")x); load $shardlm_load / $(load)"
+  done
+  if [[ -n "${decode_of[$batch,f32]:-}" && -n "${decode_of[$batch,bf16]:-}" ]]; then
+    echo "batch $batch: shardlm decode bf16 / f32 = $(ratio "${decode_of[$batch,bf16]}" "${decode_of[$batch,f32]}")x"
+  fi
 done

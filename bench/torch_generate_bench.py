@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """PyTorch's eager generation with a KV cache: the baseline of bench/generate_speed.sh.
 
-The reference Llama (tests/torch_ref/llama_ref.py) is loaded from a model directory in float32 and
-runs what transformers' eager path runs when it generates greedily (transformers itself is not
+The reference Llama (tests/torch_ref/llama_ref.py) is loaded from a model directory in float32, or
+cast to bfloat16 with --dtype bf16 (weights, activations and KV cache in bf16, softmax in f32, as
+transformers' eager path does with torch_dtype=torch.bfloat16), and runs what transformers' eager path runs when it generates greedily (transformers itself is not
 installed here): per layer q/k/v projections, rotary embedding, the cache grown by torch.cat of
 [B, Hkv, L, Dh] per layer (DynamicCache), repeat_kv, matmul - softmax - matmul attention (a causal
 mask in the prefill), o_proj, MLP; final norm and lm_head on the last position only; argmax.
 
   /usr/bin/python3 bench/torch_generate_bench.py MODEL_DIR --batch B --prompt-tokens P
-      --new-tokens N [--threads T]
+      --new-tokens N [--threads T] [--dtype f32|bf16]
 
 Like shardlm generate, each of the B prompts (P random ids) is prefilled alone, then the B
 sequences decode together, one token per step: the first new token comes from the prefill's
@@ -50,7 +51,7 @@ def layer_forward(layer, rotary, h, start, cache):
         total = start + seq
         allowed = torch.arange(total)[None, :] <= torch.arange(start, total)[:, None]
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, v).transpose(1, 2).reshape(bsz, seq, -1)
     h = h + a.o_proj(out)
     return h + layer.mlp(layer.post_attention_layernorm(h))
@@ -73,9 +74,10 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, config = llama_ref.load_hf_dir(args.model)
+    model, config = llama_ref.load_hf_dir(args.model, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     model.eval()
     layers = len(model.model.layers)
     gen = torch.Generator().manual_seed(0)
@@ -99,7 +101,7 @@ def main():
     steps = args.new_tokens - 1
     print(json.dumps({
         "batch": args.batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "threads": args.threads, "torch": torch.__version__,
+        "threads": args.threads, "dtype": args.dtype, "torch": torch.__version__,
         "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
         "prefill_tokens_per_s": round(args.batch * args.prompt_tokens / prefill_s, 2),
         "decode_tokens_per_s": round(args.batch * steps / decode_s, 2) if steps > 0 else None,

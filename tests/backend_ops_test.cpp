@@ -423,6 +423,9 @@ std::vector<Case> make_cases() {
   mms.push_back({31, 5, 70, true, true, H, F, H, 0.5f, 1.5f});
   mms.push_back({1, 7, 5, false, false, F, F, F, 0.5f, 1.5f});
   mms.push_back({40, 1, 3, true, false, H, H, F, 2.0f, 1.0f});
+  // A decode step with bf16 weights (the CPU's skinny kernel: f32 x, bf16 W widened in registers).
+  mms.push_back({1, 300, 2048, false, true, F, H, F, 1.0f, 0.0f});
+  mms.push_back({8, 65, 1031, false, true, F, H, F, 0.5f, 1.5f});
   for (const MM& m : mms) {
     Case c;
     c.op = "matmul";

@@ -41,23 +41,28 @@ struct Input {
 
 // Tolerances: the reference is computed in f64 from the same (possibly bf16-rounded) inputs, so
 // the only differences are f32 accumulation order: rtol 1e-5 scaled by sqrt(K) headroom.
+// Every case on each CPU path this machine has (the f32 A of an f32 x bf16 decode case is exact on both).
 TEST(Parity, Matmul) {
-  for (const RefCase& c : load_ref_cases("matmul")) {
-    const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
-    const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
-    Input a(c, "a", {ta ? k : m, ta ? m : k});
-    Input b(c, "b", {tb ? n : k, tb ? k : n});
-    std::vector<float> out = c.f32("c0");
-    ops::matmul(view(out, {m, n}), a.t, b.t, ta, tb, c.params["alpha"], c.params["beta"]);
-    const double atol = 1e-5 * std::sqrt(double(k)) * 4;
-    EXPECT_TRUE(all_close(out, c.f32("c"), atol, 1e-5, c.name));
+  for (bool bf16_path : cpu_paths()) {
+    const CpuPath path(bf16_path);
+    for (const RefCase& c : load_ref_cases("matmul")) {
+      const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
+      const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
+      Input a(c, "a", {ta ? k : m, ta ? m : k});
+      Input b(c, "b", {tb ? n : k, tb ? k : n});
+      std::vector<float> out = c.f32("c0");
+      ops::matmul(view(out, {m, n}), a.t, b.t, ta, tb, c.params["alpha"], c.params["beta"]);
+      const double atol = 1e-5 * std::sqrt(double(k)) * 4;
+      EXPECT_TRUE(all_close(out, c.f32("c"), atol, 1e-5, c.name + (bf16_path ? " (bf16 path)" : " (f32 path)")));
+    }
   }
 }
 
 TEST(Parity, MatmulIntoBf16Output) {
-  // A bf16 C is computed in f32 and rounded once: it equals the f32 result rounded to bf16.
+  // A bf16 C is computed in f32 and rounded once: it equals the f32 result rounded to bf16. (An f32
+  // A beside a bf16 B is rounded on the bf16 path when C is bf16: MatmulBf16Autocast checks that.)
   for (const RefCase& c : load_ref_cases("matmul")) {
-    if (c.params["beta"] != 0.0) continue;
+    if (c.params["beta"] != 0.0 || c.params["dtype"] == std::string("f32_bf16")) continue;
     const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
     const bool ta = c.params["trans_a"], tb = c.params["trans_b"];
     Input a(c, "a", {ta ? k : m, ta ? m : k});
@@ -77,7 +82,9 @@ TEST(Parity, MatmulIntoBf16Output) {
 //  - A bf16 C against autocast's bf16 result: both round an f32 sum of the same products once, so
 //    they differ by at most one bf16 ulp (rtol 2^-7), plus the f32 sums' difference near a tie.
 //  - The f32 fallback widens instead of rounding an f32 operand: it differs from autocast by that
-//    rounding, at most 2^-8 x sum_k |a_ik b_kj| per element (checked against sum |a||b|).
+//    rounding, at most 2^-8 x sum_k |a_ik b_kj| per element (checked against sum |a||b|). So does
+//    the bf16 path's decode shape (f32 A [M <= 8, K] times a transposed bf16 B into an f32 C: the
+//    skinny kernel, exact in f32; ops/cpu/matmul.cpp).
 
 TEST(Parity, MatmulBf16Autocast) {
   if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << shardlm::testing::no_cpu_bf16_path();
@@ -89,23 +96,10 @@ TEST(Parity, MatmulBf16Autocast) {
     Input b(c, "b", {tb ? n : k, tb ? k : n});
     const std::vector<float> exact = c.f32("c_exact"), autocast = c.f32("c");
     const double atol = 1e-5 * std::sqrt(double(k)) * 4;
-    {
-      const shardlm::testing::CpuPath on(true);
-      std::vector<float> f32_out(size_t(m * n));
-      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
-      EXPECT_TRUE(all_close(f32_out, exact, atol, 1e-5, c.name + " (bf16 path, f32 C)"));
-      std::vector<bf16_t> h(size_t(m * n));
-      ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
-      std::vector<float> hf(h.size());
-      for (size_t i = 0; i < h.size(); ++i) hf[i] = bf16_to_f32(h[i]);
-      EXPECT_TRUE(all_close(hf, autocast, atol, 1.0 / 128, c.name + " (bf16 path, bf16 C)"));
-    }
-    {
-      const shardlm::testing::CpuPath off(false);
-      std::vector<float> f32_out(size_t(m * n));
-      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
-      // sum_k |a_ik| |b_kj| from the f64 product of |op(A)| and |op(B)| (widened values).
-      std::vector<float> af(size_t(m * k)), bf(size_t(k * n));
+    // An f32 C that widened the f32 operand instead of rounding it: within 2^-8 sum_k |a_ik||b_kj|
+    // of the product of the rounded operands.
+    auto within_rounding = [&](const std::vector<float>& f32_out, const std::string& label) {
+      std::vector<float> af(size_t(m * k)), bf(size_t(k * n));  // |op(A)|, |op(B)| (widened values)
       auto widened = [](const Input& x, std::vector<float>& out) {
         for (size_t i = 0; i < out.size(); ++i)
           out[i] = std::fabs(x.h.empty() ? x.f[i] : bf16_to_f32(bf16_t{x.h[i]}));
@@ -120,8 +114,27 @@ TEST(Parity, MatmulBf16Autocast) {
                      double(tb ? bf[size_t(j * k + q)] : bf[size_t(q * n + j)]);
           const size_t e = size_t(i * n + j);
           ASSERT_LE(std::fabs(double(f32_out[e]) - double(exact[e])), bound / 256 + atol)
-              << c.name << " (f32 fallback) [" << i << ", " << j << "]";
+              << c.name << " (" << label << ") [" << i << ", " << j << "]";
         }
+    };
+    const bool skinny = m <= 8 && !ta && tb && a.t.dtype == DType::F32;
+    {
+      const shardlm::testing::CpuPath on(true);
+      std::vector<float> f32_out(size_t(m * n));
+      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
+      if (skinny) within_rounding(f32_out, "bf16 path, decode shape, f32 C");
+      else EXPECT_TRUE(all_close(f32_out, exact, atol, 1e-5, c.name + " (bf16 path, f32 C)"));
+      std::vector<bf16_t> h(size_t(m * n));
+      ops::matmul(Tensor::view(h.data(), DType::BF16, {m, n}), a.t, b.t, ta, tb);
+      std::vector<float> hf(h.size());
+      for (size_t i = 0; i < h.size(); ++i) hf[i] = bf16_to_f32(h[i]);
+      EXPECT_TRUE(all_close(hf, autocast, atol, 1.0 / 128, c.name + " (bf16 path, bf16 C)"));
+    }
+    {
+      const shardlm::testing::CpuPath off(false);
+      std::vector<float> f32_out(size_t(m * n));
+      ops::matmul(view(f32_out, {m, n}), a.t, b.t, ta, tb);
+      within_rounding(f32_out, "f32 fallback");
     }
     ++checked;
   }

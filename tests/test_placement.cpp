@@ -154,6 +154,14 @@ TEST(Placement, Llama2SevenBOnTwoRanks) {
   EXPECT_EQ(layout(place_parts(s, DeviceMap::Sequential, 2, 15'000'000'000ull)), "E 0-15 | 16-31 H");
   // 10 GB: 10 layers beside the embedding and the layer kept, 12 alone, the last 10 and the head.
   EXPECT_EQ(layout(place_parts(s, DeviceMap::Sequential, 3, 10'000'000'000ull)), "E 0-9 | 10-21 | 22-31 H");
+  // In bf16 (generate --dtype bf16) every size halves, so 5 GB per rank places what 10 GB did in f32.
+  const PartSizes h = part_sizes(preset("llama2-7b"), DType::BF16);
+  EXPECT_EQ(h.embed, s.embed / 2);
+  EXPECT_EQ(h.layers[0], s.layers[0] / 2);
+  EXPECT_EQ(h.head, s.head / 2);
+  EXPECT_EQ(h.total(), s.total() / 2);
+  EXPECT_EQ(h.mean_leaf, s.mean_leaf / 2);
+  EXPECT_EQ(layout(place_parts(h, DeviceMap::Sequential, 3, 5'000'000'000ull)), "E 0-9 | 10-21 | 22-31 H");
 }
 
 // A rank's ParamStore (generate --device-map) holds, loads and binds only its parts: here layer 1

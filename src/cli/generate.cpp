@@ -33,6 +33,7 @@ struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
   std::string device_map, max_memory_per_rank;  // empty: the whole model in each process
   int64_t tensor_parallel = 0;                   // 0: the whole model in each process
+  std::string dtype = "f32";                     // --dtype: the weights' and the KV cache's
   std::vector<std::string> stop;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
@@ -152,7 +153,11 @@ uint64_t max_memory_per_rank(const Opts& o) {
   return n;
 }
 
+// --dtype: what generation holds its weights and KV cache in.
+DType generate_dtype(const Opts& o) { return dtype_flag("--dtype", o.dtype, {DType::F32, DType::BF16}); }
+
 void run_generate(const Opts& o) {
+  const DType dtype = generate_dtype(o);
   // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
   // rank 0 writes results and notes.
   const bool writer = (o.device_map.empty() && o.tensor_parallel == 0) || world().rank() == 0;
@@ -231,10 +236,10 @@ void run_generate(const Opts& o) {
     const infer::DeviceMap map = device_map_flag(o.device_map);
     const uint64_t max_memory = max_memory_per_rank(o);
     pipeline = {.comm = &w,
-                .shares = infer::place_parts(infer::part_sizes(cfg), map, w.size(), max_memory, "--max-memory-per-rank")};
+                .shares = infer::place_parts(infer::part_sizes(cfg, dtype), map, w.size(), max_memory, "--max-memory-per-rank")};
     if (writer) {
-      std::fprintf(stderr, "generate: device map %s over %d rank%s (max memory per rank %s):\n", infer::device_map_name(map),
-                   w.size(), w.size() == 1 ? "" : "s",
+      std::fprintf(stderr, "generate: device map %s over %d rank%s (%s weights, max memory per rank %s):\n",
+                   infer::device_map_name(map), w.size(), w.size() == 1 ? "" : "s", dtype_name(dtype),
                    max_memory ? format_bytes(int64_t(max_memory)).c_str() : "unlimited");
       for (int r = 0; r < w.size(); ++r)
         std::fprintf(stderr, "generate:   %s\n", infer::describe_share(r, pipeline.shares[size_t(r)]).c_str());
@@ -269,10 +274,10 @@ void run_generate(const Opts& o) {
   }
   infer::ParamStore params(cfg, DType::F32, keep, split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
-                                .load_in_4bit_role = "--load-in-4bit"}, cfg, params,
+                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
-  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp, dtype);
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
@@ -370,7 +375,13 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--adapter", o->adapter,
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
-                  "(W + scale * B A; nothing is written; `shardlm merge` writes a merged copy)");
+                  "(W + scale * B A, before any --dtype bf16 rounding; nothing is written; `shardlm merge` "
+                  "writes a merged copy)");
+  cmd->add_option("--dtype", o->dtype,
+                  "What the weights and the KV cache are held in: f32, or bf16 (half the memory and about "
+                  "twice the decode speed; rounded once after loading, 4-bit and --adapter merging, which "
+                  "run in f32; activations, norms, softmax and logits stay f32)")
+      ->capture_default_str();
   cmd->add_flag("--load-in-4bit", o->load_in_4bit,
                 "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and generate "
                 "from their dequantized values");
@@ -411,8 +422,8 @@ void register_generate(CLI::App& app) {
                   "possible) or sequential (fill rank 0 first, then rank 1, ...). Each rank loads and runs only "
                   "its layers; the placement is printed (docs/generation.md)");
   cmd->add_option("--max-memory-per-rank", o->max_memory_per_rank,
-                  "With --device-map: the most parameter bytes (f32) one rank may hold, e.g. 20GB, 500MiB; "
-                  "default unlimited");
+                  "With --device-map: the most parameter bytes (in --dtype) one rank may hold, e.g. 20GB, "
+                  "500MiB; default unlimited");
   cmd->add_option("--tensor-parallel", o->tensor_parallel,
                   "Split every layer over N ranks of `shardlm launch --nproc-per-node N` (N = the number of "
                   "ranks), as Megatron-LM does: each rank holds and loads 1/N of the attention heads, MLP and "
@@ -424,6 +435,7 @@ void register_generate(CLI::App& app) {
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
       "  shardlm generate --model runs/demo --prompt \"12+34=\" --temperature 0\n"
       "  shardlm generate --model runs/demo --prompts prompts.jsonl --batch-size 16 --output out.jsonl\n"
+      "  shardlm generate --model models/llama3.2-1b --dtype bf16 --prompt \"Hi\"\n"
       "  shardlm generate --model models/llama3-8b-instruct --chat --prompt \"Hi\" --stop $'\\n\\n'\n"
       "  shardlm generate --model models/llama2-7b --adapter runs/alpaca-lora/adapter --prompt \"Hi\"\n"
       "  shardlm generate --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter --prompt \"Hi\"\n"
@@ -440,6 +452,7 @@ void register_generate(CLI::App& app) {
     if (o->tensor_parallel > 0 && !o->device_map.empty())
       throw Error("cannot be combined with --device-map (one way of splitting the model at a time)",
                   {.key = "--tensor-parallel"});
+    generate_dtype(*o);
     if (!o->device_map.empty()) device_map_flag(o->device_map);
     else if (!o->max_memory_per_rank.empty())
       throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});

@@ -13,9 +13,12 @@
 namespace shardlm::infer {
 
 Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
-                     const Pipeline& pipeline, const TensorParallel& tp)
-    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm), tp_(tp.comm) {
+                     const Pipeline& pipeline, const TensorParallel& tp, DType kv_dtype)
+    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), kv_dtype_(kv_dtype), comm_(pipeline.comm),
+      tp_(tp.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
+  SHARDLM_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "a KV cache in f32 or bf16, not {}",
+                dtype_name(kv_dtype));
   SHARDLM_CHECK(!(comm_ && tp_), "a model is split over ranks either as a pipeline or by tensor parallelism");
   if (tp_ && tp_->size() > 1) part_cfg_ = sliced_config(cfg, tp_->size());
   else tp_ = nullptr;  // one rank holds whole tensors
@@ -52,7 +55,7 @@ Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_le
 int64_t Generator::kv_cache_bytes_per_sequence() const {
   if (recompute_) return 0;
   const int64_t kvd = part_cfg_.kv_dim();
-  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(sizeof(float));
+  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(dtype_size(kv_dtype_));
 }
 
 int Generator::acquire() {
@@ -174,9 +177,9 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
                   slot.length + n, max_len_);
     if (slot.k_cache.empty() && !recompute_)  // first use of this slot: a cache per layer this rank runs
       for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
-        slot.k_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+        slot.k_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
-        slot.v_cache.emplace_back(DType::F32, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
+        slot.v_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
                                   false);
       }
     q_rows.push_back(n);

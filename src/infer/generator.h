@@ -2,7 +2,10 @@
 //
 // The Generator reads weights it does not own (views that must outlive it) and owns the KV caches
 // of a running batch: up to max_batch slots, each one sequence's keys and values per layer
-// ([max_len, Hkv * Dh], f32, allocated when the slot is first used). Sequences join the batch
+// ([max_len, Hkv * Dh], f32 or bf16, allocated when the slot is first used). Weights may be f32 or
+// bf16 (`--dtype bf16`: ParamStore::keep_only_bf16); activations, norms, softmax and logits are
+// f32 either way, and a bf16 cache holds the keys and values rounded once as they are written
+// (attention reads every key and value, the new ones included, from the cache). Sequences join the batch
 // (prefill, one at a time) and leave it (release) between decode steps; one decode step runs the
 // next token of every listed sequence through each layer together: norms, projections, MLP and
 // head as one [n, d] computation, attention per sequence against its own cache length
@@ -115,15 +118,17 @@ class Generator {
   // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
   // With a pipeline, `weights` need only this rank's share bound; with tensor parallelism they are
   // this rank's slices (ParamStore with TensorSplit{rank, size}). `cfg` is the whole model's.
+  // kv_dtype: the KV cache's, f32 or bf16.
   Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1,
-            const Pipeline& pipeline = {}, const TensorParallel& tp = {});
+            const Pipeline& pipeline = {}, const TensorParallel& tp = {}, DType kv_dtype = DType::F32);
   // Every forward runs through `recompute` over the sequences' whole tokens (no KV cache here);
   // the scheduling and sampling are the same. forward_all is not available.
   Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch = 1);
 
   int64_t max_len() const { return max_len_; }
-  // What one sequence's KV cache takes on this rank once its slot is used: K and V, f32, max_len
-  // positions, for each layer this rank runs (0 for a Recompute generator, which keeps none).
+  // What one sequence's KV cache takes on this rank once its slot is used: K and V in the cache's
+  // dtype, max_len positions, for each layer this rank runs (0 for a Recompute generator, which
+  // keeps none).
   int64_t kv_cache_bytes_per_sequence() const;
   int64_t max_batch() const { return int64_t(slots_.size()); }
   int64_t vocab_size() const { return cfg_.vocab_size; }
@@ -189,7 +194,7 @@ class Generator {
   struct Slot {
     bool used = false;
     int64_t length = 0;                       // positions cached
-    std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] f32; empty until first used
+    std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] kv_dtype_; empty until first used
     std::vector<int32_t> tokens;                // with a Recompute: the sequence so far
   };
   // Tensor parallelism: x [N, D] = the embedding rows of ids [N] (this rank's vocabulary slice,
@@ -201,6 +206,7 @@ class Generator {
   ModelConfig part_cfg_;  // the shapes this rank computes with: cfg_, or its slices' (tensor parallel)
   model::LlamaWeights w_;
   int64_t max_len_;
+  DType kv_dtype_;
   // This rank's part of the model (the whole model without a pipeline) and its neighbours.
   comm::Communicator* comm_ = nullptr;
   RankShare share_;

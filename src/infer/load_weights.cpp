@@ -8,14 +8,16 @@
 
 namespace shardlm::infer {
 
-void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
-                            const std::function<void(const std::string&)>& note) {
+namespace {
+// The f32 weights `w` asks for (NF4 rounding, an adapter merged) into `params`.
+void load_f32(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
+              const std::function<void(const std::string&)>& note) {
   const bool stored_nf4 = cfg.quantization && cfg.quantization->is_bnb_nf4();
   if (params.split().active() && (!w.adapter.empty() || (w.load_in_4bit && !stored_nf4))) {
     // Merging and NF4 rounding work on whole tensors: do them on a whole copy of the model, then
     // keep this rank's slices (the whole model in f32 is held meanwhile).
     ParamStore whole(cfg, DType::F32);
-    load_inference_weights(w, cfg, whole, note);
+    load_f32(w, cfg, whole, note);
     params.load_slices(whole);
     return;
   }
@@ -43,6 +45,18 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
                      adapter.targets.size(), adapter.spec.rank, adapter.spec.scale()));
   }
   params.sync_compute();
+}
+}  // namespace
+
+void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
+                            const std::function<void(const std::string&)>& note) {
+  SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, "generation holds weights in f32 or bf16, not {}",
+                dtype_name(w.dtype));
+  load_f32(w, cfg, params, note);
+  if (w.dtype == DType::BF16) {
+    params.keep_only_bf16();
+    note(fmt::format("weights rounded to bf16: {:.1f} MiB", double(params.bytes()) / (1 << 20)));
+  }
 }
 
 }  // namespace shardlm::infer

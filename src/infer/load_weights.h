@@ -15,6 +15,7 @@ struct InferenceWeights {
   std::string adapter;  // a PEFT LoRA adapter directory, or empty
   bool load_in_4bit = false;
   std::string load_in_4bit_role = "load_in_4bit";  // what the caller calls 4-bit loading, in notes
+  DType dtype = DType::F32;  // the weights generation holds: f32, or bf16 (rounded once, at the end)
 };
 
 // Loads the model's weights into `params` (f32) with what `load_in_4bit` and `adapter` ask for,
@@ -30,7 +31,10 @@ struct InferenceWeights {
 // A store split over ranks (tensor parallelism) reads only its slices, except with an adapter or
 // load_in_4bit on a dense base: those load the whole model on each rank, merge or round it, and
 // keep the slices (a transient whole f32 copy per rank: the same weights as one process).
-// Neither 4-bit path saves memory here (generation computes in f32): both are about the NF4 base's values.
+// With dtype bf16, all of that is done in f32 first, then every weight is rounded to bf16 once and
+// the f32 weights freed (ParamStore::keep_only_bf16): `params` holds bf16 weights alone, and its
+// compute_weights() must be taken after this call.
+// Neither 4-bit path saves memory here (the NF4 base is dequantized): both are about its values.
 void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
                             const std::function<void(const std::string&)>& note);
 

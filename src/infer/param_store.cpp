@@ -63,6 +63,7 @@ void ParamStore::bind() {
 }
 
 Tensor ParamStore::master(const std::string& name) const {
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
   const Where& w = where(name);
   return entry_view(units_[w.unit].master, *w.entry);
 }
@@ -87,12 +88,14 @@ const std::vector<int64_t>& ParamStore::whole_shape(const std::string& name) con
 
 void ParamStore::init_random(uint64_t seed) {
   SHARDLM_CHECK(!split_.active(), "random initialization of a store split over ranks");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
   for (Unit& u : units_)
     shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
   const model::Nf4ModelReader stored(weights, cfg_);
@@ -169,6 +172,7 @@ void ParamStore::load_slices(const ParamStore& whole) {
 void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
   SHARDLM_CHECK(!partial_ && !split_.active(), "cannot save a model from a store that holds only some of its parts");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
   io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
@@ -195,7 +199,29 @@ void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard
 
 void ParamStore::sync_compute() {
   if (compute_dtype_ == DType::F32) return;
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
   for (Unit& u : units_) ops::cast(u.compute.t, u.master.t);
+}
+
+void ParamStore::keep_only_bf16() {
+  if (masters_freed_) return;
+  for (Unit& u : units_) {
+    if (!u.compute.t.defined())
+      u.compute = OwnedTensor(DType::BF16, {u.layout.padded_numel}, MemCategory::Parameters, false);
+    ops::cast(u.compute.t, u.master.t);
+    u.master = OwnedTensor();
+  }
+  compute_dtype_ = DType::BF16;
+  masters_freed_ = true;
+  bind();
+}
+
+int64_t ParamStore::bytes() const {
+  int64_t n = 0;
+  for (const Unit& u : units_)
+    for (const OwnedTensor* t : {&u.master, &u.compute})
+      if (t->t.defined()) n += int64_t(t->t.nbytes());
+  return n;
 }
 
 }  // namespace shardlm::infer

@@ -6,7 +6,9 @@
 //
 // Per model part it owns an f32 flat buffer of weights and, when the compute dtype is bf16, a bf16
 // copy of them (refreshed by sync_compute). Tensors are views into these buffers by Hugging Face
-// name; they stay valid for the ParamStore's lifetime.
+// name; they stay valid for the ParamStore's lifetime. Generation in bf16 (`--dtype bf16`) loads
+// in f32 (NF4 dequantized, an adapter merged, in f32), then keeps only the bf16 weights
+// (keep_only_bf16): its compute views change then, and stay valid from then on.
 #pragma once
 
 #include <functional>
@@ -71,6 +73,14 @@ class ParamStore {
   // Refreshes the compute copy from the master weights (a no-op for f32 compute).
   void sync_compute();
 
+  // For generation in bf16: rounds the f32 weights to bf16 once and frees them, one part at a time
+  // (the peak is the f32 weights plus one part in bf16), leaving the bf16 weights alone (norms
+  // included) as compute_weights(), which must be taken again afterwards. master(), init_random(),
+  // load(), save() and sync_compute() are errors from then on.
+  void keep_only_bf16();
+  // Bytes of weights held now (f32 masters and compute copies).
+  int64_t bytes() const;
+
  private:
   struct Unit {
     shard::FlatLayout layout;
@@ -93,6 +103,7 @@ class ParamStore {
   std::map<std::string, std::vector<int64_t>> whole_shapes_;  // with a split
   DType compute_dtype_;
   bool partial_ = false;  // some parts left out (PartFilter)
+  bool masters_freed_ = false;  // keep_only_bf16: the bf16 compute copies alone
   std::vector<model::ModelPart> parts_;  // the parts held, one per unit
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;

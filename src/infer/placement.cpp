@@ -36,13 +36,14 @@ uint64_t PartSizes::total() const {
   return n;
 }
 
-PartSizes part_sizes(const ModelConfig& cfg) {
+PartSizes part_sizes(const ModelConfig& cfg, DType dtype) {
+  const uint64_t esize = dtype_size(dtype);
   PartSizes s;
   s.tied = cfg.tie_word_embeddings;
   // accelerate's leaf modules: each Linear (weight and bias), Embedding and RMSNorm, by module name.
   std::map<std::string, uint64_t> leaves;
   for (const model::ModelPart& part : model::llama_parts(cfg)) {
-    const uint64_t bytes = uint64_t(part.numel()) * sizeof(float);
+    const uint64_t bytes = uint64_t(part.numel()) * esize;
     switch (part.kind) {
       case model::PartKind::Embedding: s.embed = bytes; break;
       case model::PartKind::Layer: s.layers.push_back(bytes); break;
@@ -51,7 +52,7 @@ PartSizes part_sizes(const ModelConfig& cfg) {
     for (const model::ParamInfo& p : part.params) {
       int64_t n = 1;
       for (int64_t d : p.shape) n *= d;
-      leaves[p.name.substr(0, p.name.rfind('.'))] += uint64_t(n) * sizeof(float);
+      leaves[p.name.substr(0, p.name.rfind('.'))] += uint64_t(n) * esize;
     }
   }
   uint64_t sum = 0;

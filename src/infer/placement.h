@@ -3,7 +3,7 @@
 //
 // The parts, in pipeline order: the embedding, decoder layers 0..L-1 (never split), the head
 // (final norm + lm_head). Each rank gets a contiguous run of them. Sizes are the bytes a rank
-// holds for them: f32, as generation computes. With tied embeddings the head's rank needs the
+// holds for them, in the dtype generation holds its weights in (`--dtype`: f32 or bf16). With tied embeddings the head's rank needs the
 // embedding matrix too; when that is not the embedding's rank it loads its own copy, and the copy
 // counts in its bytes.
 //
@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/config.h"
 
 namespace shardlm::infer {
@@ -46,8 +47,8 @@ struct PartSizes {
   uint64_t mean_leaf = 0;        // mean size of the leaf modules (Linear, Embedding, RMSNorm): balanced's buffer
   uint64_t total() const;        // every parameter once (a tied matrix once), as accelerate counts the model
 };
-// The sizes of `cfg`'s parts in f32.
-PartSizes part_sizes(const ModelConfig& cfg);
+// The sizes of `cfg`'s parts with every parameter in `dtype`.
+PartSizes part_sizes(const ModelConfig& cfg, DType dtype = DType::F32);
 
 // One rank's share: decoder layers [layer_begin, layer_end), maybe the embedding and the head.
 struct RankShare {

@@ -21,7 +21,7 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
   check_shape(op, "C", C, {M, N});
   const Device dev = check_same_device(op, {{"C", &C}, {"A", &A}, {"B", &B}});
   if (dev == Device::Meta) {
-    cpu::matmul_scratch(C, A, B, Device::Meta);  // counted, then freed
+    cpu::matmul_scratch(C, A, B, trans_a, trans_b, Device::Meta);  // counted, then freed
     meta_flops(2.0 * double(M) * double(N) * double(K));
   }
   SHARDLM_DISPATCH(dev, matmul(C, A, B, trans_a, trans_b, alpha, beta));

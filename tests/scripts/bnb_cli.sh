@@ -15,7 +15,7 @@
 #     merge (default dtype: the quant_state's bf16) passes check-merged, merge_on_save writes the
 #     same plain model, and `generate` (with and without --adapter) prints what it prints from the
 #     dense directory and from the merged f32 model, one prompt or a batch; `generate --load-in-4bit`
-#     on the bf16 base generates what the bitsandbytes directory does.
+#     on the bf16 base generates what the bitsandbytes directory does; all of it with --dtype bf16 too.
 # Usage: bnb_cli.sh SHARDLM PYTHON SOURCE_DIR DATA_DIR WORKDIR
 set -euo pipefail
 shardlm=$1
@@ -159,5 +159,15 @@ gen --model "$work/base_bf16" > "$work/gen_bf16.txt"
 cmp -s "$work/gen_4bit.txt" "$work/gen_bnb.txt" || fail "generate --load-in-4bit differs from generate on the bitsandbytes directory"
 cmp -s "$work/gen_bf16.txt" "$work/gen_bnb.txt" && fail "the NF4 round trip does not change generation (vacuous test)"
 echo "generate --load-in-4bit on the bf16 base == generate on the bitsandbytes directory"
+# --dtype bf16 rounds the same dequantized (and merged) f32 values once: the same agreements hold.
+gen --model "$work/bnb_dq" --dtype bf16 > "$work/gen_bnb_h.txt"
+gen --model "$work/dense_dq" --dtype bf16 > "$work/gen_dense_h.txt"
+gen --model "$work/base_bf16" --load-in-4bit --dtype bf16 > "$work/gen_4bit_h.txt"
+gen --model "$work/bnb_dq" --adapter "$adapter" --dtype bf16 > "$work/gen_bnb_adapter_h.txt"
+gen --model "$work/merged_f32" --dtype bf16 > "$work/gen_merged_h.txt"
+cmp -s "$work/gen_bnb_h.txt" "$work/gen_dense_h.txt" || fail "--dtype bf16: the bitsandbytes directory and its dequantization differ"
+cmp -s "$work/gen_4bit_h.txt" "$work/gen_bnb_h.txt" || fail "--dtype bf16: --load-in-4bit differs from the bitsandbytes directory"
+cmp -s "$work/gen_bnb_adapter_h.txt" "$work/gen_merged_h.txt" || fail "--dtype bf16: --adapter on the bitsandbytes directory and the merged model differ"
+echo "--dtype bf16: the bitsandbytes directory == its dequantization == --load-in-4bit; --adapter == merged"
 echo "generate on bnb == dense: $(od -c "$work/gen_bnb.txt" | head -1 | tr -s ' ')"
 echo "OK"

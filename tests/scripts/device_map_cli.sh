@@ -5,7 +5,8 @@
 #     the tokens equal the single-process run's, greedy and sampled; so do a --prompts batch, a
 #     tied-embedding model (the head's rank loads its own copy of the matrix), --adapter (each rank
 #     merges its own layers' adapters), --load-in-4bit with and without it, and more ranks than
-#     layers (the extra rank holds nothing);
+#     layers (the extra rank holds nothing); and --dtype bf16, whose sizes are half (the same split
+#     at half the --max-memory-per-rank), with 4-bit loading and an adapter merged before rounding;
 #  2. --device-map in one process: everything on rank 0, the same tokens;
 #  3. bad values: an unknown --device-map, a malformed or too small --max-memory-per-rank, and
 #     --max-memory-per-rank without --device-map are each one line and a non-zero exit.
@@ -139,6 +140,18 @@ grep -q "rank 1: layers 3-7, head; .* (1040128 bytes)" "$work/tied2.err" || fail
   fail "1 layer on 4 ranks: $(cat "$work/l4.err")"
 same l1 l4
 placed l4 "rank 0: nothing" "rank 1: embedding" "rank 2: layer 0" "rank 3: head"
+
+# --dtype bf16: every size halves, so half the memory per rank places the layers as seq3 did in f32;
+# the tokens equal the single bf16 process's, with 4-bit loading and an adapter too.
+gen b1 --prompt "hello" --temperature 0 --dtype bf16
+split b3 3 --prompt "hello" --temperature 0 --dtype bf16 --device-map sequential --max-memory-per-rank 350KB
+same b1 b3
+placed b3 "rank 0: embedding, layers 0-1" "rank 1: layers 2-4" "rank 2: layers 5-7, head"
+grep -q "rank 2: layers 5-7, head; .* (338304 bytes)" "$work/b3.err" || fail "bf16: rank 2's bytes: $(cat "$work/b3.err")"
+gen bq1 --prompt "hello" --temperature 0 --dtype bf16 --adapter "$work/lora" --load-in-4bit
+split bq2 2 --prompt "hello" --temperature 0 --dtype bf16 --adapter "$work/lora" --load-in-4bit --device-map balanced
+same bq1 bq2
+grep -q "generate: rank 1: weights rounded to bf16" "$work/bq2.err" || fail "bf16: rank 1 did not say: $(cat "$work/bq2.err")"
 
 # ---- 2. one process ----
 gen dm1 --prompt "hello" --temperature 0 --device-map balanced_low_0

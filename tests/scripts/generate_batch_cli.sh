@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `shardlm generate --prompts` (batched generation, docs/generation.md):
 #  1. a .txt file of prompts of different lengths, batched 2 at a time at temperature 0, gives
-#     each prompt exactly the text `generate --prompt` gives it alone;
+#     each prompt exactly the text `generate --prompt` gives it alone, in f32 and in bf16 (--dtype);
 #  2. JSONL rows with per-request options: sampled rows give the same text in a batch as alone
 #     (their RNG is keyed by their own seed and step); --stop cuts the text and says "stop";
 #     max_new_tokens says "length"; every field of the output is there;
@@ -23,29 +23,33 @@ m=$work/m
 
 # ---- 1. batched greedy == one at a time ----
 printf 'hello\n\nthe quick brown fox\n12+34=\nx\n' > "$work/p.txt"
+for dtype in f32 bf16; do
 "$shardlm" generate --model "$m" --prompts "$work/p.txt" --batch-size 2 --max-new-tokens 12 --temperature 0 \
-  --output "$work/batch.jsonl" 2> "$work/batch.err" || fail "generate --prompts failed: $(cat "$work/batch.err")"
-[[ $(wc -l < "$work/batch.jsonl") -eq 4 ]] || fail "expected 4 result lines (blank lines skipped), got $(wc -l < "$work/batch.jsonl")"
+  --dtype "$dtype" --output "$work/batch_$dtype.jsonl" 2> "$work/batch.err" ||
+  fail "generate --prompts --dtype $dtype failed: $(cat "$work/batch.err")"
+[[ $(wc -l < "$work/batch_$dtype.jsonl") -eq 4 ]] || fail "expected 4 result lines (blank lines skipped), got $(wc -l < "$work/batch_$dtype.jsonl")"
 i=0
 while IFS= read -r p; do
   [[ -z "$p" ]] && continue
-  "$shardlm" generate --model "$m" --prompt "$p" --max-new-tokens 12 --temperature 0 > "$work/alone_$i.txt" 2>/dev/null
+  "$shardlm" generate --model "$m" --prompt "$p" --max-new-tokens 12 --temperature 0 --dtype "$dtype" \
+    > "$work/alone_${dtype}_$i.txt" 2>/dev/null
   i=$((i + 1))
 done < "$work/p.txt"
-"$py" - "$work" <<'PY'
+"$py" - "$work" "$dtype" <<'PY'
 import json, sys
-work = sys.argv[1]
-rows = [json.loads(l) for l in open(f"{work}/batch.jsonl")]
+work, dtype = sys.argv[1], sys.argv[2]
+rows = [json.loads(l) for l in open(f"{work}/batch_{dtype}.jsonl")]
 for i, r in enumerate(rows):
     assert r["index"] == i, r
     for k in ("prompt", "text", "prompt_tokens", "completion_tokens", "finish_reason", "prefill_seconds", "decode_seconds"):
         assert k in r, (k, r)
-    alone = open(f"{work}/alone_{i}.txt", "rb").read().decode("utf-8", "replace")
+    alone = open(f"{work}/alone_{dtype}_{i}.txt", "rb").read().decode("utf-8", "replace")
     want = alone[len(r["prompt"]):-1]  # generate --prompt prints prompt + completion + "\n"
     assert r["text"] == want, f"request {i}: batched {r['text']!r} != alone {want!r}"
     assert r["finish_reason"] in ("stop", "length"), r
-print(f"1. {len(rows)} batched completions equal their one-at-a-time runs")
+print(f"1. {dtype}: {len(rows)} batched completions equal their one-at-a-time runs")
 PY
+done
 
 # ---- 2. per-request options, sampling, stop ----
 cat > "$work/r.jsonl" <<'EOF'

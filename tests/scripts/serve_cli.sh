@@ -10,7 +10,8 @@
 #  5. SIGTERM shuts it down cleanly (exit 0); 5b. generation_config.json's eos_token_id ends a
 #     completion, --stop-token-ids none runs it to max_tokens, a bad id is refused naming the flag;
 #  6. with Llama 2's SentencePiece tokenizer (byte fallback: characters split over tokens), streamed
-#     chat pieces add up to the text the same request gets unstreamed.
+#     chat pieces add up to the text the same request gets unstreamed;
+#  7. --dtype bf16: the start line says so, and a completion equals `generate --dtype bf16` offline.
 # Usage: serve_cli.sh SHARDLM PYTHON WORKDIR SHARED_DATA
 set -euo pipefail
 shardlm=$1
@@ -311,4 +312,26 @@ PY
 kill -TERM "$pid"
 wait "$pid" || fail "serve (SentencePiece) did not exit cleanly"
 pid=
+
+# ---- 7. --dtype bf16 ----
+"$shardlm" serve --model "$m" --port 0 --max-batch 2 --max-len 96 --dtype bf16 2> "$work/serve.err" &
+pid=$!
+wait_listening "serve --dtype bf16"
+grep -q "^serve: model 'm' (chat format .*, bf16)" "$work/serve.err" || fail "the start line does not say bf16"
+curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}' > "$work/bf16.json" ||
+  fail "serve --dtype bf16: the completion failed"
+kill -TERM "$pid"
+wait "$pid" || fail "serve --dtype bf16 did not exit cleanly"
+pid=
+"$shardlm" generate --model "$m" --prompt "the quick brown fox" --max-new-tokens 12 --temperature 0 --dtype bf16 \
+  --quiet > "$work/bf16_offline.txt" 2>/dev/null
+"$py" - "$work/bf16.json" "$work/bf16_offline.txt" <<'PY'
+import json, sys
+text = json.load(open(sys.argv[1]))["choices"][0]["text"]
+offline = open(sys.argv[2], "rb").read().decode("utf-8", "replace")[len("the quick brown fox"):-1]
+assert text == offline, (text, offline)
+assert text, "nothing generated (vacuous test)"
+print(f"7. serve --dtype bf16 = generate --dtype bf16: {text!r}")
+PY
 echo "OK"

@@ -94,6 +94,11 @@ gen lora1 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4b
 cmp -s "$work/one.out" "$work/lora1.out" && fail "the adapter does not change generation (vacuous test)"
 tp lora2 2 m --prompt "hello" --temperature 0 --adapter "$work/lora" --load-in-4bit
 same lora1 lora2
+# bf16 weights and KV cache (--dtype bf16), with chunked prefill mixing the batch's decode rows and
+# prompt chunks in one step (--prefill-chunk 4), and the adapter merged in f32 before the split.
+gen bf16one m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype bf16 --prefill-chunk 4 --adapter "$work/lora"
+tp bf16two 2 m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype bf16 --prefill-chunk 4 --adapter "$work/lora"
+same bf16one bf16two
 
 # A bitsandbytes NF4 directory (double quantization) as transformers saves it, made from m by
 # tests/torch_ref/nf4_reference.py's quantizer (as bnb_cli.sh does).

@@ -1,4 +1,6 @@
-"""matmul: C = alpha * op(A) @ op(B) + beta * C0, f32 and bf16 operands, with transposes."""
+"""matmul: C = alpha * op(A) @ op(B) + beta * C0, f32 and bf16 operands, with transposes; and a decode
+step's mix, f32 A times a transposed bf16 B (a bf16 weight), for M <= 8 (the skinny kernel's shapes,
+exact in f32 on either CPU path)."""
 import torch
 
 OP = "matmul"
@@ -11,13 +13,17 @@ def cases():
     i = 0
     for (m, n, k) in shapes:
         for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
-            for dtype in ("f32", "bf16"):
+            for dtype in ("f32", "bf16", "f32_bf16"):
                 if dtype == "bf16" and (ta or not tb) and (m, n, k) != (33, 17, 65):
                     continue  # bf16 on every shape for the Linear layout, all layouts on one shape
+                if dtype == "f32_bf16" and (ta or not tb or m > 8):
+                    continue  # the decode step's layout and sizes only
                 a = torch.randn(k, m) if ta else torch.randn(m, k)
                 b = torch.randn(n, k) if tb else torch.randn(k, n)
                 if dtype == "bf16":
                     a, b = a.bfloat16(), b.bfloat16()
+                if dtype == "f32_bf16":
+                    b = b.bfloat16()
                 c0 = torch.randn(m, n)
                 alpha, beta = (1.0, 0.0) if i % 2 == 0 else (0.5, 1.5)
                 opa = a.float().t() if ta else a.float()

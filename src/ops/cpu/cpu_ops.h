@@ -10,12 +10,14 @@ namespace shardlm::ops::cpu {
 
 // Scratch of the kernels that allocate some, made on `device`: the CPU when they run, the meta
 // device when a dry run counts it (ops/check.h). Every buffer lives for the whole call.
-// matmul: on the bf16 path (ops/cpu_bf16.h), bf16 copies of the f32 operands among A and B;
-// otherwise f32 copies of the bf16 operands (A, B, and C, which is computed in f32 and narrowed).
+// matmul: none on the skinny path (ops/cpu/matmul.cpp: a decode step's shape); on the bf16 path
+// (ops/cpu_bf16.h), bf16 copies of the f32 operands among A and B; otherwise f32 copies of the
+// bf16 operands (A, B, and C, which is computed in f32 and narrowed).
 struct MatmulScratch {
   Buffer a, b, c;
 };
-MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, Device device);
+MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b,
+                             Device device);
 // linear_cross_entropy: one chunk of f32 logits [chunk, V]; on the f32 path an f32 copy of a bf16
 // w [V, D] and of a bf16 x chunk [chunk, D]; on the bf16 path (ops/cpu_bf16.h) bf16 copies of an
 // f32 w and x chunk, and for the backward the chunk's dlogits rounded to bf16 [chunk, V].

@@ -1,17 +1,30 @@
-// Matrix multiply. Two paths, chosen per call (ops/cpu_bf16.h):
+// Matrix multiply. Three paths, chosen per call:
+//  - skinny: a few f32 rows times a transposed f32 or bf16 weight into f32 (a decode step: x W^T
+//    with M = the batch, at most kSkinnyRows), by skinny_bt below, on every x86-64 CPU: each
+//    weight row is read once, straight from memory, bf16 widened to f32 in registers (a 16-bit
+//    shift), and every product and sum is f32. At one row, decode is memory-bound and a bf16
+//    weight is read about twice as fast as an f32 one, and 1.5x as fast as oneDNN reads it. This
+//    path is taken before the bf16 one even where oneDNN has bf16 hardware: oneDNN would round x
+//    to bf16 and make a row's result depend on how many rows share the call (on the development
+//    machine it was 1.5-2x faster at 8 rows, where this kernel is compute-bound: bench_ops
+//    --decode; docs/generation.md).
 //  - bf16: with a bf16 operand, on a CPU with bf16 hardware, through oneDNN (ops/cpu/onednn.h):
 //    bf16 x bf16 products accumulated in f32, C written in its own dtype. An f32 operand beside a
 //    bf16 one (the f32 gradient buffers of the backward) is rounded to a bf16 Workspace copy: the
 //    policy of the CUDA matmul, and of torch.autocast.
 //  - f32: OpenBLAS sgemm. bf16 operands are widened to f32 first (into a Workspace buffer):
 //    OpenBLAS 0.3.21 has sbgemm only for some CPUs, and widening costs O(n^2) against the O(n^3)
-//    multiply. A few rows times a transposed weight (a decode step: x W^T with M = the batch) take
-//    skinny_bt below instead.
+//    multiply. Skinny shapes whose A or C is bf16 are widened and take skinny_bt too.
 #include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/cpu_bf16.h"
 
 namespace shardlm::ops::cpu {
@@ -24,40 +37,105 @@ const float* as_f32(const Tensor& t, const Buffer& scratch) {
   convert_bf16_to_f32(static_cast<const bf16_t*>(t.data), out, size_t(t.numel()));
   return out;
 }
-// C [M, N] = alpha * A [M, K] B^T + beta * C, B [N, K], for M <= kSkinnyRows: every row of B is
-// read once, straight from memory, and dotted with each row of A (which stays in cache). OpenBLAS
-// 0.3.21's sgemm packs all of B first, which for a decode step means copying every weight once
-// more per token: this path decoded a 506M-parameter model 1.5x faster (bench/RESULTS.md). Each
-// dot product is computed the same way whatever M is, so a sequence's logits do not depend on the
-// batch it decodes in.
+// C [M, N] = alpha * A [M, K] B^T + beta * C, B [N, K] f32 or bf16, for M <= kSkinnyRows: every
+// row of B is read once, straight from memory, and dotted with each row of A (which stays in
+// cache). OpenBLAS 0.3.21's sgemm packs all of B first, which for a decode step means copying
+// every weight once more per token: this path decoded a 506M-parameter model 1.5x faster in f32
+// (bench/RESULTS.md). The work is tiles of up to kTileRows rows of A by kTileCols rows of B, one
+// vector accumulator each in registers: a vector of B (a bf16 one widened to f32 in the register,
+// exact) feeds every row of A in the tile, and a vector of A every row of B. With one or two rows
+// of A the tiles are one row of B wide instead: B is then read as one sequential stream, which
+// the hardware prefetcher keeps ahead (a bf16 lm_head at M = 1 read 1.4x faster than in tiles of
+// 4 rows of B; at M = 8 the wide tiles were 1.7x faster; bench_ops --decode). Every dot product is
+// computed the same way whatever tile it falls in (one accumulator over the vectors of K, summed
+// lane by lane, then the tail), so a row's result does not depend on M (a sequence's logits do
+// not depend on the batch it decodes in), and a bf16 B gives bit for bit its f32 widening's result.
 constexpr int64_t kSkinnyRows = 8;
+constexpr int kTileRows = 4;
+constexpr int kTileCols = kLanes == 16 ? 4 : 2;  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers
 
-void skinny_bt(float* c, const float* a, const float* b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+typedef uint16_t vhalf_unaligned __attribute__((vector_size(kLanes * sizeof(uint16_t)), aligned(2), may_alias));
+typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+inline vfloat vload_f32(const float* p) { return vload(p); }
+inline vfloat vload_f32(const bf16_t* p) {  // bf16 is the top half of an f32: widen, shift into place
+  const vuint u = __builtin_convertvector(*reinterpret_cast<const vhalf_unaligned*>(p), vuint) << 16;
+  return std::bit_cast<vfloat>(u);
+}
+inline float widen(float x) { return x; }
+inline float widen(bf16_t x) { return bf16_to_f32(x); }
+
+// c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
+template <int R, int C, class W>
+inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t K,
+                        float alpha, float beta) {
+  vfloat acc[R][C] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    vfloat w[C];
+    for (int j = 0; j < C; ++j) w[j] = vload_f32(b + j * ldb + k);
+    for (int r = 0; r < R; ++r) {
+      const vfloat x = vload(a + r * lda + k);
+      for (int j = 0; j < C; ++j) acc[r][j] += x * w[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) {
+      float sum = 0.0f;
+      for (int l = 0; l < kLanes; ++l) sum += acc[r][j][l];
+      // Explicit fused multiply-adds: whether the compiler would contract `sum + x * w` differs
+      // between the f32 and the bf16 instantiation, and the two must agree bit for bit. (The
+      // vector loop above is contracted in both; CpuBf16.DecodeShapesTakeTheSkinnyKernel checks it.)
+      for (int64_t q = k; q < K; ++q) sum = std::fma(a[r * lda + q], widen(b[j * ldb + q]), sum);
+      float& out = c[r * ldc + j];
+      out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
+    }
+}
+
+// Rows [0, R) of A against rows [0, cols) of B, cols <= kTileCols.
+template <int R, class W>
+inline void skinny_rows(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t cols,
+                        int64_t K, float alpha, float beta) {
+  if (cols == kTileCols) return skinny_tile<R, kTileCols>(c, ldc, a, lda, b, ldb, K, alpha, beta);
+  for (int64_t j = 0; j < cols; ++j) skinny_tile<R, 1>(c + j, ldc, a, lda, b + j * ldb, ldb, K, alpha, beta);
+}
+
+template <class W>
+void skinny_bt(float* c, const float* a, const W* b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                float alpha, float beta) {
+  const int64_t width = M <= 2 ? 1 : kTileCols, tiles = (N + width - 1) / width;
   parallel_region(M * N * K >= kMinParallelWork, [&] {
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* w = b + n * ldb;
-      for (int64_t m = 0; m < M; ++m) {
-        const float* x = a + m * lda;
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < K; ++k) acc += x[k] * w[k];
-        float& out = c[m * N + n];
-        out = beta == 0.0f ? alpha * acc : alpha * acc + beta * out;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n = t * width, cols = std::min<int64_t>(width, N - n);
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        float* ct = c + m * N + n;
+        const float* at = a + m * lda;
+        const W* bt = b + n * ldb;
+        switch (std::min<int64_t>(kTileRows, M - m)) {
+          case 1: skinny_rows<1>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          case 2: skinny_rows<2>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          case 3: skinny_rows<3>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+          default: skinny_rows<4>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
+        }
       }
     }
   });
 }
 }  // namespace
 
+// The skinny path takes a few f32 rows times a transposed weight (f32 or bf16) into f32.
+static bool takes_skinny_path(const Tensor& C, const Tensor& A, bool trans_a, bool trans_b) {
+  return C.shape[0] <= kSkinnyRows && !trans_a && trans_b && A.dtype == DType::F32 && C.dtype == DType::F32;
+}
+
 // The bf16 path takes a call with a bf16 operand and a non-empty product.
 static bool takes_bf16_path(const Tensor& C, const Tensor& A, const Tensor& B) {
   return (A.dtype == DType::BF16 || B.dtype == DType::BF16) && C.numel() > 0 && A.numel() > 0 && cpu_bf16_enabled();
 }
 
-MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, Device device) {
-  if (C.numel() == 0) return {};
+MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b,
+                             Device device) {
+  if (C.numel() == 0 || takes_skinny_path(C, A, trans_a, trans_b)) return {};
   if (takes_bf16_path(C, A, B)) {  // bf16 copies of the f32 operands
     auto narrowed = [&](const Tensor& t) {
       return t.dtype == DType::BF16 ? Buffer() : Buffer(size_t(t.numel()) * 2, MemCategory::Workspace, false, device);
@@ -82,7 +160,16 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
   const int64_t K = trans_a ? A.shape[0] : A.shape[1];
   if (M == 0 || N == 0) return;
 
-  const MatmulScratch scratch = matmul_scratch(C, A, B, Device::CPU);
+  if (takes_skinny_path(C, A, trans_a, trans_b)) {
+    float* c = static_cast<float*>(C.data);
+    const float* a = static_cast<const float*>(A.data);
+    if (B.dtype == DType::F32)
+      skinny_bt(c, a, static_cast<const float*>(B.data), M, N, K, A.shape[1], B.shape[1], alpha, beta);
+    else
+      skinny_bt(c, a, static_cast<const bf16_t*>(B.data), M, N, K, A.shape[1], B.shape[1], alpha, beta);
+    return;
+  }
+  const MatmulScratch scratch = matmul_scratch(C, A, B, trans_a, trans_b, Device::CPU);
   if (takes_bf16_path(C, A, B)) {
     auto as_bf16 = [](const Tensor& t, const Buffer& copy) {
       if (t.dtype == DType::BF16) return static_cast<const bf16_t*>(t.data);
