@@ -43,14 +43,16 @@ for batch in 1 8; do
   for dtype in $dtypes; do
     out=$work/out_${batch}_$dtype.jsonl
     "$shardlm" generate --model "$model" --prompts "$work/prompts_$batch.txt" --batch-size "$batch" --dtype "$dtype" \
-      --max-new-tokens "$new" --temperature 0 --output "$out" 2>"$work/generate_${batch}_$dtype.log"
+      --max-new-tokens "$new" --temperature 0 --prefill-chunk 0 --output "$out" 2>"$work/generate_${batch}_$dtype.log"
     read -r prompt_tokens prefill decode < <(/usr/bin/python3 - "$out" "$batch" "$new" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 batch, new = int(sys.argv[2]), int(sys.argv[3])
 assert all(r["completion_tokens"] == new for r in rows), "a request stopped early"
 p = rows[0]["prompt_tokens"]
-prefill = sum(r["prompt_tokens"] for r in rows) / sum(r["prefill_seconds"] for r in rows)
+# --prefill-chunk 0: the B prompts are prefilled together in the first step (each request's
+# prefill_seconds is that step), and every later step is decode only.
+prefill = sum(r["prompt_tokens"] for r in rows) / max(r["prefill_seconds"] for r in rows)
 decode = batch * (new - 1) / max(r["decode_seconds"] for r in rows)
 print(p, f"{prefill:.1f}", f"{decode:.2f}")
 PY

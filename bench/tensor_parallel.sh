@@ -36,7 +36,7 @@ for batch in 1 8; do
   : > "$work/prompts_$batch.txt"
   for _ in $(seq "$batch"); do echo "$line" >> "$work/prompts_$batch.txt"; done
   args=(--model "$model" --prompts "$work/prompts_$batch.txt" --batch-size "$batch" --max-new-tokens "$new"
-        --temperature 0)
+        --temperature 0 --prefill-chunk 0)  # prompts prefilled in the first step; the rest is decode
   load1=$(cut -d' ' -f1 /proc/loadavg)
   OMP_NUM_THREADS=$threads "$shardlm" generate "${args[@]}" --output "$work/tp1_$batch.jsonl" 2>"$work/tp1_$batch.log"
   one=$(decode "$work/tp1_$batch.jsonl" "$batch")
