@@ -20,30 +20,11 @@ work=$3
 shared=$4
 [[ -f "$shared/llama2_tokenizer.model" ]] || { echo "FAIL: no $shared/llama2_tokenizer.model"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
-pid=
-fail() {
-  echo "FAIL: $*"
-  [[ -f "$work/serve.err" ]] && sed 's/^/  serve: /' "$work/serve.err" | tail -20
-  exit 1
-}
-# Only the server this script started is stopped.
-trap '[[ -n "$pid" ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
+source "$(dirname "$0")/serve_common.sh"
 
 "$shardlm" init --preset tiny --set max_position_embeddings=96 --seed 1 --out "$work/m" >/dev/null
 m=$work/m
 
-# wait_listening WHAT: sets port from serve's "listening on" line in $work/serve.err, once the
-# server started as $pid says it; fails naming WHAT if it exits first or never says.
-wait_listening() {
-  port=
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-    [[ -n "$port" ]] && return 0
-    kill -0 "$pid" 2>/dev/null || fail "$1 exited before listening"
-    sleep 0.1
-  done
-  fail "$1 did not say where it listens"
-}
 
 # ---- 1. start, /health, /v1/models ----
 "$shardlm" serve --model "$m" --port 0 --max-batch 4 --max-len 96 --chat-format llama2 2> "$work/serve.err" &

@@ -18,28 +18,14 @@ py=$2
 work=$3
 torch_ref=$4
 rm -rf "$work" && mkdir -p "$work"
-pid=
-fail() {
-  echo "FAIL: $*"
-  [[ -f "$work/serve.err" ]] && sed 's/^/  serve: /' "$work/serve.err" | tail -20
-  exit 1
-}
-# Only the server this script started is stopped.
-trap '[[ -n "$pid" ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
+source "$(dirname "$0")/serve_common.sh"
 
 # initializer_range 0.5: logits far from uniform, so the most likely token is no near tie.
 "$shardlm" init --preset tiny --set max_position_embeddings=64 --set initializer_range=0.5 --seed 4 \
   --out "$work/m" >/dev/null
 "$shardlm" serve --model "$work/m" --port 0 --max-batch 3 --max-len 64 --chat-format llama2 2> "$work/serve.err" &
 pid=$!
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|^serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-  [[ -n "$port" ]] && break
-  kill -0 "$pid" 2>/dev/null || fail "serve exited before listening"
-  sleep 0.1
-done
-[[ -n "$port" ]] || fail "serve did not say where it listens"
+wait_listening serve
 
 PYTHONPATH="$torch_ref" "$py" - "http://127.0.0.1:$port" "$work/m" <<'PY' || fail "logprobs check"
 import json, sys, urllib.error, urllib.request

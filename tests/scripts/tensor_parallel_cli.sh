@@ -21,14 +21,7 @@ rm -rf "$work" && mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One thread everywhere, so the single process and every rank run the same BLAS blocking.
 export OMP_NUM_THREADS=1
-pid=
-fail() {
-  echo "FAIL: $*"
-  [[ -f "$work/serve.err" ]] && sed 's/^/  serve: /' "$work/serve.err" | tail -20
-  exit 1
-}
-# Only the server this script started is stopped.
-trap '[[ -n "$pid" ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
+source "$(dirname "$0")/serve_common.sh"
 
 # tiny: hidden 64, 4 heads, 2 kv heads, intermediate 172, vocab 512, 2 layers.
 # (seed 3: greedy decoding of these random weights neither stops at once nor repeats one byte.)
@@ -137,17 +130,6 @@ tp mha4 4 mha --prompts "$work/p.jsonl" --batch-size 4 --temperature 0
 same mha1 mha4
 
 # ---- 2. serve ----
-# wait_listening WHAT: sets port from serve's "listening on" line in $work/serve.err.
-wait_listening() {
-  port=
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's|.*serve: listening on http://127.0.0.1:\([0-9][0-9]*\)$|\1|p' "$work/serve.err")
-    [[ -n "$port" ]] && return 0
-    kill -0 "$pid" 2>/dev/null || fail "$1 exited before listening"
-    sleep 0.1
-  done
-  fail "$1 did not say where it listens"
-}
 ask() {  # ask NAME: a completion with logprobs, and the same streamed, to the server on $port
   curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt": "hello there", "max_tokens": 10, "temperature": 0, "logprobs": 5, "echo": true}' \
