@@ -165,13 +165,14 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   const int64_t qd = part_cfg_.q_dim(), kvd = part_cfg_.kv_dim();
   int64_t N = 0, R = 0;  // new rows; rows whose logits are wanted
   std::vector<int64_t> q_rows;
+  std::vector<bool> in_step(slots_.size());  // a linear check: a server's step may hold 1024 slots
   for (const Rows& p : parts) {
     const int s = p.slot;
     const int64_t n = int64_t(p.tokens.size());
     SHARDLM_CHECK(s >= 0 && s < int(slots_.size()), "no generation slot {}", s);
     SHARDLM_CHECK(n >= 1, "slot {}: a forward of no tokens", s);
-    SHARDLM_CHECK(std::count_if(parts.begin(), parts.end(), [&](const Rows& o) { return o.slot == s; }) == 1,
-                  "slot {} appears twice in one step", s);
+    SHARDLM_CHECK(!in_step[size_t(s)], "slot {} appears twice in one step", s);
+    in_step[size_t(s)] = true;
     Slot& slot = slots_[size_t(s)];
     SHARDLM_CHECK(slot.length + n <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
                   slot.length + n, max_len_);
