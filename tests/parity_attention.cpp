@@ -1,4 +1,5 @@
-// Parity of attention_forward / attention_backward with PyTorch (tests/torch_ref/ref_attention.py).
+// Parity of attention_forward / attention_backward, and of attention_forward_paged (the keys and
+// values in blocks), with PyTorch (tests/torch_ref/ref_attention.py).
 //
 // The reference is float64 math on the same inputs, so the tolerances measure our f32 error:
 //   f32 cases:  out, lse atol 2e-5 rtol 2e-4;  dq, dk, dv atol 1e-4 rtol 1e-3 (the backward
@@ -9,7 +10,9 @@
 //               rounding), grads atol 2e-2 rtol 2e-2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,33 @@ TEST(Parity, Attention) {
     const double grad_atol = bf16 ? 2e-2 : 1e-4, grad_rtol = bf16 ? 2e-2 : 1e-3;
     EXPECT_TRUE(all_close(out_got, c.f32("out"), out_atol, out_rtol, label + " out"));
     EXPECT_TRUE(all_close(lse, c.f32("lse"), lse_atol, lse_rtol, label + " lse"));
+
+    // The same keys and values in a paged KV cache's blocks (one sequence, no segments), the last
+    // block partly used, against the same reference.
+    if (B == 1 && !seg_t.defined())
+      for (int64_t block : {5, 16}) {
+        std::vector<OwnedTensor> kb, vb;
+        std::vector<Tensor> kv_k, kv_v;
+        for (int64_t t0 = 0; t0 < Tk; t0 += block) {
+          const int64_t n = std::min(block, Tk - t0);
+          for (auto [src, owned, views] : {std::tuple{&k, &kb, &kv_k}, std::tuple{&v, &vb, &kv_v}}) {
+            owned->emplace_back(src->t.dtype, std::initializer_list<int64_t>{block, Hkv, Dh}, MemCategory::Workspace);
+            ops::cast(owned->back().t.slice(0, n), src->t.reshape({Tk, Hkv, Dh}).slice(t0, t0 + n));
+            views->push_back(owned->back().t);
+          }
+        }
+        std::vector<float> paged_lse(lse.size(), -1);
+        std::vector<float> paged_f32(nq, -1);
+        std::vector<uint16_t> paged_bits(nq);
+        const Tensor paged_out = bf16 ? Tensor::view(paged_bits.data(), DType::BF16, {1, Tq, H, Dh})
+                                      : Tensor::view(paged_f32.data(), DType::F32, {1, Tq, H, Dh});
+        ops::attention_forward_paged(paged_out, Tensor::view(paged_lse.data(), DType::F32, {1, H, Tq}), q.t, kv_k,
+                                     kv_v, Tk, scale);
+        const std::string what = label + " paged, blocks of " + std::to_string(block);
+        EXPECT_TRUE(all_close(bf16 ? bf16_bits_to_f32(paged_bits) : paged_f32, c.f32("out"), out_atol, out_rtol,
+                              what + " out"));
+        EXPECT_TRUE(all_close(paged_lse, c.f32("lse"), lse_atol, lse_rtol, what + " lse"));
+      }
 
     // Backward, from our own forward's out and lse as in training. Fill the gradients with
     // garbage first: they are written, not accumulated.

@@ -64,6 +64,46 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   cpu::attention_forward(out, lse, q, k, v, segment_ids, scale);
 }
 
+void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor& q, const std::vector<Tensor>& k_blocks,
+                             const std::vector<Tensor>& v_blocks, int64_t Tk, float scale) {
+  constexpr const char* op = "attention_forward_paged";
+  check_usable(op, "q", q);
+  check_usable(op, "lse", lse);
+  check_usable(op, "out", out);
+  check_dtype(op, "q", q, {DType::F32, DType::BF16});
+  check_dtype(op, "lse", lse, {DType::F32});
+  check_dtype(op, "out", out, {DType::F32, DType::BF16});
+  check_shape(op, "q", q, {1, -1, -1, -1});
+  const int64_t Tq = q.shape[1], H = q.shape[2], Dh = q.shape[3];
+  check_shape(op, "out", out, {1, Tq, H, Dh});
+  check_shape(op, "lse", lse, {1, H, Tq});
+  SHARDLM_CHECK(!k_blocks.empty() && k_blocks.size() == v_blocks.size(),
+                "{}: {} key blocks and {} value blocks (the same number, at least one)", op, k_blocks.size(),
+                v_blocks.size());
+  const Tensor& k0 = k_blocks.front();
+  check_shape(op, "k_blocks[0]", k0, {-1, -1, Dh});
+  const int64_t block = k0.shape[0], Hkv = k0.shape[1];
+  SHARDLM_CHECK(block >= 1 && Hkv >= 1 && H % Hkv == 0,
+                "{}: the {} query heads of q {} are not a multiple of the {} kv heads of k_blocks[0] {}", op, H,
+                q.describe(), Hkv, k0.describe());
+  for (size_t i = 0; i < k_blocks.size(); ++i)
+    for (const Tensor* t : {&k_blocks[i], &v_blocks[i]}) {
+      const char* arg = t == &k_blocks[i] ? "k_blocks[i]" : "v_blocks[i]";
+      check_usable(op, arg, *t);
+      SHARDLM_CHECK(t->dtype == k0.dtype && t->device == Device::CPU,
+                    "{}: block {} is {} on {}; every block is {} on the CPU (paged attention runs there only)", op,
+                    i, dtype_name(t->dtype), device_name(t->device), dtype_name(k0.dtype));
+      check_shape(op, arg, *t, {block, Hkv, Dh});
+    }
+  check_dtype(op, "k_blocks[0]", k0, {DType::F32, DType::BF16});
+  SHARDLM_CHECK(Tq <= Tk && Tk <= int64_t(k_blocks.size()) * block,
+                "{}: {} keys for {} queries in {} blocks of {} positions", op, Tk, Tq, k_blocks.size(), block);
+  for (const auto& [arg, t] : {std::pair{"q", &q}, {"out", &out}, {"lse", &lse}})
+    SHARDLM_CHECK(t->device == Device::CPU, "{}: {} is on {}; paged attention runs on the CPU only", op, arg,
+                  device_name(t->device));
+  cpu::attention_forward_paged(out, lse, q, k_blocks, v_blocks, Tk, scale);
+}
+
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& segment_ids, float scale) {

@@ -81,6 +81,14 @@ void rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& positions
 // scaled scores (kept for the backward).  q, k, v, out: f32 or bf16.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& segment_ids, float scale);
+// The same attention for one sequence whose keys and values lie in blocks of a paged KV cache
+// (infer/kv_cache.h): k_blocks[i], v_blocks[i] [block, Hkv, Dh] (f32|bf16, one dtype) hold its
+// positions [i block, (i+1) block) in order, and its first Tk positions are its keys, Tq <= Tk <=
+// blocks x block. q, out [1, Tq, H, Dh]; lse [1, H, Tq]. No segments. Computed by the same kernel as
+// attention_forward over the keys gathered into one tensor, with the same result bit for bit.
+// Forward only (generation); CPU only.
+void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor& q, const std::vector<Tensor>& k_blocks,
+                             const std::vector<Tensor>& v_blocks, int64_t Tk, float scale);
 // dq [B, Tq, H, Dh], dk, dv [B, Tk, Hkv, Dh] written (f32).  Uses out and lse from the forward.
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -96,3 +96,7 @@ def cases():
     yield ("head_dim_128_t129", *make_case(B=1, Tq=129, Tk=129, H=2, Hkv=2, Dh=128))
     # bf16 inputs and dout (the kernel writes bf16 out); compared with looser tolerances.
     yield ("bf16_gqa_t33", *make_case(B=1, Tq=33, Tk=33, H=4, Hkv=2, Dh=32, dtype="bf16"))
+    # One sequence's decode step and prefill chunk after a cache of keys (attention_forward_paged
+    # reads these keys from blocks too).
+    yield ("kvcache_decode_tq1_tk37", *make_case(B=1, Tq=1, Tk=37, H=4, Hkv=2, Dh=16))
+    yield ("bf16_kvcache_tq4_tk37", *make_case(B=1, Tq=4, Tk=37, H=4, Hkv=1, Dh=32, dtype="bf16"))

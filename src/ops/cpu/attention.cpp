@@ -102,10 +102,11 @@ struct Attn {
   int64_t off;         // Tk - Tq: query i sits at key position i + off
   const int32_t* seg;  // [B, Tk] or nullptr
 
-  Attn(const Tensor& q, const Tensor& k, const Tensor& segment_ids)
-      : B(q.shape[0]), Tq(q.shape[1]), Tk(k.shape[1]), H(q.shape[2]), Hkv(k.shape[2]), Dh(q.shape[3]),
+  Attn(const Tensor& q, int64_t Tk_, int64_t Hkv_, const Tensor& segment_ids)
+      : B(q.shape[0]), Tq(q.shape[1]), Tk(Tk_), H(q.shape[2]), Hkv(Hkv_), Dh(q.shape[3]),
         Dp((Dh + kLanes - 1) / kLanes * kLanes), group(H / Hkv), off(Tk - Tq),
         seg(segment_ids.defined() ? segment_ids.i32() : nullptr) {}
+  Attn(const Tensor& q, const Tensor& k, const Tensor& segment_ids) : Attn(q, k.shape[1], k.shape[2], segment_ids) {}
 
   int64_t num_q_blocks() const { return (Tq + kBq - 1) / kBq; }
   int64_t num_k_blocks() const { return (Tk + kBk - 1) / kBk; }
@@ -128,15 +129,33 @@ struct Attn {
   }
 };
 
-// Copies rows [t0, t0 + n) of head h, batch b of a [B, T, heads, Dh] tensor into dst as f32:
-// n rows of Dp, zero past Dh. Always a copy, even of f32 rows: in the tensor, a head's rows lie
-// heads * Dh floats apart, a power of two in practice, so a block of them would fall into a few
-// L1 cache sets and evict itself while the block products reuse it.
-void load_rows(const Tensor& x, int64_t b, int64_t t0, int64_t n, int64_t h, int64_t Dp, float* dst) {
-  const int64_t T = x.shape[1], heads = x.shape[2], Dh = x.shape[3];
+// Where a kernel reads rows [T, heads, Dh] of batch row b from: a tensor [B, T, heads, Dh], or
+// (attention_forward_paged, batch 1) blocks [block, heads, Dh] of a paged KV cache, position t in
+// row t % block of block t / block. Views, valid for the call.
+struct RowSource {
+  const Tensor* whole = nullptr;
+  const std::vector<Tensor>* blocks = nullptr;
+  int64_t block = 0;
+
+  RowSource(const Tensor& t) : whole(&t) {}  // NOLINT(google-explicit-constructor): a tensor is one source
+  explicit RowSource(const std::vector<Tensor>& b) : blocks(&b), block(b.front().shape[0]) {}
+
+  // Position t, head h of batch row b, Dh values as f32 (the row itself, or widened into scratch).
+  const float* row(int64_t b, int64_t t, int64_t h, int64_t Dh, float* scratch) const {
+    if (whole) return row_f32(*whole, (b * whole->shape[1] + t) * whole->shape[2] + h, Dh, scratch);
+    const Tensor& blk = (*blocks)[size_t(t / block)];
+    return row_f32(blk, (t % block) * blk.shape[1] + h, Dh, scratch);
+  }
+};
+
+// Copies rows [t0, t0 + n) of head h, batch b into dst as f32: n rows of Dp, zero past Dh. Always a
+// copy, even of f32 rows: in the tensor, a head's rows lie heads * Dh floats apart, a power of two
+// in practice, so a block of them would fall into a few L1 cache sets and evict itself while the
+// block products reuse it.
+void load_rows(const RowSource& x, int64_t b, int64_t t0, int64_t n, int64_t h, int64_t Dh, int64_t Dp, float* dst) {
   for (int64_t i = 0; i < n; ++i) {
     float* row = dst + i * Dp;
-    const float* src = row_f32(x, (b * T + t0 + i) * heads + h, Dh, row);
+    const float* src = x.row(b, t0 + i, h, Dh, row);
     if (src != row) std::memcpy(row, src, size_t(Dh) * sizeof(float));
     std::fill(row + Dh, row + Dp, 0.0f);
   }
@@ -144,13 +163,12 @@ void load_rows(const Tensor& x, int64_t b, int64_t t0, int64_t n, int64_t h, int
 
 // Copies keys [j0, j0 + n) of kv head h as a transposed block dst[d * kBk + j] (Dh rows of kBk),
 // zero past key n, so that a block of rows times it is block_matmul's B.
-void load_rows_transposed(const Tensor& x, int64_t b, int64_t j0, int64_t n, int64_t h, float* dst,
+void load_rows_transposed(const RowSource& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t Dh, float* dst,
                           float* row_scratch) {
-  const int64_t T = x.shape[1], heads = x.shape[2], Dh = x.shape[3];
   if (n < kBk)  // a partial block: the keys past n are zero (a full one overwrites every column)
     for (int64_t d = 0; d < Dh; ++d) std::fill(dst + d * kBk + n, dst + (d + 1) * kBk, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
-    const float* src = row_f32(x, (b * T + j0 + j) * heads + h, Dh, row_scratch);
+    const float* src = x.row(b, j0 + j, h, Dh, row_scratch);
     for (int64_t d = 0; d < Dh; ++d) dst[d * kBk + j] = src[d];
   }
 }
@@ -173,9 +191,10 @@ void probs_and_dscores_row(float* p, float* ds, int64_t visible, const int32_t* 
 
 }  // namespace
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& segment_ids, float scale) {
-  const Attn a(q, k, segment_ids);
+namespace {
+// The forward over keys and values from k and v (tensors, or the blocks of a paged cache).
+void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const RowSource& k, const RowSource& v,
+             const Attn& a, float scale) {
   const int64_t Dh = a.Dh, Dp = a.Dp, nqb = a.num_q_blocks();
   const int64_t tasks = a.B * a.H * nqb;
   float* lse_p = lse.f32();
@@ -201,7 +220,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 
       // Only the block's nq rows are used (a decode step has one): block_matmul reads and writes
       // rows [0, nq) alone, so the others are never cleared.
-      load_rows(q, b, i0, nq, h, Dp, Q.data());
+      load_rows(q, b, i0, nq, h, Dh, Dp, Q.data());
       std::fill(acc.begin(), acc.begin() + nq * Dp, 0.0f);
       std::fill(m.begin(), m.begin() + nq, kNegInf);
       std::fill(l.begin(), l.begin() + nq, 0.0f);
@@ -209,8 +228,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       const int64_t nkb = a.visible_k_blocks(i0, nq);
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
-        load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
-        load_rows(v, b, j0, nk, g, Dp, V.data());
+        load_rows_transposed(k, b, j0, nk, g, Dh, Kt.data(), row.data());
+        load_rows(v, b, j0, nk, g, Dh, Dp, V.data());
         a.key_segments(b, j0, nk, kseg.data());
 
         std::fill(S.begin(), S.begin() + nq * kBk, 0.0f);
@@ -268,6 +287,19 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   });
 }
 
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& segment_ids, float scale) {
+  forward(out, lse, q, k, v, Attn(q, k, segment_ids), scale);
+}
+
+void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor& q, const std::vector<Tensor>& k_blocks,
+                             const std::vector<Tensor>& v_blocks, int64_t Tk, float scale) {
+  forward(out, lse, q, RowSource(k_blocks), RowSource(v_blocks), Attn(q, Tk, k_blocks.front().shape[1], Tensor{}),
+          scale);
+}
+
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& segment_ids, float scale) {
@@ -296,8 +328,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 
     // Loads the query block (b, h, rows i0..i0+nq): its rows of q and dout.
     auto load_query_block = [&](int64_t b, int64_t h, int64_t i0, int64_t nq) {
-      load_rows(q, b, i0, nq, h, Dp, Q.data());
-      load_rows(dout, b, i0, nq, h, Dp, dO.data());
+      load_rows(q, b, i0, nq, h, Dh, Dp, Q.data());
+      load_rows(dout, b, i0, nq, h, Dh, Dp, dO.data());
     };
 
     // For the loaded query block (rows i0.., head h) against the loaded key block (Kt, Vt, kseg;
@@ -339,8 +371,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     for (int64_t task = 0; task < a.B * a.Hkv * nkb_all; ++task) {
       const int64_t kb = task % nkb_all, bg = task / nkb_all, b = bg / a.Hkv, g = bg % a.Hkv;
       const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
-      load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
-      load_rows_transposed(v, b, j0, nk, g, Vt.data(), row.data());
+      load_rows_transposed(k, b, j0, nk, g, Dh, Kt.data(), row.data());
+      load_rows_transposed(v, b, j0, nk, g, Dh, Vt.data(), row.data());
       a.key_segments(b, j0, nk, kseg.data());
       float* dK = acc_a.data();
       float* dV = acc_b.data();
@@ -380,9 +412,9 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
       const int64_t nkb = a.visible_k_blocks(i0, nq);
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t j0 = kb * kBk, nk = std::min(kBk, a.Tk - j0);
-        load_rows_transposed(k, b, j0, nk, g, Kt.data(), row.data());
-        load_rows_transposed(v, b, j0, nk, g, Vt.data(), row.data());
-        load_rows(k, b, j0, nk, g, Dp, K.data());
+        load_rows_transposed(k, b, j0, nk, g, Dh, Kt.data(), row.data());
+        load_rows_transposed(v, b, j0, nk, g, Dh, Vt.data(), row.data());
+        load_rows(k, b, j0, nk, g, Dh, Dp, K.data());
         a.key_segments(b, j0, nk, kseg.data());
         probs_and_dscores(b, h, i0, nq, j0, nk);
         block_matmul(dS.data(), kBk, nq, nk, K.data(), Dp, Dp, dQ, Dp);  // dQ += dS K (scaled below)
