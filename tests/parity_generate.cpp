@@ -61,7 +61,7 @@ std::vector<float> generate_logits(const ModelConfig& cfg, const model::LlamaWei
                                    const std::vector<int32_t>& tokens, int64_t P,
                                    const std::vector<std::vector<int32_t>>& others = {}) {
   const int64_t V = cfg.vocab_size, S = int64_t(tokens.size()) - P;
-  infer::Generator gen(cfg, w, int64_t(tokens.size()) + 8, int64_t(1 + others.size()), {}, {}, kv);
+  infer::Generator gen(cfg, w, int64_t(tokens.size()) + 8, int64_t(1 + others.size()), {}, {}, {.dtype = kv});
   std::vector<int> slots;
   for (const auto& o : others) {
     slots.push_back(gen.acquire());
@@ -147,9 +147,9 @@ TEST(Parity, GenerateBf16GreedyTokensIndependentOfTheBatch) {
     greedy.temperature = 0;
     greedy.max_new_tokens = 12;
     const infer::Request me{tokens, greedy};
-    infer::Generator alone(cfg, p.compute_weights(), 64, 1, {}, {}, DType::BF16);
+    infer::Generator alone(cfg, p.compute_weights(), 64, 1, {}, {}, {.dtype = DType::BF16});
     const std::vector<int32_t> want = alone.run({me}, {})[0].tokens;
-    infer::Generator batched(cfg, p.compute_weights(), 64, 4, {}, {}, DType::BF16);
+    infer::Generator batched(cfg, p.compute_weights(), 64, 4, {}, {}, {.dtype = DType::BF16});
     std::vector<infer::Request> reqs = {{{tokens[0], tokens[1]}, greedy}, me, {{5, 6, 7, 8, 9, 10, 11}, greedy}, me};
     const std::vector<infer::Completion> got = batched.run(reqs, {});
     EXPECT_EQ(got[1].tokens, want) << c.name;

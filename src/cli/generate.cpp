@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/kv_cache_flags.h"
 #include "infer/load_weights.h"
 #include "comm/communicator.h"
 #include "core/alloc.h"
@@ -39,6 +40,7 @@ struct Opts {
   bool stop_token_ids_given = false;
   infer::SamplingOptions s;
   int64_t batch_size = 8, prefill_chunk = infer::kDefaultPrefillChunk;
+  KvCacheFlags kv_cache;
   bool no_bos = false, chat = false, load_in_4bit = false, quiet = false;
 };
 
@@ -277,7 +279,8 @@ void run_generate(const Opts& o) {
                                 .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
-  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp, dtype);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp,
+                       kv_cache_options(o.kv_cache, dtype));
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
   // --prompt and no --prompts, the completion is also streamed to stdout.
@@ -335,7 +338,8 @@ void run_generate(const Opts& o) {
                  {"completion_tokens", c.tokens.size()},
                  {"finish_reason", infer::finish_reason_name(c.finish)},
                  {"prefill_seconds", c.prefill_seconds},
-                 {"decode_seconds", c.decode_seconds}};
+                 {"decode_seconds", c.decode_seconds},
+                 {"preemptions", c.preemptions}};
     if (!rows[i].id.is_null()) line["id"] = rows[i].id;
     const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     if (std::fputs(s.c_str(), out) < 0) throw Error("cannot write the output", {.file = o.output});
@@ -366,6 +370,7 @@ void register_generate(CLI::App& app) {
                   "prompts at once")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30))
       ->capture_default_str();
+  add_kv_cache_flags(cmd, o->kv_cache);
   cmd->add_flag("--chat", o->chat,
                 "Render each prompt as a user message in the model's chat format, ready for the assistant's "
                 "answer (JSONL rows with \"messages\" always are)");
@@ -453,6 +458,7 @@ void register_generate(CLI::App& app) {
       throw Error("cannot be combined with --device-map (one way of splitting the model at a time)",
                   {.key = "--tensor-parallel"});
     generate_dtype(*o);
+    kv_cache_options(o->kv_cache, DType::F32);
     if (!o->device_map.empty()) device_map_flag(o->device_map);
     else if (!o->max_memory_per_rank.empty())
       throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});

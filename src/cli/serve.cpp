@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/kv_cache_flags.h"
 #include "comm/communicator.h"
 #include "infer/load_weights.h"
 #include "data/tokenizer.h"
@@ -43,6 +44,7 @@ struct Opts {
   int64_t tensor_parallel = 0;  // 0: the whole model in this process
   double request_timeout = 10;
   bool load_in_4bit = false;
+  KvCacheFlags kv_cache;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
 };
@@ -115,7 +117,8 @@ void run_serve(const Opts& o) {
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
                                 [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
-  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, {}, tp, dtype);
+  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, {}, tp,
+                       kv_cache_options(o.kv_cache, dtype));
   if (split.active() && w.rank() != 0) {
     gen.follow();  // until rank 0 shuts down
     return;
@@ -152,12 +155,14 @@ void run_serve(const Opts& o) {
       throw;
     }
   }();
-  const double kv_mib = double(gen.kv_cache_bytes_per_sequence()) / (1 << 20);
+  const infer::Generator::KvCacheStats kv = gen.kv_cache_stats();
   std::fprintf(stderr,
                "serve: model '%s' (chat format %s, %s), up to %lld requests at a time of up to %lld tokens (KV "
-               "cache %.2f MiB per request)\nserve: listening on http://%s:%d\n",
+               "cache: blocks of %lld positions, %s each, up to %lld = %s%s)\nserve: listening on http://%s:%d\n",
                so.model_id.c_str(), data::chat_format_name(chat.format), dtype_name(dtype), (long long)o.max_batch,
-               (long long)max_len, kv_mib, o.host.c_str(), port);
+               (long long)max_len, (long long)kv.block_size, format_bytes(kv.bytes_per_block).c_str(),
+               (long long)kv.capacity, format_bytes(kv.capacity * kv.bytes_per_block).c_str(),
+               split.active() ? " per rank" : "", o.host.c_str(), port);
 
   std::atomic<bool> listen_ended{false};
   std::thread on_signal([&] {
@@ -207,9 +212,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--max-batch", o->max_batch,
-                  "Requests decoded together; more wait for a free slot (each holds a KV cache of --max-len)")
+                  "Requests decoded together; more wait for a free slot")
       ->check(CLI::Range(int64_t(1), kMaxBatch))
       ->capture_default_str();
+  add_kv_cache_flags(cmd, o->kv_cache);
   cmd->add_option("--prefill-chunk", o->prefill_chunk,
                   "Prompt tokens prefilled per step at most, beside the running requests' next tokens: a long "
                   "prompt delays the others' next token by one chunk's compute; 0 = whole prompts at once")

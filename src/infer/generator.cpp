@@ -13,12 +13,13 @@
 namespace shardlm::infer {
 
 Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch,
-                     const Pipeline& pipeline, const TensorParallel& tp, DType kv_dtype)
-    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), kv_dtype_(kv_dtype), comm_(pipeline.comm),
-      tp_(tp.comm) {
+                     const Pipeline& pipeline, const TensorParallel& tp, const KvCacheOptions& kv)
+    : cfg_(cfg), part_cfg_(cfg), w_(weights), max_len_(max_len), comm_(pipeline.comm), tp_(tp.comm) {
   SHARDLM_CHECK(max_len >= 1, "generation length must be >= 1");
-  SHARDLM_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "a KV cache in f32 or bf16, not {}",
-                dtype_name(kv_dtype));
+  SHARDLM_CHECK(kv.dtype == DType::F32 || kv.dtype == DType::BF16, "a KV cache in f32 or bf16, not {}",
+                dtype_name(kv.dtype));
+  SHARDLM_CHECK(kv.block_size >= 1, "KV cache blocks of {} positions: at least 1", kv.block_size);
+  SHARDLM_CHECK(kv.max_bytes >= 0, "a KV cache limit of {} bytes", kv.max_bytes);
   SHARDLM_CHECK(!(comm_ && tp_), "a model is split over ranks either as a pipeline or by tensor parallelism");
   if (tp_ && tp_->size() > 1) part_cfg_ = sliced_config(cfg, tp_->size());
   else tp_ = nullptr;  // one rank holds whole tensors
@@ -44,18 +45,39 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
   }
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
   slots_.resize(size_t(max_batch));
+  // The cache: blocks of at most max_len positions (a larger block would only hold unused ones),
+  // as many as max_batch sequences of max_len need, or fewer to stay within kv.max_bytes on the
+  // rank that runs the most layers (every rank must hold the same positions: they take the same
+  // blocks in lockstep).
+  const int64_t block = std::min(kv.block_size, max_len), per_seq = (max_len + block - 1) / block;
+  int64_t layers = share_.layer_end - share_.layer_begin, most_layers = layers;
+  for (const RankShare& s : pipeline.shares) most_layers = std::max(most_layers, s.layer_end - s.layer_begin);
+  const int64_t fullest_block_bytes = 2 * most_layers * block * part_cfg_.kv_dim() * int64_t(dtype_size(kv.dtype));
+  int64_t capacity = max_batch * per_seq;
+  if (kv.max_bytes > 0 && fullest_block_bytes > 0) {
+    const int64_t fit = kv.max_bytes / fullest_block_bytes;
+    if (fit < per_seq)
+      throw Error(fmt::format("a KV cache of at most {} holds {} blocks of {} positions ({} each), fewer than the {} "
+                              "one sequence of {} positions needs ({}): raise the limit or lower the length",
+                              format_bytes(kv.max_bytes), fit, block, format_bytes(fullest_block_bytes), per_seq,
+                              max_len, format_bytes(per_seq * fullest_block_bytes)),
+                  {.key = kv.limit_key});
+    capacity = std::min(capacity, fit);
+  }
+  cache_ = std::make_unique<KvCache>(layers, part_cfg_.num_key_value_heads, part_cfg_.head_dim, kv.dtype, block,
+                                     capacity);
 }
 
 Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch)
     : Generator(cfg, model::LlamaWeights{}, max_len, max_batch) {
   SHARDLM_CHECK(bool(recompute), "a generator without weights needs a forward");
   recompute_ = std::move(recompute);
+  cache_.reset();
 }
 
-int64_t Generator::kv_cache_bytes_per_sequence() const {
-  if (recompute_) return 0;
-  const int64_t kvd = part_cfg_.kv_dim();
-  return 2 * (share_.layer_end - share_.layer_begin) * max_len_ * kvd * int64_t(dtype_size(kv_dtype_));
+Generator::KvCacheStats Generator::kv_cache_stats() const {
+  if (!cache_) return {};
+  return {cache_->block_size(), cache_->bytes_per_block(), cache_->capacity(), cache_->in_use(), cache_->made()};
 }
 
 int Generator::acquire() {
@@ -70,8 +92,27 @@ int Generator::acquire() {
 
 void Generator::release(int slot) {
   SHARDLM_CHECK(slot >= 0 && slot < int(slots_.size()), "no generation slot {}", slot);
+  evict(slot);
   slots_[size_t(slot)].used = false;
+}
+
+void Generator::evict(int slot) {
+  SHARDLM_CHECK(slot >= 0 && slot < int(slots_.size()), "no generation slot {}", slot);
+  trim(slot, 0);
   slots_[size_t(slot)].length = 0;
+  if (leading_) freed_.push_back(slot);  // the followers give back the same blocks
+}
+
+void Generator::trim(int slot, int64_t positions) {
+  if (cache_) cache_->shrink(slots_[size_t(slot)].table, positions);
+}
+
+bool Generator::reserve(int slot, int64_t new_tokens) {
+  SHARDLM_CHECK(slot >= 0 && slot < int(slots_.size()), "no generation slot {}", slot);
+  Slot& s = slots_[size_t(slot)];
+  SHARDLM_CHECK(s.length + new_tokens <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
+                s.length + new_tokens, max_len_);
+  return !cache_ || cache_->grow(s.table, s.length + new_tokens);
 }
 
 std::vector<float> Generator::forward(const std::vector<int>& slots, const std::vector<int32_t>& tokens) {
@@ -90,9 +131,10 @@ std::vector<float> Generator::forward_all(const std::vector<int32_t>& tokens) {
   return forward_parts({Rows{0, tokens, true}});
 }
 
-// What lead() broadcasts before each forward: kOpForward (parts, tokens in all), then per part its
-// slot, its length before the forward, its token count and all_logits, then the tokens; kOpStop
-// ends follow().
+// What lead() broadcasts before each forward: kOpForward (parts, tokens in all, slots freed), then
+// the slots released or evicted since the last forward (the followers give back their blocks too,
+// so that every rank's cache holds the same), then per part its slot, its length before the
+// forward, its token count and all_logits, then the tokens; kOpStop ends follow().
 namespace {
 enum : int64_t { kOpStop = 0, kOpForward = 1 };
 }
@@ -106,7 +148,7 @@ void Generator::lead() {
 void Generator::stop_followers() {
   if (!leading_) return;
   leading_ = false;
-  int64_t head[3] = {kOpStop, 0, 0};
+  int64_t head[4] = {kOpStop, 0, 0, 0};
   (tp_ ? tp_ : comm_)->broadcast_bytes(head, sizeof(head), 0);
 }
 
@@ -114,28 +156,39 @@ void Generator::follow() {
   comm::Communicator* c = tp_ ? tp_ : comm_;
   SHARDLM_CHECK(c && c->rank() != 0, "follow(): rank 0 drives the others");
   for (;;) {
-    int64_t head[3];
+    int64_t head[4];
     c->broadcast_bytes(head, sizeof(head), 0);
     if (head[0] == kOpStop) return;
-    const int64_t B = head[1], T = head[2];
-    SHARDLM_CHECK(B >= 1 && B <= int64_t(slots_.size()) && T >= B && T <= B * max_len_,
-                  "a forward of {} sequences and {} tokens from rank 0", B, T);
-    std::vector<int64_t> body(size_t(4 * B + T));
+    const int64_t B = head[1], T = head[2], F = head[3];
+    SHARDLM_CHECK(B >= 1 && B <= int64_t(slots_.size()) && T >= B && T <= B * max_len_ && F >= 0 &&
+                      F <= (int64_t(1) << 24),
+                  "a forward of {} sequences and {} tokens, {} slots freed, from rank 0", B, T, F);
+    std::vector<int64_t> body(size_t(F + 4 * B + T));
     c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
+    for (int64_t f = 0; f < F; ++f) {  // rank 0's release and evict
+      const int64_t s = body[size_t(f)];
+      SHARDLM_CHECK(s >= 0 && s < int64_t(slots_.size()), "no generation slot {}", s);
+      trim(int(s), 0);
+      slots_[size_t(s)].length = 0;
+    }
     std::vector<Rows> parts(static_cast<size_t>(B));
-    auto token = body.begin() + 4 * B;
+    const auto part = body.begin() + F;
+    auto token = part + 4 * B;
     for (int64_t b = 0; b < B; ++b) {
       Rows& p = parts[size_t(b)];
-      p.slot = int(body[size_t(4 * b)]);
+      p.slot = int(part[4 * b]);
       SHARDLM_CHECK(p.slot >= 0 && p.slot < int(slots_.size()), "no generation slot {}", p.slot);
-      Slot& slot = slots_[size_t(p.slot)];  // rank 0's acquire, release and reset, as they left it
+      Slot& slot = slots_[size_t(p.slot)];  // rank 0's acquire and reset, as they left it
       slot.used = true;
-      slot.length = body[size_t(4 * b + 1)];
-      const int64_t n = body[size_t(4 * b + 2)];
+      slot.length = part[4 * b + 1];
+      SHARDLM_CHECK(slot.length >= 0 && slot.length <= max_len_, "slot {} of length {} from rank 0", p.slot,
+                    slot.length);
+      trim(p.slot, slot.length);  // a reset (forward_all) keeps its blocks; its length says what counts
+      const int64_t n = part[4 * b + 2];
       SHARDLM_CHECK(n >= 1 && token + n <= body.end(), "a part of {} tokens from rank 0", n);
       p.tokens.assign(token, token + n);
       token += n;
-      p.all_logits = body[size_t(4 * b + 3)] != 0;
+      p.all_logits = part[4 * b + 3] != 0;
     }
     forward_parts(parts);
   }
@@ -145,7 +198,9 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   const int64_t B = int64_t(parts.size());
   SHARDLM_CHECK(B >= 1, "a forward of no sequences");
   if (leading_) {
-    std::vector<int64_t> body;
+    std::vector<int64_t> body = std::move(freed_);
+    freed_.clear();
+    const int64_t F = int64_t(body.size());
     int64_t T = 0;
     for (const Rows& p : parts) {
       const bool ok = p.slot >= 0 && p.slot < int(slots_.size());
@@ -154,7 +209,7 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
       T += int64_t(p.tokens.size());
     }
     for (const Rows& p : parts) body.insert(body.end(), p.tokens.begin(), p.tokens.end());
-    int64_t head[3] = {kOpForward, B, T};
+    int64_t head[4] = {kOpForward, B, T, F};
     comm::Communicator* c = tp_ ? tp_ : comm_;
     c->broadcast_bytes(head, sizeof(head), 0);
     c->broadcast_bytes(body.data(), body.size() * sizeof(int64_t), 0);
@@ -173,16 +228,8 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
     SHARDLM_CHECK(n >= 1, "slot {}: a forward of no tokens", s);
     SHARDLM_CHECK(!in_step[size_t(s)], "slot {} appears twice in one step", s);
     in_step[size_t(s)] = true;
-    Slot& slot = slots_[size_t(s)];
-    SHARDLM_CHECK(slot.length + n <= max_len_, "sequence of {} tokens exceeds the generation limit of {}",
-                  slot.length + n, max_len_);
-    if (slot.k_cache.empty() && !recompute_)  // first use of this slot: a cache per layer this rank runs
-      for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
-        slot.k_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
-                                  false);
-        slot.v_cache.emplace_back(kv_dtype_, std::initializer_list<int64_t>{max_len_, kvd}, MemCategory::Activations,
-                                  false);
-      }
+    SHARDLM_CHECK(reserve(s, n), "slot {}: the KV cache has no free block for {} more positions ({} of {} in use)",
+                  s, n, cache_ ? cache_->in_use() : 0, cache_ ? cache_->capacity() : 0);
     q_rows.push_back(n);
     N += n;
     R += p.all_logits ? n : 1;
@@ -233,14 +280,12 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
                    .residual = tp_->rank() == 0};
   model::AttentionKv kv;
   kv.q_rows = q_rows;
+  kv.paged.resize(size_t(B));
   for (int64_t l = share_.layer_begin; l < share_.layer_end; ++l) {
-    kv.k_seq.clear();
-    kv.v_seq.clear();
     const size_t own = size_t(l - share_.layer_begin);
-    for (const Rows& p : parts) {  // each sequence's cache through its new rows
-      const Slot& slot = slots_[size_t(p.slot)];
-      kv.k_seq.push_back(slot.k_cache[own].t.slice(0, slot.length + int64_t(p.tokens.size())));
-      kv.v_seq.push_back(slot.v_cache[own].t.slice(0, slot.length + int64_t(p.tokens.size())));
+    for (size_t b = 0; b < parts.size(); ++b) {  // each sequence's blocks, through its new rows
+      const Slot& slot = slots_[size_t(parts[b].slot)];
+      kv.paged[b] = {&slot.table.k[own], &slot.table.v[own], slot.length + int64_t(parts[b].tokens.size())};
     }
     model::BlockActivations a{x.t, xn1.t, rstd1.t, q.t, k.t, v.t, att.t, lse.t,
                               h1.t, xn2.t, rstd2.t, gate.t, up.t, act.t, {}};  // no adapters: merged, if any
@@ -395,7 +440,7 @@ Batch::Admit Batch::admit(size_t id, const Request& r) {
   if (nothing && !r.prompt_logprobs) return Admit::NothingToDo;
   const int slot = gen_.acquire();
   if (slot < 0) return Admit::Full;
-  active_.push_back(Active{id, slot, r, r.prompt, {}, {}, nothing});
+  active_.push_back(Active{id, slot, r, r.prompt, {}, {}, nothing, 0, P});
   if (r.prompt_logprobs) active_.back().out.prompt_logprobs.reserve(size_t(P - 1));
   return Admit::Joined;
 }
@@ -406,29 +451,39 @@ const Completion* Batch::progress(size_t id) const {
   return nullptr;
 }
 
+void Batch::preempt(Active& s) {
+  gen_.evict(s.slot);
+  s.prefilled = 0;
+  s.target = int64_t(s.seen.size());  // its prompt and every token so far, then it samples on
+  s.decoding = false;
+  s.logits.clear();
+  ++s.out.preemptions;
+  ++preemptions_;
+}
+
+bool Batch::make_room(size_t m, int64_t n) {
+  Active& s = active_[m];
+  for (size_t young = active_.size(); !gen_.reserve(s.slot, n);) {
+    while (young > m + 1 && !gen_.holds_cache(active_[young - 1].slot)) --young;
+    if (young == m + 1) {  // no younger member holds blocks: m gives its own back and waits
+      preempt(s);
+      return false;
+    }
+    preempt(active_[--young]);
+  }
+  return true;
+}
+
 void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) {
   if (active_.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = gen_.vocab_size();
-  // Each member with its next token's logits samples it at its own step; those that finish leave
-  // the batch. The rest go through one forward together: a decoding member with its new token, a
-  // member being prefilled with its prompt's next chunk, as long as this step's budget lasts.
+  // 1. Each member with its next token's logits samples it at its own step; those that finish
+  //    leave the batch.
   std::vector<Active> running, finished;
-  std::vector<Generator::Rows> parts;
-  std::vector<bool> prefilling;  // per part: a prompt chunk (else a decode row)
-  std::vector<bool> waits;       // per member that stays: still being prefilled (its time to first token)
-  int64_t budget = prefill_chunk_ > 0 ? prefill_chunk_ : std::numeric_limits<int64_t>::max();
   for (Active& s : active_) {
     Completion& c = s.out;
     if (!s.prefilled_all()) {
-      const int64_t n = std::min(int64_t(s.req.prompt.size()) - s.prefilled, budget);
-      if (n > 0) {
-        const auto from = s.req.prompt.begin() + s.prefilled;
-        parts.push_back({s.slot, std::vector<int32_t>(from, from + n), s.req.prompt_logprobs});
-        prefilling.push_back(true);
-        budget -= n;
-      }
-      waits.push_back(true);
       running.push_back(std::move(s));
       continue;
     }
@@ -459,45 +514,80 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
           done = false;
       }
     }
+    if (!done) {  // its new token goes into the cache in this step's forward
+      s.target = int64_t(s.seen.size());
+      s.decoding = true;
+    }
     if (done) {
       gen_.release(s.slot);
       finished.push_back(std::move(s));
-      continue;
+    } else {
+      running.push_back(std::move(s));
     }
-    parts.push_back({s.slot, {c.tokens.back()}, false});
-    prefilling.push_back(false);
-    waits.push_back(false);
-    running.push_back(std::move(s));
   }
   active_ = std::move(running);
+  // 2. The rest go through one forward together, in admission order, each with its KV blocks: a
+  //    decoding member with its new token, a member being prefilled with the next chunk of what
+  //    it must cache (its prompt, or after a preemption all it has seen), as long as this step's
+  //    budget lasts. A member that cannot get blocks preempts younger ones (make_room), unless it
+  //    has not started: then it and every later one that has not started wait, as they all do in
+  //    a step that preempted.
+  std::vector<Generator::Rows> parts;
+  std::vector<size_t> member;  // per part: its member in active_
+  int64_t budget = prefill_chunk_ > 0 ? prefill_chunk_ : std::numeric_limits<int64_t>::max();
+  bool starts_wait = false;
+  for (size_t m = 0; m < active_.size(); ++m) {
+    Active& s = active_[m];
+    const bool decoding = s.decoding;
+    const int64_t n = decoding ? 1 : std::min(s.target - s.prefilled, budget);
+    if (n <= 0) continue;
+    const bool starting = !decoding && s.prefilled == 0;
+    if (starting && (starts_wait || !gen_.reserve(s.slot, n))) {
+      starts_wait = true;
+      continue;
+    }
+    if (!starting) {
+      const int64_t preempted = preemptions_;
+      const bool room = make_room(m, n);
+      // After a preemption nothing starts in this step: the blocks given back are for the older.
+      if (preemptions_ != preempted) starts_wait = true;
+      if (!room) continue;
+    }
+    const int64_t P = int64_t(s.req.prompt.size());
+    if (decoding) {
+      parts.push_back({s.slot, {s.seen.back()}, false});
+    } else {
+      const auto from = s.seen.begin() + s.prefilled;
+      parts.push_back({s.slot, std::vector<int32_t>(from, from + n),
+                       s.req.prompt_logprobs && int64_t(s.out.prompt_logprobs.size()) < P - 1});
+      budget -= n;
+    }
+    member.push_back(m);
+  }
   if (!parts.empty()) {
     const std::vector<float> logits = gen_.forward_parts(parts);  // the parts' wanted rows, [*, V]
     const float* row = logits.data();
-    size_t i = 0;  // parts are in the order of active_, one per member that has one
-    for (Active& s : active_) {
-      if (i == parts.size() || parts[i].slot != s.slot) continue;  // out of this step's prefill budget
+    for (size_t i = 0; i < parts.size(); ++i) {
+      Active& s = active_[member[i]];
       const Generator::Rows& p = parts[i];
-      if (prefilling[i]) {
-        const int64_t P = int64_t(s.req.prompt.size()), n = int64_t(p.tokens.size());
-        if (p.all_logits) {  // row t of the chunk predicts the prompt token after it
-          for (int64_t t = 0; t < n; ++t, row += V)
-            if (s.prefilled + t + 1 < P)
-              s.out.prompt_logprobs.push_back(
-                  token_logprobs(row, V, s.req.prompt[size_t(s.prefilled + t + 1)], std::max(s.req.logprobs, 0)));
-          row -= V;  // the chunk's last row is also its logits below
+      const int64_t n = int64_t(p.tokens.size());
+      if (p.all_logits) {  // row t of the chunk predicts the token after it: a prompt logprob, once
+        const int64_t P = int64_t(s.req.prompt.size());
+        for (int64_t t = 0; t < n; ++t, row += V) {
+          const int64_t next = s.prefilled + t + 1;
+          if (next < P && next == int64_t(s.out.prompt_logprobs.size()) + 1)
+            s.out.prompt_logprobs.push_back(token_logprobs(row, V, s.req.prompt[size_t(next)], std::max(s.req.logprobs, 0)));
         }
-        s.prefilled += n;
-        if (s.prefilled_all()) s.logits.assign(row, row + V);
-      } else {
-        s.logits.assign(row, row + V);
+        row -= V;  // the chunk's last row is also its logits below
       }
+      s.prefilled += n;
+      if (s.prefilled_all()) s.logits.assign(row, row + V);
       row += V;
-      ++i;
     }
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (size_t m = 0; m < active_.size(); ++m)  // the step's time, to its first token or to its next
-    (waits[m] ? active_[m].out.prefill_seconds : active_[m].out.decode_seconds) += dt;
+  for (Active& s : active_)  // the step's time: to its first token, or to its next
+    (s.out.tokens.empty() ? s.out.prefill_seconds : s.out.decode_seconds) += dt;
   for (Active& s : finished) {
     s.out.decode_seconds += dt;
     on_done(s.id, std::move(s.out));

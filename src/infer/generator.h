@@ -1,15 +1,16 @@
 // Text generation with a KV cache, for a batch of sequences of different lengths.
 //
-// The Generator reads weights it does not own (views that must outlive it) and owns the KV caches
-// of a running batch: up to max_batch slots, each one sequence's keys and values per layer
-// ([max_len, Hkv * Dh], f32 or bf16, allocated when the slot is first used). Weights may be f32 or
+// The Generator reads weights it does not own (views that must outlive it) and owns the KV cache
+// of a running batch: up to max_batch slots, each one sequence's block table into a paged cache
+// (infer/kv_cache.h: blocks of KvCacheOptions::block_size positions, f32 or bf16, taken as the
+// sequence grows and given back when it leaves, within the cache's capacity). Weights may be f32 or
 // bf16 (`--dtype bf16`: ParamStore::keep_only_bf16); activations, norms, softmax and logits are
 // f32 either way, and a bf16 cache holds the keys and values rounded once as they are written
 // (attention reads every key and value, the new ones included, from the cache). Sequences join the batch
-// (prefill, one at a time) and leave it (release) between decode steps; one decode step runs the
-// next token of every listed sequence through each layer together: norms, projections, MLP and
-// head as one [n, d] computation, attention per sequence against its own cache length
-// (model::decoder_block_forward with per-sequence keys and values, the block training runs).
+// and leave it (release) between forwards; one forward runs the new tokens of every listed sequence
+// through each layer together: norms, projections, MLP and head as one [n, d] computation,
+// attention per sequence against its own blocks (model::decoder_block_forward with paged keys and
+// values, the block training runs). When the blocks run out, Batch preempts (below).
 // Batch (below) is the scheduling on top: run() drives it for `shardlm generate`, the server's
 // scheduler (infer/server.h) for `shardlm serve`, and generate() (one prompt) is run() with a
 // batch of one.
@@ -38,11 +39,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
+#include "infer/kv_cache.h"
 #include "infer/placement.h"
 #include "model/llama.h"
 
@@ -87,6 +90,7 @@ struct Completion {
   double decode_seconds = 0.0;   // wall time of the steps after (each shared with the batch's other work)
   std::vector<TokenLogprobs> logprobs;         // one per token of `tokens` (Request::logprobs >= 0)
   std::vector<TokenLogprobs> prompt_logprobs;  // prompt[1..] (Request::prompt_logprobs)
+  int preemptions = 0;  // times its KV blocks were taken for older requests (then recomputed: same tokens)
 };
 
 // A model split over the ranks of `comm` (which must outlive the Generator): shares[r] is rank
@@ -118,26 +122,39 @@ class Generator {
   // max_len: positions per sequence (prompt + new tokens); max_batch: sequences held at once.
   // With a pipeline, `weights` need only this rank's share bound; with tensor parallelism they are
   // this rank's slices (ParamStore with TensorSplit{rank, size}). `cfg` is the whole model's.
-  // kv_dtype: the KV cache's, f32 or bf16.
+  // kv: the KV cache's dtype, block size and memory limit (on one rank; split over ranks, the
+  // blocks that fit on the fullest rank, so that every rank's cache holds the same positions). It
+  // must hold one sequence of max_len.
   Generator(const ModelConfig& cfg, const model::LlamaWeights& weights, int64_t max_len, int64_t max_batch = 1,
-            const Pipeline& pipeline = {}, const TensorParallel& tp = {}, DType kv_dtype = DType::F32);
+            const Pipeline& pipeline = {}, const TensorParallel& tp = {}, const KvCacheOptions& kv = {});
   // Every forward runs through `recompute` over the sequences' whole tokens (no KV cache here);
   // the scheduling and sampling are the same. forward_all is not available.
   Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch = 1);
 
   int64_t max_len() const { return max_len_; }
-  // What one sequence's KV cache takes on this rank once its slot is used: K and V in the cache's
-  // dtype, max_len positions, for each layer this rank runs (0 for a Recompute generator, which
-  // keeps none).
-  int64_t kv_cache_bytes_per_sequence() const;
+  // The KV cache on this rank: its blocks' size, and how many it may hold, holds and has made. A
+  // Recompute generator keeps none (all zero).
+  struct KvCacheStats {
+    int64_t block_size = 0, bytes_per_block = 0, capacity = 0, in_use = 0, made = 0;
+  };
+  KvCacheStats kv_cache_stats() const;
   int64_t max_batch() const { return int64_t(slots_.size()); }
   int64_t vocab_size() const { return cfg_.vocab_size; }
 
   // ---- the running batch ------------------------------------------------------------------------
   // A free slot, or -1 when all max_batch are in use.
   int acquire();
-  // Frees a slot (its sequence leaves the batch; its cache is reused by the next one).
+  // Frees a slot (its sequence leaves the batch; its KV blocks go back to the cache).
   void release(int slot);
+  // Takes the KV blocks for `new_tokens` more positions of the sequence in `slot` (a forward takes
+  // them itself; Batch asks first, to preempt when they are not there). False, taking none, when
+  // the cache has too few. Always true without a cache.
+  bool reserve(int slot, int64_t new_tokens);
+  // Empties a slot that stays in use: its KV blocks go back to the cache and its length to 0 (a
+  // preempted sequence, to be prefilled again).
+  void evict(int slot);
+  // Whether the sequence in `slot` holds KV blocks.
+  bool holds_cache(int slot) const { return !slots_[size_t(slot)].table.ids.empty(); }
   int64_t length(int slot) const { return slots_[size_t(slot)].length; }
   // One sequence's part of a forward: `tokens` appended to the sequence in `slot`, and whether the
   // logits of every new position are wanted (prompt logprobs; not with a Recompute) or only the last.
@@ -193,10 +210,12 @@ class Generator {
  private:
   struct Slot {
     bool used = false;
-    int64_t length = 0;                       // positions cached
-    std::vector<OwnedTensor> k_cache, v_cache;  // per own layer [max_len, Hkv * Dh] kv_dtype_; empty until first used
-    std::vector<int32_t> tokens;                // with a Recompute: the sequence so far
+    int64_t length = 0;            // positions cached
+    BlockTable table;              // its blocks in cache_, for length positions or more (reserved)
+    std::vector<int32_t> tokens;   // with a Recompute: the sequence so far
   };
+  // Gives back the blocks of `slot` past `positions` (release, evict; a follower mirroring them).
+  void trim(int slot, int64_t positions);
   // Tensor parallelism: x [N, D] = the embedding rows of ids [N] (this rank's vocabulary slice,
   // all-reduced), and out [R, V] = the logits of xn [R, D] (this rank's columns, all-gathered).
   void embed_vocab_slice(const Tensor& x, const Tensor& ids);
@@ -206,7 +225,6 @@ class Generator {
   ModelConfig part_cfg_;  // the shapes this rank computes with: cfg_, or its slices' (tensor parallel)
   model::LlamaWeights w_;
   int64_t max_len_;
-  DType kv_dtype_;
   // This rank's part of the model (the whole model without a pipeline) and its neighbours.
   comm::Communicator* comm_ = nullptr;
   RankShare share_;
@@ -216,7 +234,9 @@ class Generator {
   bool leading_ = false;              // lead(): forwards are broadcast to the followers first
   Recompute recompute_;        // set: forwards go through it, and w_ is unbound
   std::vector<float> inv_freq_;
+  std::unique_ptr<KvCache> cache_;  // none with a Recompute
   std::vector<Slot> slots_;
+  std::vector<int64_t> freed_;  // lead(): slots released or evicted since the last broadcast forward
 };
 
 // A running batch on a Generator: the scheduling that run() (`shardlm generate`) and the server's
@@ -230,6 +250,17 @@ class Generator {
 // arrives mid-stream delays the running members' next token by one chunk's compute, not by its
 // whole prefill (chunked prefill), and prompts that arrive together are prefilled in one forward
 // (batched prefill). A member's first token is sampled in the step after its prefill completes.
+//
+// KV blocks (preemption, as vLLM's recompute preemption): the step takes each member's blocks for
+// its new positions in admission order. A member whose blocks are not there takes those of the
+// youngest members (the last admitted), which give them all back and start over: their prompt and
+// tokens so far are prefilled again when blocks are free, in chunks like any prompt, and they go
+// on sampling where they stopped (Completion::preemptions counts it; the tokens are the same, as
+// sampling depends only on a request's own step). A member not yet started (nothing cached) does
+// not preempt: it and those after it wait for free blocks (all of them do in a step that has
+// preempted). The Generator's cache holds at least
+// one sequence of max_len, so the oldest member always proceeds.
+//
 // Requests are named by the caller's ids. The Batch uses `gen` (which must outlive it) and holds
 // its slots until their requests finish, clear() or its destruction; one thread at a time drives it.
 class Batch {
@@ -254,6 +285,7 @@ class Batch {
   const Completion* progress(size_t id) const;
   bool empty() const { return active_.empty(); }
   size_t size() const { return active_.size(); }
+  int64_t preemptions() const { return preemptions_; }  // since it was made
   // Ends every member without a result (their slots freed) and returns their ids.
   std::vector<size_t> clear();
 
@@ -266,13 +298,21 @@ class Batch {
     std::vector<float> logits;  // [V]: the next token's, once the prompt is prefilled
     Completion out;
     bool score_only = false;    // prompt logprobs and nothing to generate: ends once they are computed
-    int64_t prefilled = 0;      // prompt tokens in the cache
-    bool prefilled_all() const { return prefilled == int64_t(req.prompt.size()); }
+    int64_t prefilled = 0;      // tokens of `seen` in the cache
+    int64_t target = 0;         // tokens of `seen` to cache before the next token is sampled: the
+                                // prompt, then each sampled token, after a preemption all seen so far
+    bool decoding = false;      // its prompt is cached and it samples: one new token a step
+    bool prefilled_all() const { return prefilled == target; }
   };
+  // Takes member m's blocks for n more positions, preempting younger members (the last first, m
+  // itself at the latest) while they are not there. False when m was preempted.
+  bool make_room(size_t m, int64_t n);
+  void preempt(Active& s);
   Generator& gen_;
   std::vector<int32_t> stop_ids_;
   int64_t prefill_chunk_;
   std::vector<Active> active_;
+  int64_t preemptions_ = 0;
 };
 
 // transformers' RepetitionPenaltyLogitsProcessor: for every distinct token of `seen` (prompt and

@@ -97,9 +97,16 @@ Event failed(int status, std::string message) {
 
 Scheduler::Scheduler(Generator& gen, const data::Tokenizer& tok, std::vector<int32_t> stop_ids,
                      int64_t prefill_chunk)
-    : gen_(gen), tok_(tok), stop_ids_(std::move(stop_ids)), prefill_chunk_(prefill_chunk) {
+    : gen_(gen), tok_(tok), stop_ids_(std::move(stop_ids)), prefill_chunk_(prefill_chunk), kv_(gen.kv_cache_stats()) {
   SHARDLM_CHECK(prefill_chunk >= 0, "the prefill chunk must be >= 0 tokens, got {}", prefill_chunk);
   thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::KvCacheUse Scheduler::kv_cache() const {
+  KvCacheUse u{kv_, preemptions_};
+  u.cache.in_use = kv_in_use_;
+  u.cache.made = kv_made_;
+  return u;
 }
 
 std::shared_ptr<Ticket> Scheduler::submit(Job job) {
@@ -225,6 +232,10 @@ void Scheduler::loop() {
     } catch (const std::exception& e) {  // the running batch cannot go on; new requests still can
       fail_running(500, e.what());
     }
+    const Generator::KvCacheStats kv = gen_.kv_cache_stats();
+    kv_in_use_ = kv.in_use;
+    kv_made_ = kv.made;
+    preemptions_ = batch.preemptions();
   }
   fail_running(503, "the server is shutting down");
   std::lock_guard lk(mu_);
@@ -1013,6 +1024,17 @@ void Server::Impl::complete(const std::string& body, httplib::Response& res, boo
       });
 }
 
+namespace {
+// /health's view of the KV cache: blocks and bytes in use and held (made), the limit, preemptions.
+ojson kv_cache_json(const Scheduler::KvCacheUse& u) {
+  const Generator::KvCacheStats& k = u.cache;
+  return {{"block_size", k.block_size},        {"blocks_in_use", k.in_use},
+          {"blocks_made", k.made},             {"blocks_capacity", k.capacity},
+          {"bytes_in_use", k.in_use * k.bytes_per_block}, {"bytes_made", k.made * k.bytes_per_block},
+          {"bytes_capacity", k.capacity * k.bytes_per_block}, {"preemptions", u.preemptions}};
+}
+}  // namespace
+
 void Server::Impl::routes() {
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     conns.handling(t_connection);
@@ -1023,7 +1045,8 @@ void Server::Impl::routes() {
                         {"waiting", sched.waiting()},
                         {"connections", c.open},
                         {"connections_refused", c.refused},
-                        {"connections_cut", c.cut}};
+                        {"connections_cut", c.cut},
+                        {"kv_cache", kv_cache_json(sched.kv_cache())}};
     res.set_content(dump(body), "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

@@ -95,6 +95,12 @@ class Scheduler {
 
   int64_t running() const { return running_; }
   int64_t waiting() const { return waiting_count_; }
+  // The KV cache as the last step left it, and the preemptions since start-up (thread-safe).
+  struct KvCacheUse {
+    Generator::KvCacheStats cache;
+    int64_t preemptions = 0;
+  };
+  KvCacheUse kv_cache() const;
 
  private:
   struct Pending {
@@ -114,6 +120,8 @@ class Scheduler {
   bool stopping_ = false;        // under mu_
   size_t next_id_ = 0;           // under mu_
   std::atomic<int64_t> running_{0}, waiting_count_{0};
+  const Generator::KvCacheStats kv_;  // its fixed sizes
+  std::atomic<int64_t> kv_in_use_{0}, kv_made_{0}, preemptions_{0};
   std::thread thread_;
 };
 

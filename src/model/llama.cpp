@@ -249,16 +249,16 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   linear(a.v, a.xn1, w.wv, w.bv);
   lora(M::V, w.wv, a.v, a.xn1);
   const float scale = 1.0f / std::sqrt(float(Dh));
-  if (kv.k_seq.empty()) {
+  if (kv.paged.empty()) {
     const Tensor q4 = a.q.reshape({B, Tq, H, Dh}), k4 = a.k.reshape({B, Tq, Hkv, Dh});
     ops::rope_forward(q4, q4, positions, inv_freq);
     ops::rope_forward(k4, k4, positions, inv_freq);
     ops::attention_forward(a.att.reshape({B, Tq, H, Dh}), a.lse, q4, kv.k_all.reshape({B, kv.Tk, Hkv, Dh}),
                            kv.v_all.reshape({B, kv.Tk, Hkv, Dh}), segment_ids, scale);
   } else {
-    SHARDLM_CHECK(int64_t(kv.k_seq.size()) == B && int64_t(kv.v_seq.size()) == B && !segment_ids.defined() &&
+    SHARDLM_CHECK(int64_t(kv.paged.size()) == B && !segment_ids.defined() &&
                       (kv.q_rows.empty() || int64_t(kv.q_rows.size()) == B),
-                  "per-sequence keys and values: {} caches and {} row counts for {} sequences", kv.k_seq.size(),
+                  "paged keys and values: {} sequences' blocks and {} row counts for {} sequences", kv.paged.size(),
                   kv.q_rows.size(), B);
     // RoPE is per row (each row's own position), so all N rows rotate as one sequence.
     const int64_t N = a.q.shape[0];
@@ -268,19 +268,28 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
     ops::rope_forward(q4, q4, pos, inv_freq);
     ops::rope_forward(k4, k4, pos, inv_freq);
     const Tensor lse = a.lse.reshape({a.lse.numel()});  // H per row, sequence after sequence
+    const Tensor k3 = a.k.reshape({N, Hkv, Dh}), v3 = a.v.reshape({N, Hkv, Dh});
     int64_t r0 = 0;  // sequence b's first row
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t n = kv.q_rows.empty() ? Tq : kv.q_rows[size_t(b)];
-      const int64_t Tk = kv.k_seq[size_t(b)].shape[0];
-      SHARDLM_CHECK(Tk >= n && r0 + n <= N, "sequence {}: a cache of {} rows for {} new tokens", b, Tk, n);
-      // Sequence b's new keys and values go to the end of its cache; its queries sit at
-      // positions Tk - n .. Tk - 1 (attention's convention), which read the cache causally.
-      copy(kv.k_seq[size_t(b)].slice(Tk - n, Tk), a.k.slice(r0, r0 + n));
-      copy(kv.v_seq[size_t(b)].slice(Tk - n, Tk), a.v.slice(r0, r0 + n));
-      ops::attention_forward(a.att.slice(r0, r0 + n).reshape({1, n, H, Dh}),
-                             lse.slice(H * r0, H * (r0 + n)).reshape({1, H, n}),
-                             a.q.slice(r0, r0 + n).reshape({1, n, H, Dh}), kv.k_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}),
-                             kv.v_seq[size_t(b)].reshape({1, Tk, Hkv, Dh}), Tensor{}, scale);
+      const PagedKv& p = kv.paged[size_t(b)];
+      const int64_t n = kv.q_rows.empty() ? Tq : kv.q_rows[size_t(b)], Tk = p.length;
+      SHARDLM_CHECK(p.k && p.v && !p.k->empty() && p.k->size() == p.v->size(), "sequence {}: no KV blocks", b);
+      const std::vector<Tensor>&kb = *p.k, &vb = *p.v;
+      const int64_t block = kb.front().shape[0];
+      SHARDLM_CHECK(Tk >= n && r0 + n <= N && int64_t(kb.size()) * block >= Tk,
+                    "sequence {}: {} blocks of {} positions for {} keys, {} of them new", b, kb.size(), block, Tk, n);
+      // Sequence b's new keys and values go to its positions Tk - n .. Tk - 1 (a run of rows in
+      // each block they fall into); its queries sit there too (attention's convention), which
+      // reads the keys causally.
+      for (int64_t t = Tk - n; t < Tk;) {
+        const int64_t in_block = t % block, run = std::min(block - in_block, Tk - t), row = r0 + t - (Tk - n);
+        copy(kb[size_t(t / block)].slice(in_block, in_block + run), k3.slice(row, row + run));
+        copy(vb[size_t(t / block)].slice(in_block, in_block + run), v3.slice(row, row + run));
+        t += run;
+      }
+      ops::attention_forward_paged(a.att.slice(r0, r0 + n).reshape({1, n, H, Dh}),
+                                   lse.slice(H * r0, H * (r0 + n)).reshape({1, H, n}),
+                                   a.q.slice(r0, r0 + n).reshape({1, n, H, Dh}), kb, vb, Tk, scale);
       r0 += n;
     }
     SHARDLM_CHECK(r0 == N, "{} rows for sequences of {} new rows in all", N, r0);
@@ -636,7 +645,7 @@ void LlamaCompute::block_activations(int layer, bool write_output) {
   Tensor out;
   if (write_output && layer + 1 < cfg_.num_hidden_layers) claim_slot(layer + 1);
   if (write_output) out = layer + 1 < cfg_.num_hidden_layers ? acts_[size_t(layer) + 1].x_in : arena_->v_h_final;
-  const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .k_seq = {}, .v_seq = {}};
+  const AttentionKv kv{.k_all = a.k, .v_all = a.v, .Tk = T_, .paged = {}};
   const LoraForward lf = lora_ ? LoraForward{float(lora_->scale()), float(lora_->dropout), batch_.dropout_key,
                                              arena_->v_drop_x, arena_->v_dora_z, arena_->v_dora_l, arena_->v_dora_norm}
                               : LoraForward{};

@@ -313,23 +313,32 @@ struct LoraForward {
   Tensor dora_z = {}, dora_l = {}, dora_norm = {};
 };
 
+// One sequence's keys and values in a paged KV cache (infer/kv_cache.h), at one layer: blocks
+// [block, Hkv, Dh] in position order, holding its first `length` positions once the block has
+// written its new ones (views; the cache owns them).
+struct PagedKv {
+  const std::vector<Tensor>* k = nullptr;
+  const std::vector<Tensor>* v = nullptr;
+  int64_t length = 0;
+};
+
 // The keys and values attention reads in decoder_block_forward, in one of two layouts.
-//  Shared (training; k_seq empty): k_all / v_all [B, Tk, Hkv, Dh] hold every sequence's keys and
+//  Shared (training; paged empty): k_all / v_all [B, Tk, Hkv, Dh] hold every sequence's keys and
 //    values; the block writes its new rows into a.k / a.v, which the caller makes the last Tq
 //    positions of k_all / v_all (in training they are the same tensors and Tk == Tq).
-//  Per sequence (generation, B sequences of different lengths in one batch): k_seq[b] / v_seq[b]
-//    are views of sequence b's KV cache up to and including its new positions, [Tk_b, Hkv*Dh].
-//    Sequence b has q_rows[b] new rows (Tq each when q_rows is empty; different counts let a
-//    decode step of some sequences and prefill chunks of others share one forward), which follow
-//    sequence b-1's in x (N rows in all), and Tk_b >= its rows. The block computes the new keys
-//    and values of all N rows into a.k / a.v (scratch) with one matmul each, copies sequence b's
-//    rows into the last rows of its cache, and runs attention per sequence: its queries against
-//    its own Tk_b keys. Everything else in the block (norms, projections, MLP) is one [N, *]
-//    computation for the batch.
+//  Paged (generation, B sequences of different lengths in one batch): paged[b] holds sequence b's
+//    blocks, through its new positions (Tk_b = paged[b].length). Sequence b has q_rows[b] new rows
+//    (Tq each when q_rows is empty; different counts let a decode step of some sequences and
+//    prefill chunks of others share one forward), which follow sequence b-1's in x (N rows in
+//    all), and Tk_b >= its rows. The block computes the new keys and values of all N rows into
+//    a.k / a.v (scratch) with one matmul each, copies sequence b's rows into its last positions,
+//    and runs attention per sequence: its queries against its own Tk_b keys
+//    (ops::attention_forward_paged). Everything else in the block (norms, projections, MLP) is
+//    one [N, *] computation for the batch.
 struct AttentionKv {
   Tensor k_all, v_all;
   int64_t Tk = 0;  // shared layout: the key length
-  std::vector<Tensor> k_seq, v_seq;
+  std::vector<PagedKv> paged;
   std::vector<int64_t> q_rows;  // per sequence: its new rows; empty: Tq each
 };
 

@@ -315,6 +315,8 @@ row generate_prompts_missing        "no_such_prompts\.txt"                      
 row generate_prompts_bad_row        "prompts_bad\.jsonl:2: key 'temperature'"                   S generate --model "$m" --prompts "$fx/prompts_bad.jsonl"
 row generate_chat_format            "--chat-format.*vicuna"                                    S generate --model "$m" --prompt hi --chat --chat-format vicuna
 row generate_prefill_text           "--prefill-chunk.*lots"                                    S generate --model "$m" --prompt hi --prefill-chunk lots
+row generate_kv_block_zero          "--kv-block-size"                                          S generate --model "$m" --prompt hi --kv-block-size 0
+row generate_kv_memory_text         "--kv-cache-memory.*lots"                                  S generate --model "$m" --prompt hi --kv-cache-memory lots
 row generate_prompt_and_prompts     "--prompt.*--prompts"                                      S generate --model "$m" --prompt hi --prompts "$fx/prompts_bad.jsonl"
 row cli_generate_bad_dtype          "--dtype foo: expected f32 or bf16"                        S generate --model "$m" --prompt hi --dtype foo
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
@@ -419,6 +421,7 @@ row serve_max_body_text     "--max-body.*lots"                                  
 row serve_bad_dtype         "--dtype f16: expected f32 or bf16"                        S serve --model "$m" --port 0 --dtype f16
 row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
 row serve_prefill_negative  "--prefill-chunk"                                          S serve --model "$m" --port 0 --prefill-chunk -1
+row serve_kv_memory_small   "--kv-cache-memory.*fewer than"                            S serve --model "$m" --port 0 --kv-cache-memory 1KiB
 # --tensor-parallel: impossible splits (tests/scripts/tensor_parallel_cli.sh has more)
 row generate_tp_one_rank    "--tensor-parallel.*needs 2 ranks"                         S generate --model "$m" --prompt hi --tensor-parallel 2
 row generate_tp_device_map  "--tensor-parallel.*--device-map"                          S generate --model "$m" --prompt hi --tensor-parallel 2 --device-map auto

@@ -8,6 +8,8 @@
 #  3. --chat renders the prompt in the chat format (the JSON "prompt" shows the rendering);
 #  4. bad rows fail in one line naming FILE:LINE and the field, with a non-zero exit;
 #  5. --load-in-4bit generates from the NF4 round trip of the weights and says so;
+#  6. a --kv-cache-memory smaller than the batch needs preempts requests and gives the same texts;
+#     one too small for a single sequence is refused in one line;
 #  4d. generation_config.json's eos_token_id stops generation; --stop-token-ids replaces the set
 #     (none: no stop token); bad ids and a malformed generation_config.json are refused in one line.
 # Usage: generate_batch_cli.sh SHARDLM PYTHON WORKDIR
@@ -184,4 +186,34 @@ echo "   bad generation_config.json: $(cat "$work/gencfg.err")"
   > /dev/null 2> "$work/nf4.err" || fail "--load-in-4bit failed: $(cat "$work/nf4.err")"
 grep -q "quantized to NF4 and dequantized" "$work/nf4.err" || fail "--load-in-4bit did not say what it did"
 echo "5. $(cat "$work/nf4.err")"
+
+# ---- 6. the paged KV cache: a --kv-cache-memory that holds fewer than the batch preempts, with
+# the same texts; too little for one sequence is refused in one line naming the flag ----
+block_bytes=$("$py" -c '
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+print(2 * c["num_hidden_layers"] * 4 * c["num_key_value_heads"] * hd * 4)' "$m")  # f32, blocks of 4
+for args in "" "--kv-block-size 4 --kv-cache-memory $((24 * block_bytes))"; do
+  # shellcheck disable=SC2086
+  "$shardlm" generate --model "$m" --prompts "$work/p.txt" --batch-size 4 --max-new-tokens 40 --temperature 0 \
+    --prefill-chunk 3 $args --output "$work/paged_${#args}.jsonl" 2> "$work/paged.err" ||
+    fail "generate $args failed: $(cat "$work/paged.err")"
+done
+"$py" - "$work/paged_0.jsonl" "$work"/paged_[1-9]*.jsonl <<'PY'
+import json, sys
+free, tight = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert [r["text"] for r in free] == [r["text"] for r in tight], (free, tight)
+assert sum(r["preemptions"] for r in free) == 0, free
+n = sum(r["preemptions"] for r in tight)
+assert n > 0, "24 blocks of 4 positions for 4 sequences of up to 46: expected preemptions"
+print(f"6. a KV cache of 24 blocks of 4 positions: {n} preemptions, the same {len(tight)} texts")
+PY
+if "$shardlm" generate --model "$m" --prompt hello --max-new-tokens 40 --kv-block-size 4 \
+  --kv-cache-memory $((2 * block_bytes)) > /dev/null 2> "$work/small.err"; then
+  fail "a KV cache of 2 blocks for a sequence of 40 was accepted"
+fi
+[[ $(wc -l < "$work/small.err") -eq 1 ]] && grep -q -- "--kv-cache-memory" "$work/small.err" &&
+  grep -q "holds 2 blocks of 4 positions" "$work/small.err" || fail "expected one line naming --kv-cache-memory: $(cat "$work/small.err")"
+echo "   $(cat "$work/small.err")"
 echo "OK"

@@ -7,8 +7,9 @@
 #     directory (double-quantized; each rank dequantizes its slices), and on 4 ranks (an MHA
 #     model: 4 kv heads);
 #  2. serve on 2 ranks: a completion with logprobs equals the single-process server's (the text,
-#     and every logprob within 1e-5: the logits, all-reduced in another order), streamed too;
-#     SIGTERM ends every rank (exit 0);
+#     and every logprob within 1e-5: the logits, all-reduced in another order), streamed too; a
+#     request of 4 prompts into a KV cache of 12 blocks preempts on both and gives the same texts
+#     (rank 0 tells the followers which blocks were given back); SIGTERM ends every rank (exit 0);
 #  3. impossible splits are one-line errors naming the flag or the config key, non-zero, no hang.
 # Usage: tensor_parallel_cli.sh SHARDLM PEFT_TOOL PYTHON WORKDIR TORCH_REF_DIR
 set -euo pipefail
@@ -137,14 +138,24 @@ ask() {  # ask NAME: a completion with logprobs, and the same streamed, to the s
   curl -sfN "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt": "four four", "max_tokens": 10, "temperature": 0, "stream": true}' \
     > "$work/$1.sse" || fail "$1: the streamed completion failed"
+  # Four greedy prompts at once (one batched request) into a KV cache of 12 blocks of 4 positions
+  # (each needs 10): the newest are preempted and recomputed (on every rank the same blocks are
+  # given back).
+  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": ["request 1 of four", "request 2 of four", "request 3 of four", "request 4 of four"],
+         "max_tokens": 20, "temperature": 0}' > "$work/$1.burst" || fail "$1: the batched request failed"
+  curl -sf "http://127.0.0.1:$port/health" > "$work/$1.health" || fail "$1: /health failed"
 }
-"$shardlm" serve --model "$work/m" --port 0 --max-batch 2 --max-len 64 2> "$work/serve.err" &
+# Per rank: a block of 4 positions holds K and V of 2 layers and (kv heads / ranks) x 16 values.
+kv_limit() { echo $((12 * 2 * 2 * 4 * (2 / $1) * 16 * 4)); }
+"$shardlm" serve --model "$work/m" --port 0 --max-batch 4 --max-len 40 --kv-block-size 4 \
+  --kv-cache-memory "$(kv_limit 1)" 2> "$work/serve.err" &
 pid=$!
 wait_listening serve
 ask serve1
 kill -TERM "$pid"; wait "$pid" || fail "serve did not exit cleanly"; pid=
-"$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-batch 2 \
-  --max-len 64 --tensor-parallel 2 2> "$work/serve.err" &
+"$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-batch 4 \
+  --max-len 40 --kv-block-size 4 --kv-cache-memory "$(kv_limit 2)" --tensor-parallel 2 2> "$work/serve.err" &
 pid=$!
 wait_listening "serve --tensor-parallel 2"
 ask serve2
@@ -177,6 +188,13 @@ def text(path):
     return out
 sa, sb = text(f"{w}/serve1.sse"), text(f"{w}/serve2.sse")
 assert sa == sb and sa, (sa, sb)
+ba, bb = ([c["text"] for c in json.load(open(f"{w}/serve{k}.burst"))["choices"]] for k in (1, 2))
+assert len(ba) == 4 and ba == bb, f"4 prompts at once: {ba!r} on one process, {bb!r} on 2 ranks"
+for k in (1, 2):
+    kv = json.load(open(f"{w}/serve{k}.health"))["kv_cache"]
+    assert kv["blocks_capacity"] == 12 and kv["blocks_in_use"] == 0 and kv["blocks_made"] <= 12, kv
+    assert kv["preemptions"] > 0, f"serve{k}: 4 prompts of up to 10 blocks in 12: expected preemptions, {kv}"
+print(f"4 prompts at once into 12 KV blocks: the same texts, {kv['preemptions']} preemptions on 2 ranks")
 print(f"serve on 2 ranks = one process: {a['text']!r}; {n} logprobs within {worst:.1e} relative; streamed {sb!r}")
 PY
 
