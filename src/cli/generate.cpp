@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/kv_cache_flags.h"
+#include "cli/model_split.h"
 #include "infer/load_weights.h"
 #include "comm/communicator.h"
 #include "core/alloc.h"
@@ -32,8 +33,7 @@ using nlohmann::json;
 
 struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
-  std::string device_map, max_memory_per_rank;  // empty: the whole model in each process
-  int64_t tensor_parallel = 0;                   // 0: the whole model in each process
+  ModelSplitFlags split;                         // none: the whole model in each process
   std::string dtype = "f32";                     // --dtype: the weights' and the KV cache's
   std::vector<std::string> stop;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
@@ -131,30 +131,6 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   return rows;
 }
 
-// --device-map's choice.
-infer::DeviceMap device_map_flag(const std::string& text) {
-  try {
-    return infer::parse_device_map(text);
-  } catch (Error& e) {
-    e.set_key("--device-map");
-    throw;
-  }
-}
-
-// --max-memory-per-rank: bytes, 0 when not given (unlimited).
-uint64_t max_memory_per_rank(const Opts& o) {
-  if (o.max_memory_per_rank.empty()) return 0;
-  uint64_t n = 0;
-  try {
-    n = io::parse_size(o.max_memory_per_rank);
-  } catch (Error& e) {
-    e.set_key("--max-memory-per-rank");
-    throw;
-  }
-  if (n == 0) throw Error("must be more than 0 bytes", {.key = "--max-memory-per-rank"});
-  return n;
-}
-
 // --dtype: what generation holds its weights and KV cache in.
 DType generate_dtype(const Opts& o) { return dtype_flag("--dtype", o.dtype, {DType::F32, DType::BF16}); }
 
@@ -162,7 +138,7 @@ void run_generate(const Opts& o) {
   const DType dtype = generate_dtype(o);
   // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
   // rank 0 writes results and notes.
-  const bool writer = (o.device_map.empty() && o.tensor_parallel == 0) || world().rank() == 0;
+  const bool writer = (o.split.device_map.empty() && o.split.tensor_parallel == 0) || world().rank() == 0;
   const ModelConfig cfg = load_hf_config(o.model);
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   std::vector<PromptRow> rows;
@@ -228,58 +204,17 @@ void run_generate(const Opts& o) {
   if (chat && writer)
     std::fprintf(stderr, "generate: chat format %s%s\n", data::chat_format_name(chat->format),
                  chat->default_system ? " (with the template's default system message)" : "");
-  // --device-map: this rank holds, loads and runs only its share of the model (infer/placement.h);
-  // every rank runs the same requests in lockstep and rank 0 writes the results.
-  comm::Communicator& w = world();
-  infer::Pipeline pipeline;
-  infer::ParamStore::PartFilter keep;
-  std::string command = "generate";
-  if (!o.device_map.empty()) {
-    const infer::DeviceMap map = device_map_flag(o.device_map);
-    const uint64_t max_memory = max_memory_per_rank(o);
-    pipeline = {.comm = &w,
-                .shares = infer::place_parts(infer::part_sizes(cfg, dtype), map, w.size(), max_memory, "--max-memory-per-rank")};
-    if (writer) {
-      std::fprintf(stderr, "generate: device map %s over %d rank%s (%s weights, max memory per rank %s):\n",
-                   infer::device_map_name(map), w.size(), w.size() == 1 ? "" : "s", dtype_name(dtype),
-                   max_memory ? format_bytes(int64_t(max_memory)).c_str() : "unlimited");
-      for (int r = 0; r < w.size(); ++r)
-        std::fprintf(stderr, "generate:   %s\n", infer::describe_share(r, pipeline.shares[size_t(r)]).c_str());
-    }
-    const infer::RankShare mine = pipeline.shares[size_t(w.rank())];
-    keep = [&cfg, mine](const model::ModelPart& part) {
-      switch (part.kind) {
-        case model::PartKind::Embedding: return mine.embed || (mine.head && cfg.tie_word_embeddings);
-        case model::PartKind::Layer: return part.layer >= mine.layer_begin && part.layer < mine.layer_end;
-        case model::PartKind::Head: return mine.head;
-      }
-      return false;
-    };
-    if (w.rank() != 0) command = fmt::format("generate: rank {}", w.rank());
-    // What a rank was doing when the watchdog names a send, recv or broadcast that never completed.
-    comm::set_activity({.step = 0, .what = "generation over a --device-map pipeline", .unit = nullptr});
-  }
-  // --tensor-parallel: this rank holds, loads and runs a slice of every layer (infer/tensor_parallel.h);
-  // every rank runs the same requests in lockstep and rank 0 writes the results.
-  infer::TensorSplit split;
-  infer::TensorParallel tp;
-  if (o.tensor_parallel > 0) {
-    split = infer::tensor_parallel_split(cfg, o.tensor_parallel, w.rank(), w.size());
-    tp.comm = &w;
-    if (writer && split.active())
-      std::fprintf(stderr, "generate: tensor parallel over %d ranks: %lld of %lld attention heads, %lld of %lld "
-                   "key-value heads and 1/%d of the MLP and vocabulary per rank\n", split.ranks,
-                   (long long)(cfg.num_attention_heads / split.ranks), (long long)cfg.num_attention_heads,
-                   (long long)(cfg.num_key_value_heads / split.ranks), (long long)cfg.num_key_value_heads, split.ranks);
-    if (w.rank() != 0) command = fmt::format("generate: rank {}", w.rank());
-    comm::set_activity({.step = 0, .what = "generation split by --tensor-parallel", .unit = nullptr});
-  }
-  infer::ParamStore params(cfg, DType::F32, keep, split);
+  // --device-map (this rank holds, loads and runs only its share of the layers) or
+  // --tensor-parallel (a slice of every layer): every rank runs the same requests in lockstep and
+  // rank 0 writes the results.
+  const ModelSplit split = split_model(o.split, cfg, dtype, "generate", writer);
+  const std::string& command = split.command;
+  infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
-  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, pipeline, tp,
+  infer::Generator gen(cfg, params.compute_weights(), max_len, batch, split.pipeline, split.tp,
                        kv_cache_options(o.kv_cache, dtype));
 
   // Stop strings are matched on each request's decoded completion as tokens arrive; with one
@@ -421,20 +356,7 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-bos", o->no_bos, "Do not start the prompt with the BOS token");
   cmd->add_flag("--quiet", o->quiet, "With --prompt: no timing line on stderr after the completion");
-  cmd->add_option("--device-map", o->device_map,
-                  "Split the model's layers over the ranks of `shardlm launch` (one process: all on rank 0), as "
-                  "accelerate's device_map does: auto (= balanced), balanced, balanced_low_0 (rank 0 as light as "
-                  "possible) or sequential (fill rank 0 first, then rank 1, ...). Each rank loads and runs only "
-                  "its layers; the placement is printed (docs/generation.md)");
-  cmd->add_option("--max-memory-per-rank", o->max_memory_per_rank,
-                  "With --device-map: the most parameter bytes (in --dtype) one rank may hold, e.g. 20GB, "
-                  "500MiB; default unlimited");
-  cmd->add_option("--tensor-parallel", o->tensor_parallel,
-                  "Split every layer over N ranks of `shardlm launch --nproc-per-node N` (N = the number of "
-                  "ranks), as Megatron-LM does: each rank holds and loads 1/N of the attention heads, MLP and "
-                  "vocabulary and all compute each token at once; the heads, key-value heads, intermediate_size "
-                  "and vocab_size must divide by N (docs/generation.md)")
-      ->check(CLI::PositiveNumber);
+  add_model_split_flags(cmd, o->split, "generate");
   cmd->footer(
       "Examples:\n"
       "  shardlm generate --model runs/tiny-trained --prompt \"ROMEO:\" --max-new-tokens 100\n"
@@ -454,15 +376,9 @@ void register_generate(CLI::App& app) {
       throw Error("give --prompt TEXT or --prompts FILE", {.key = "--prompt"});
     infer::check_sampling(o->s);
     // Flag errors before anything is read.
-    if (o->tensor_parallel > 0 && !o->device_map.empty())
-      throw Error("cannot be combined with --device-map (one way of splitting the model at a time)",
-                  {.key = "--tensor-parallel"});
+    check_model_split_flags(o->split);
     generate_dtype(*o);
     kv_cache_options(o->kv_cache, DType::F32);
-    if (!o->device_map.empty()) device_map_flag(o->device_map);
-    else if (!o->max_memory_per_rank.empty())
-      throw Error("applies only with --device-map", {.key = "--max-memory-per-rank"});
-    max_memory_per_rank(*o);
     run_generate(*o);
   });
 }

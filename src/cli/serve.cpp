@@ -15,12 +15,12 @@
 
 #include "cli/commands.h"
 #include "cli/kv_cache_flags.h"
+#include "cli/model_split.h"
 #include "comm/communicator.h"
 #include "infer/load_weights.h"
 #include "data/tokenizer.h"
 #include "infer/generator.h"
 #include "infer/requests.h"
-#include "infer/tensor_parallel.h"
 #include "infer/server.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
@@ -41,7 +41,7 @@ struct Opts {
   std::string dtype = "f32";  // --dtype: what the weights and the KV caches are held in
   int port = 8000, max_connections = 128;
   int64_t max_batch = 8, max_len = 0, prefill_chunk = infer::kDefaultPrefillChunk;
-  int64_t tensor_parallel = 0;  // 0: the whole model in this process
+  ModelSplitFlags split;        // none: the whole model in this process
   double request_timeout = 10;
   bool load_in_4bit = false;
   KvCacheFlags kv_cache;
@@ -85,7 +85,7 @@ void run_serve(const Opts& o) {
   // SIGTERM to every rank. A handler writes the signal's number to a pipe that one thread (below)
   // reads to shut the server down: a handler, not sigwait with the signals blocked, because under
   // MPI threads started before this one (MPI's own) would take them with the default action. With
-  // --tensor-parallel only rank 0 reads the pipe; it releases the other ranks as it stops.
+  // --tensor-parallel or --device-map only rank 0 reads the pipe; it releases the other ranks as it stops.
   if (pipe(g_stop_pipe) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   struct sigaction stop {};
   stop.sa_handler = on_stop_signal;
@@ -102,30 +102,27 @@ void run_serve(const Opts& o) {
                 {.key = "--max-len"});
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   const infer::ChatPrompt chat = infer::ChatPrompt::of_model(o.model, *tok, o.chat_format, "--chat-format");
-  // --tensor-parallel: every rank holds a slice of every layer (infer/tensor_parallel.h); rank 0
-  // serves HTTP and schedules, and the other ranks follow its forwards (Generator::follow).
+  // --device-map or --tensor-parallel: every rank holds its part of the model (a run of layers, or
+  // a slice of every layer); rank 0 serves HTTP and schedules, and the other ranks follow its
+  // forwards (Generator::follow).
   comm::Communicator& w = world();
-  infer::TensorSplit split;
-  infer::TensorParallel tp;
-  if (o.tensor_parallel > 0) {
-    split = infer::tensor_parallel_split(cfg, o.tensor_parallel, w.rank(), w.size());
-    tp.comm = &w;
-    comm::set_activity({.step = 0, .what = "serving split by --tensor-parallel", .unit = nullptr});
-  }
-  const std::string command = w.rank() == 0 ? "serve" : fmt::format("serve: rank {}", w.rank());
-  infer::ParamStore params(cfg, DType::F32, {}, split);
+  const ModelSplit split = split_model(o.split, cfg, dtype, "serve", w.rank() == 0);
+  const std::string& command = split.command;
+  infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
                                 .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
                                 [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
-  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, {}, tp,
+  infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, split.pipeline, split.tp,
                        kv_cache_options(o.kv_cache, dtype));
-  if (split.active() && w.rank() != 0) {
+  const bool over_ranks = split.active() && w.size() > 1;
+  if (over_ranks && w.rank() != 0) {
     gen.follow();  // until rank 0 shuts down
     return;
   }
-  if (split.active()) {
+  if (over_ranks) {
     gen.lead();
-    std::fprintf(stderr, "serve: tensor parallel over %d ranks (this one serves HTTP)\n", split.ranks);
+    std::fprintf(stderr, "serve: %s over %d ranks (this one serves HTTP)\n",
+                 split.split.active() ? "tensor parallel" : "device map", w.size());
   }
   infer::Scheduler scheduler(gen, *tok,
                              o.stop_token_ids_given ? infer::parse_stop_token_ids(o.stop_token_ids, cfg.vocab_size)
@@ -162,7 +159,7 @@ void run_serve(const Opts& o) {
                so.model_id.c_str(), data::chat_format_name(chat.format), dtype_name(dtype), (long long)o.max_batch,
                (long long)max_len, (long long)kv.block_size, format_bytes(kv.bytes_per_block).c_str(),
                (long long)kv.capacity, format_bytes(kv.capacity * kv.bytes_per_block).c_str(),
-               split.active() ? " per rank" : "", o.host.c_str(), port);
+               over_ranks ? " per rank" : "", o.host.c_str(), port);
 
   std::atomic<bool> listen_ended{false};
   std::thread on_signal([&] {
@@ -236,10 +233,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-len", o->max_len,
                   "Positions per request, prompt + max_tokens (default: max_position_embeddings, at most 4096)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--tensor-parallel", o->tensor_parallel,
-                  "Split every layer over the N ranks of `shardlm launch --nproc-per-node N` (as generate "
-                  "--tensor-parallel does): rank 0 serves HTTP and schedules, every rank computes each step")
-      ->check(CLI::PositiveNumber);
+  add_model_split_flags(cmd, o->split, "serve");
   cmd->add_option("--name", o->name, "The model id clients name (default: the --model directory's name)");
   cmd->add_option("--chat-format", o->chat_format,
                   "For /v1/chat/completions: auto (from tokenizer_config.json's chat_template, else the "
@@ -255,11 +249,13 @@ void register_serve(CLI::App& app) {
       "  shardlm serve --model models/llama3-8b-instruct --max-batch 16 --max-len 2048 --dtype bf16\n"
       "  shardlm serve --model models/llama2-7b --load-in-4bit --adapter runs/qlora/adapter\n"
       "  shardlm launch --nproc-per-node 2 -- serve --model models/llama3-8b --tensor-parallel 2\n"
+      "  shardlm launch --nproc-per-node 2 -- serve --model models/llama2-13b --device-map balanced\n"
       "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'\n"
       "docs/serving.md: the request fields, the responses, and what continuous batching does.");
   cmd->callback([o, stop_ids] {
     o->stop_token_ids_given = stop_ids->count() > 0;
+    check_model_split_flags(o->split);
     run_serve(*o);
   });
 }

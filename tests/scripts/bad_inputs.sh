@@ -422,6 +422,8 @@ row serve_bad_dtype         "--dtype f16: expected f32 or bf16"                 
 row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
 row serve_prefill_negative  "--prefill-chunk"                                          S serve --model "$m" --port 0 --prefill-chunk -1
 row serve_kv_memory_small   "--kv-cache-memory.*fewer than"                            S serve --model "$m" --port 0 --kv-cache-memory 1KiB
+row serve_bad_device_map    "--device-map.*balance"                                    S serve --model "$m" --port 0 --device-map balance
+row serve_tp_device_map     "--tensor-parallel.*--device-map"                          S serve --model "$m" --port 0 --tensor-parallel 2 --device-map auto
 # --tensor-parallel: impossible splits (tests/scripts/tensor_parallel_cli.sh has more)
 row generate_tp_one_rank    "--tensor-parallel.*needs 2 ranks"                         S generate --model "$m" --prompt hi --tensor-parallel 2
 row generate_tp_device_map  "--tensor-parallel.*--device-map"                          S generate --model "$m" --prompt hi --tensor-parallel 2 --device-map auto
