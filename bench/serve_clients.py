@@ -11,13 +11,13 @@ token's arrival time is taken at the client. Printed, one line:
 
 Usage: serve_clients.py PORT CLIENTS REQUESTS
 """
-import http.client
-import json
 import random
 import statistics
 import sys
 import threading
 import time
+
+from serve_stream import stream_token_times
 
 port, clients, per_client = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(7)
@@ -28,31 +28,11 @@ work = [[([rng.randrange(3, 500) for _ in range(rng.randrange(16, 385))], rng.ra
 def client(requests, ttft, itl, tokens, failures):
     try:
         for prompt, max_tokens in requests:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1200)
-            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "logprobs": 0}
-            sent = time.monotonic()
-            c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-            last = None
-            for line in r:
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                lp = json.loads(data)["choices"][0].get("logprobs") or {}
-                for _ in lp.get("tokens", []) or []:
-                    now = time.monotonic()
-                    if last is None:
-                        ttft.append(now - sent)
-                    else:
-                        itl.append(now - last)
-                    last = now
-                    tokens.append(1)
-            c.close()
+            last = time.monotonic()  # the request is sent: its first gap is the time to first token
+            for i, now in enumerate(stream_token_times(port, prompt, max_tokens)):
+                (ttft if i == 0 else itl).append(now - last)
+                last = now
+                tokens.append(1)
     except Exception as e:  # reported below; the run then fails
         failures.append(repr(e))
 

@@ -13,13 +13,13 @@ at the client. Printed, one line:
 
 Usage: serve_latency.py PORT STREAMS LONG [NEW_TOKENS=60]
 """
-import http.client
-import json
 import random
 import statistics
 import sys
 import threading
 import time
+
+from serve_stream import stream_token_times
 
 port, streams, long_len = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 new_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 60
@@ -27,26 +27,9 @@ rng = random.Random(1)
 
 
 def stream(prompt, max_tokens, arrivals, failures):
-    """POSTs a streamed completion; appends each token's arrival time (one event per token)."""
+    """Appends each token's arrival time of a streamed completion."""
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "logprobs": 0}
-        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            lp = event["choices"][0].get("logprobs") or {}
-            for _ in lp.get("tokens", []) or [None]:
-                arrivals.append(time.monotonic())
-        c.close()
+        arrivals.extend(stream_token_times(port, prompt, max_tokens))
     except Exception as e:  # reported below; the scenario then fails
         failures.append(repr(e))
 

@@ -15,27 +15,14 @@ streams=${STREAMS:-3}
 long=${LONG:-1024}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 mkdir -p "$work"
-[[ -f "$work/model/config.json" ]] ||
-  "$shardlm" init --preset tiny --out "$work/model" --seed 1 --set num_hidden_layers=8 --set hidden_size=1024 \
-    --set intermediate_size=2816 --set num_attention_heads=16 --set num_key_value_heads=8 \
-    --set max_position_embeddings=2048 >/dev/null
+source bench/serve_common.sh
+serve_bench_model
 echo "serve_latency: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $OMP_NUM_THREADS threads;" \
   "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $streams streams + one $long-token prompt"
 whole_stall=
 for chunk in "${chunks[@]}"; do
   log=$work/serve_$chunk.log
-  "$shardlm" serve --model "$work/model" --port 0 --max-batch $((streams + 1)) --max-len 1200 \
-    --prefill-chunk "$chunk" --stop-token-ids none > "$log" 2>&1 &
-  pid=$!
-  trap 'kill $pid 2>/dev/null || true' EXIT
-  port=
-  for _ in $(seq 300); do
-    port=$(sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$log")
-    [[ -n $port ]] && break
-    kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.1
-  done
-  [[ -n $port ]] || { echo "serve did not start" >&2; cat "$log"; exit 1; }
+  start_serve "$log" --max-batch $((streams + 1)) --max-len 1200 --prefill-chunk "$chunk" --stop-token-ids none
   line=$(/usr/bin/python3 bench/serve_latency.py "$port" "$streams" "$long")
   kill $pid && wait $pid 2>/dev/null || true
   est=

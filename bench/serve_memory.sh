@@ -17,28 +17,15 @@ clients=${CLIENTS:-16}
 requests=${REQUESTS:-4}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 mkdir -p "$work"
-[[ -f "$work/model/config.json" ]] ||
-  "$shardlm" init --preset tiny --out "$work/model" --seed 1 --set num_hidden_layers=8 --set hidden_size=1024 \
-    --set intermediate_size=2816 --set num_attention_heads=16 --set num_key_value_heads=8 \
-    --set max_position_embeddings=2048 >/dev/null
+source bench/serve_common.sh
+serve_bench_model
 echo "serve_memory: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $OMP_NUM_THREADS threads;" \
   "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $clients clients x $requests requests"
 for cfg in "paged:--kv-block-size 16" "unpaged:--kv-block-size 1024" "capped:--kv-block-size 16 --kv-cache-memory 96MiB"; do
   name=${cfg%%:*}
   log=$work/serve_$name.log
   # shellcheck disable=SC2086
-  "$shardlm" serve --model "$work/model" --port 0 --max-batch "$clients" --max-len 1024 --stop-token-ids none \
-    ${cfg#*:} > "$log" 2>&1 &
-  pid=$!
-  trap 'kill $pid 2>/dev/null || true' EXIT
-  port=
-  for _ in $(seq 300); do
-    port=$(sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$log")
-    [[ -n $port ]] && break
-    kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.1
-  done
-  [[ -n $port ]] || { echo "serve did not start" >&2; cat "$log"; exit 1; }
+  start_serve "$log" --max-batch "$clients" --max-len 1024 --stop-token-ids none ${cfg#*:}
   line=$(/usr/bin/python3 bench/serve_clients.py "$port" "$clients" "$requests")
   health=$(/usr/bin/python3 -c '
 import json, sys, urllib.request
