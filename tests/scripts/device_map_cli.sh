@@ -182,57 +182,19 @@ bad "--max-memory-per-rank alone" "applies only with --device-map" --max-memory-
 
 # ---- 4. serve --device-map ----
 source "$(dirname "$0")/serve_common.sh"
-ask() {  # ask NAME: to the server on $port
-  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "hello there", "max_tokens": 10, "temperature": 0, "logprobs": 5, "echo": true}' \
-    > "$work/$1.json" || fail "$1: the completion failed"
-  curl -sfN "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "four four", "max_tokens": 10, "temperature": 0, "stream": true}' \
-    > "$work/$1.sse" || fail "$1: the streamed completion failed"
-  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": ["one", "two two", "three three three", "four"], "max_tokens": 12, "temperature": 0}' \
-    > "$work/$1.batch" || fail "$1: the request of 4 prompts failed"
-}
 "$shardlm" serve --model "$work/m" --port 0 --max-len 64 2> "$work/serve.err" &
 pid=$!
 wait_listening serve
-ask serve1
+ask_server serve1
 kill -TERM "$pid"; wait "$pid" || fail "serve did not exit cleanly"; pid=
 "$shardlm" launch --nproc-per-node 2 --threads-per-rank 1 -- serve --model "$work/m" --port 0 --max-len 64 \
   --device-map balanced 2> "$work/serve.err" &
 pid=$!
 wait_listening "serve --device-map balanced"
-ask serve2
+ask_server serve2
 kill -TERM "$pid"; wait "$pid" || fail "serve --device-map did not exit cleanly (SIGTERM)"; pid=
 grep -a -q "serve: device map over 2 ranks (this one serves HTTP)" "$work/serve.err" &&
   grep -a -q "serve:   rank 1: layers 4-7, head" "$work/serve.err" || fail "serve --device-map did not say how it is split"
-"$py" - "$work" <<'PY'
-import json, sys
-w = sys.argv[1]
-a, b = (json.load(open(f"{w}/serve{i}.json"))["choices"][0] for i in (1, 2))
-assert a["text"] == b["text"] and len(a["text"]) > len("hello there"), (a["text"], b["text"])
-la, lb = a["logprobs"], b["logprobs"]
-assert la["tokens"] == lb["tokens"], (la["tokens"], lb["tokens"])
-worst, n = 0.0, 0
-for x, y in zip(la["token_logprobs"], lb["token_logprobs"]):
-    if x is None:
-        assert y is None
-        continue
-    worst, n = max(worst, abs(x - y) / max(abs(x), 1e-3)), n + 1
-for ta, tb in zip(la["top_logprobs"], lb["top_logprobs"]):
-    if ta is None:
-        continue
-    assert ta.keys() == tb.keys(), (ta, tb)
-    for k in ta:
-        worst, n = max(worst, abs(ta[k] - tb[k]) / max(abs(ta[k]), 1e-3)), n + 1
-assert n > 20 and worst <= 1e-5, f"{n} logprobs, largest relative difference {worst:.2e}"
-def text(path):
-    return "".join(json.loads(l[6:])["choices"][0]["text"] for l in open(path) if l.startswith("data: {"))
-sa, sb = text(f"{w}/serve1.sse"), text(f"{w}/serve2.sse")
-assert sa == sb and sa, (sa, sb)
-ba, bb = ([c["text"] for c in json.load(open(f"{w}/serve{k}.batch"))["choices"]] for k in (1, 2))
-assert len(ba) == 4 and ba == bb, (ba, bb)
-print(f"serve --device-map on 2 ranks = one process: {n} logprobs within {worst:.1e} relative, "
-      f"a stream and 4 prompts at once")
-PY
+"$py" "$(dirname "$0")/same_completions.py" "$work" serve1 serve2 "--device-map on 2 ranks" ||
+  fail "serve --device-map on 2 ranks differs from one process"
 echo "device_map_cli: all passed"
