@@ -14,13 +14,13 @@ constexpr int64_t kMaxBlockSize = int64_t(1) << 20;
 void add_kv_cache_flags(CLI::App* cmd, KvCacheFlags& f) {
   cmd->add_option("--kv-block-size", f.block_size,
                   "Positions per block of the paged KV cache: a sequence takes blocks as it grows and gives them "
-                  "back when it ends; a size of --max-len or more is one block of --max-len per sequence (no paging)")
+                  "back when it ends; a size of the longest length or more is one block per sequence (no paging)")
       ->check(CLI::Range(int64_t(1), kMaxBlockSize))
       ->capture_default_str();
   cmd->add_option("--kv-cache-memory", f.memory,
-                  "The most the KV cache may take on one rank, e.g. 2GiB (default: what --max-batch sequences of "
-                  "--max-len need). When its blocks run out, the newest requests are preempted and recomputed "
-                  "later, with the same tokens; it must hold one sequence of --max-len");
+                  "The most the KV cache may take on one rank, e.g. 2GiB (default: what a whole batch of sequences "
+                  "of the longest length needs). When its blocks run out, the newest requests are preempted and "
+                  "recomputed later, with the same tokens; it must hold one sequence of the longest length");
 }
 
 infer::KvCacheOptions kv_cache_options(const KvCacheFlags& f, DType dtype) {

@@ -14,7 +14,7 @@ namespace shardlm::cli {
 
 struct KvCacheFlags {
   int64_t block_size = infer::kDefaultKvBlockSize;
-  std::string memory;  // empty: no limit but --max-batch sequences of --max-len
+  std::string memory;  // empty: no limit but a whole batch of sequences of the longest length
 };
 void add_kv_cache_flags(CLI::App* cmd, KvCacheFlags& f);
 // The cache's options in `dtype`; a bad size is an Error naming its flag.
