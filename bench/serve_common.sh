@@ -1,5 +1,15 @@
 # What the serving benchmarks (serve_latency.sh, serve_memory.sh) share; sourced from the repository
-# root with $shardlm and $work set.
+# root with $work set. Sets $shardlm (SHARDLM, default build/shardlm) and OMP_NUM_THREADS (default:
+# every core), and makes $work.
+shardlm=$(realpath "${SHARDLM:-build/shardlm}")
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+mkdir -p "$work"
+
+# bench_header NAME WHAT: the first line of a result: the CPU, threads, load, time and WHAT.
+bench_header() {
+  echo "$1: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $OMP_NUM_THREADS threads;" \
+    "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $2"
+}
 
 # The benchmark model in $work/model, made once: a 93M-parameter Llama (8 layers, hidden 1024, 16
 # heads, 8 kv heads, vocab 512), random weights.

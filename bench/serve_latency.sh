@@ -10,15 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 chunks=(${1:-0 256 64})
 work=${2:-/tmp/shardlm_serve_latency}
-shardlm=$(realpath "${SHARDLM:-build/shardlm}")
 streams=${STREAMS:-3}
 long=${LONG:-1024}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-mkdir -p "$work"
 source bench/serve_common.sh
 serve_bench_model
-echo "serve_latency: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $OMP_NUM_THREADS threads;" \
-  "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $streams streams + one $long-token prompt"
+bench_header serve_latency "$streams streams + one $long-token prompt"
 whole_stall=
 for chunk in "${chunks[@]}"; do
   log=$work/serve_$chunk.log

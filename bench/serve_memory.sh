@@ -12,15 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/shardlm_serve_memory}
-shardlm=$(realpath "${SHARDLM:-build/shardlm}")
 clients=${CLIENTS:-16}
 requests=${REQUESTS:-4}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-mkdir -p "$work"
 source bench/serve_common.sh
 serve_bench_model
-echo "serve_memory: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $OMP_NUM_THREADS threads;" \
-  "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $clients clients x $requests requests"
+bench_header serve_memory "$clients clients x $requests requests"
 for cfg in "paged:--kv-block-size 16" "unpaged:--kv-block-size 1024" "capped:--kv-block-size 16 --kv-cache-memory 96MiB"; do
   name=${cfg%%:*}
   log=$work/serve_$name.log

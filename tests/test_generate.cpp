@@ -3,6 +3,8 @@
 // stop on their own; sampling depends only on the request.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "infer/generator.h"
 #include "model/llama.h"
 #include "testing.h"
@@ -27,6 +29,17 @@ ModelConfig gen_config() {
 
 std::vector<std::vector<int32_t>> prompts() {
   return {{1, 40, 77, 300, 12}, {1, 9}, {1, 5, 91, 250, 3, 17, 60, 61, 62}, {1}, {1, 200, 201, 202}};
+}
+
+// A request for each of prompts(): prompt i with the options `make(i)` gives it (and with
+// Request's other fields, when `make` returns a whole Request, as they are).
+std::vector<infer::Request> requests_for_prompts(const std::function<infer::Request(size_t i)>& make) {
+  std::vector<infer::Request> reqs;
+  for (size_t i = 0; i < prompts().size(); ++i) {
+    reqs.push_back(make(i));
+    reqs.back().prompt = prompts()[i];
+  }
+  return reqs;
 }
 
 // Logits of every position of `tokens` by the training forward, [T, V].
@@ -86,13 +99,9 @@ TEST(Generator, BatchedGreedyOutputEqualsOneAtATime) {
   const ModelConfig cfg = gen_config();
   infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
-  std::vector<infer::Request> reqs;
-  for (size_t i = 0; i < prompts().size(); ++i) {
-    infer::SamplingOptions o;
-    o.temperature = 0;
-    o.max_new_tokens = 4 + int64_t(i) * 3;  // per-request lengths: sequences leave at different steps
-    reqs.push_back({prompts()[i], o});
-  }
+  // Per-request lengths: sequences leave at different steps.
+  const std::vector<infer::Request> reqs = requests_for_prompts(
+      [](size_t i) { return infer::Request{{}, {.max_new_tokens = 4 + int64_t(i) * 3, .temperature = 0}}; });
   const std::vector<int32_t> stops = {2};
   // One at a time (a batch of one), as `generate --prompt` runs.
   std::vector<std::vector<int32_t>> alone;
@@ -130,17 +139,15 @@ TEST(Generator, SampledOutputDependsOnlyOnTheRequest) {
   const ModelConfig cfg = gen_config();
   infer::ParamStore p(cfg, DType::F32);
   p.init_random(6);
-  std::vector<infer::Request> reqs;
-  for (size_t i = 0; i < prompts().size(); ++i) {
-    infer::SamplingOptions o;
-    o.temperature = 0.9f;
-    o.top_k = int64_t(i % 2) * 20;
-    o.top_p = i == 3 ? 0.8f : 1.0f;
-    o.repetition_penalty = i == 1 ? 1.3f : 1.0f;
-    o.seed = 1000 + i;
-    o.max_new_tokens = 8;
-    reqs.push_back({prompts()[i], o});
-  }
+  std::vector<infer::Request> reqs = requests_for_prompts([](size_t i) {
+    return infer::Request{{},
+                          {.max_new_tokens = 8,
+                           .temperature = 0.9f,
+                           .top_k = int64_t(i % 2) * 20,
+                           .top_p = i == 3 ? 0.8f : 1.0f,
+                           .repetition_penalty = i == 1 ? 1.3f : 1.0f,
+                           .seed = 1000 + i}};
+  });
   infer::Generator g1(cfg, p.compute_weights(), 40, 1), g3(cfg, p.compute_weights(), 40, 3);
   const std::vector<infer::Completion> one = g1.run(reqs, {}), three = g3.run(reqs, {});
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -281,14 +288,11 @@ TEST(Generator, ChunkedPrefillGeneratesWhatWholePrefillDoes) {
   const ModelConfig cfg = gen_config();
   infer::ParamStore p(cfg, DType::F32);
   p.init_random(5);
-  std::vector<infer::Request> reqs;
-  for (size_t i = 0; i < prompts().size(); ++i) {
-    infer::SamplingOptions o;
-    o.temperature = i == 1 ? 0.9f : 0.0f;
-    o.seed = 11;
-    o.max_new_tokens = 3 + int64_t(i) * 2;
-    reqs.push_back({prompts()[i], o, int(i % 2) * 3, i == 2});
-  }
+  const std::vector<infer::Request> reqs = requests_for_prompts([](size_t i) {
+    return infer::Request{
+        {}, {.max_new_tokens = 3 + int64_t(i) * 2, .temperature = i == 1 ? 0.9f : 0.0f, .seed = 11}, int(i % 2) * 3,
+        i == 2};
+  });
   infer::Generator whole_gen(cfg, p.compute_weights(), 40, 5);
   const std::vector<infer::Completion> whole = whole_gen.run(reqs, {}, {}, 0);
   for (int64_t batch : {1, 2, 5})

@@ -183,7 +183,6 @@ void Generator::follow() {
       slot.length = part[4 * b + 1];
       SHARDLM_CHECK(slot.length >= 0 && slot.length <= max_len_, "slot {} of length {} from rank 0", p.slot,
                     slot.length);
-      trim(p.slot, slot.length);  // a reset (forward_all) keeps its blocks; its length says what counts
       const int64_t n = part[4 * b + 2];
       SHARDLM_CHECK(n >= 1 && token + n <= body.end(), "a part of {} tokens from rank 0", n);
       p.tokens.assign(token, token + n);
@@ -440,7 +439,7 @@ Batch::Admit Batch::admit(size_t id, const Request& r) {
   if (nothing && !r.prompt_logprobs) return Admit::NothingToDo;
   const int slot = gen_.acquire();
   if (slot < 0) return Admit::Full;
-  active_.push_back(Active{id, slot, r, r.prompt, {}, {}, nothing, 0, P});
+  active_.push_back(Active{id, slot, r, r.prompt, {}, {}, nothing});
   if (r.prompt_logprobs) active_.back().out.prompt_logprobs.reserve(size_t(P - 1));
   return Admit::Joined;
 }
@@ -453,8 +452,7 @@ const Completion* Batch::progress(size_t id) const {
 
 void Batch::preempt(Active& s) {
   gen_.evict(s.slot);
-  s.prefilled = 0;
-  s.target = int64_t(s.seen.size());  // its prompt and every token so far, then it samples on
+  s.prefilled = 0;  // its prompt and every token so far are cached again, then it samples on
   s.decoding = false;
   s.logits.clear();
   ++s.out.preemptions;
@@ -514,14 +512,11 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
           done = false;
       }
     }
-    if (!done) {  // its new token goes into the cache in this step's forward
-      s.target = int64_t(s.seen.size());
-      s.decoding = true;
-    }
     if (done) {
       gen_.release(s.slot);
       finished.push_back(std::move(s));
     } else {
+      s.decoding = true;  // its new token goes into the cache in this step's forward
       running.push_back(std::move(s));
     }
   }
@@ -539,7 +534,7 @@ void Batch::step(const Generator::TokenHook& on_token, const DoneHook& on_done) 
   for (size_t m = 0; m < active_.size(); ++m) {
     Active& s = active_[m];
     const bool decoding = s.decoding;
-    const int64_t n = decoding ? 1 : std::min(s.target - s.prefilled, budget);
+    const int64_t n = decoding ? 1 : std::min(int64_t(s.seen.size()) - s.prefilled, budget);
     if (n <= 0) continue;
     const bool starting = !decoding && s.prefilled == 0;
     if (starting && (starts_wait || !gen_.reserve(s.slot, n))) {

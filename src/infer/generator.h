@@ -298,11 +298,10 @@ class Batch {
     std::vector<float> logits;  // [V]: the next token's, once the prompt is prefilled
     Completion out;
     bool score_only = false;    // prompt logprobs and nothing to generate: ends once they are computed
-    int64_t prefilled = 0;      // tokens of `seen` in the cache
-    int64_t target = 0;         // tokens of `seen` to cache before the next token is sampled: the
-                                // prompt, then each sampled token, after a preemption all seen so far
+    int64_t prefilled = 0;      // tokens of `seen` in the cache; all of them before the next token is
+                                // sampled (the prompt, then each token; after a preemption, all again)
     bool decoding = false;      // its prompt is cached and it samples: one new token a step
-    bool prefilled_all() const { return prefilled == target; }
+    bool prefilled_all() const { return prefilled == int64_t(seen.size()); }
   };
   // Takes member m's blocks for n more positions, preempting younger members (the last first, m
   // itself at the latest) while they are not there. False when m was preempted.

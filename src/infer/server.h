@@ -6,8 +6,9 @@
 // slots, then runs one step of every running request together (a Batch, infer/generator.h: the
 // scheduling `shardlm generate` runs): the next token of those decoding, and prefill chunks of
 // those just admitted (at most --prefill-chunk prompt tokens per step, so a long prompt does not
-// stall the streams already running), and hands each request its tokens. A request's tokens depend only on its prompt and options, never on the
-// requests it shares the batch with: at temperature 0 the server gives what `generate` gives.
+// stall the streams already running), and hands each request its tokens. A request's tokens
+// depend only on its prompt and options, never on the requests it shares the batch with (nor on
+// preemptions when the KV cache runs out): at temperature 0 the server gives what `generate` gives.
 //
 // Endpoints (docs/serving.md): POST /v1/completions, POST /v1/chat/completions (both with
 // "stream": true, and "logprobs"; completions also "echo", token-id prompts and batches of prompts:
