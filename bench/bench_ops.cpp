@@ -5,7 +5,9 @@
 //                                     (bench/compare_torch.sh divides training FLOP rates by it)
 //   build/bench/bench_ops --bf16      bf16 matmuls at training shapes on the CPU's bf16 path (oneDNN,
 //                                     ops/cpu_bf16.h) and on its f32 fallback, beside raw sgemm on
-//                                     the same shapes in f32, one JSON line per shape (bench/cpu_bf16.sh)
+//                                     the same shapes in f32, one JSON line per shape; and attention's
+//                                     forward and backward with f32 inputs, bf16 inputs on the bf16 path
+//                                     and on the fallback (bench/cpu_bf16.sh)
 //   build/bench/bench_ops --decode    a decode step's matmuls (M = 1 and 8 rows times a transposed
 //                                     weight) with f32 weights, with bf16 weights on the skinny
 //                                     kernel, through oneDNN (x rounded to bf16) and through the f32
@@ -104,6 +106,44 @@ void compare_bf16(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const char*
              "\"fallback_gflops\": {:.1f}, \"sgemm_gflops\": {:.1f}, \"threads\": {}}}\n",
              what, ta ? "T " : "", M, N, K, tb ? " T" : "", hw ? fmt::format("{:.1f}", flop / t_bf16 * 1e-9) : "null",
              flop / t_fallback * 1e-9, flop / t_sgemm * 1e-9, platform_info().omp_threads);
+}
+
+// Attention's forward and backward at a training shape, ms per call: f32 inputs; bf16 inputs on the
+// bf16 path (VDPBF16PS block products, ops/cpu/attention.cpp), when this CPU has one; bf16 inputs on
+// the f32 fallback (widened to f32 blocks). Interleaved, best of 3 x 3.
+void compare_bf16_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t Dh, const char* what) {
+  const bool was = ops::cpu_bf16_enabled(), hw = ops::cpu_bf16_status().hardware;
+  struct Side {
+    DType dtype;
+    bool bf16_path;
+    double fwd = 1e30, bwd = 1e30;
+  };
+  std::vector<Side> sides{{DType::F32, false}, {DType::BF16, true}, {DType::BF16, false}};
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  for (int round = 0; round < 3; ++round)
+    for (Side& s : sides) {
+      if (s.bf16_path && !hw) continue;
+      ops::set_cpu_bf16_enabled(s.bf16_path);
+      OwnedTensor q = randn(s.dtype, {B, T, H, Dh}, "q"), k = randn(s.dtype, {B, T, Hkv, Dh}, "k"),
+                  v = randn(s.dtype, {B, T, Hkv, Dh}, "v"), dout = randn(s.dtype, {B, T, H, Dh}, "dout");
+      OwnedTensor o(s.dtype, {B, T, H, Dh}, MemCategory::Other), lse(DType::F32, {B, H, T}, MemCategory::Other);
+      OwnedTensor dq(DType::F32, {B, T, H, Dh}, MemCategory::Other), dk(DType::F32, {B, T, Hkv, Dh}, MemCategory::Other),
+          dv(DType::F32, {B, T, Hkv, Dh}, MemCategory::Other);
+      s.fwd = std::min(s.fwd, seconds_best_of(3, [&] {
+        ops::attention_forward(o.t, lse.t, q.t, k.t, v.t, Tensor{}, scale);
+      }));
+      s.bwd = std::min(s.bwd, seconds_best_of(3, [&] {
+        ops::attention_backward(dq.t, dk.t, dv.t, dout.t, q.t, k.t, v.t, o.t, lse.t, Tensor{}, scale);
+      }));
+    }
+  ops::set_cpu_bf16_enabled(was);
+  auto ms = [&](const Side& s, double t) { return s.bf16_path && !hw ? std::string("null") : fmt::format("{:.2f}", t * 1e3); };
+  fmt::print("{{\"impl\": \"bf16 attention\", \"what\": \"{}\", \"shape\": \"q [{}, {}, {}, {}], {} kv heads\", "
+             "\"f32_fwd_ms\": {}, \"f32_bwd_ms\": {}, \"bf16_path_fwd_ms\": {}, \"bf16_path_bwd_ms\": {}, "
+             "\"fallback_fwd_ms\": {}, \"fallback_bwd_ms\": {}, \"threads\": {}}}\n",
+             what, B, T, H, Dh, Hkv, ms(sides[0], sides[0].fwd), ms(sides[0], sides[0].bwd), ms(sides[1], sides[1].fwd),
+             ms(sides[1], sides[1].bwd), ms(sides[2], sides[2].fwd), ms(sides[2], sides[2].bwd),
+             platform_info().omp_threads);
 }
 
 // A decode step's x W^T, W [N, K], M rows: ms per call and the weight's GB/s on each path.
@@ -205,6 +245,9 @@ int main(int argc, char** argv) {
     compare_bf16(256, 8192, 2048, false, true, "1B gate/up x W^T");
     compare_bf16(256, 2048, 8192, false, false, "1B dx of down: dy W");
     compare_bf16(8192, 2048, 256, true, false, "1B dW of gate/up: dy^T x");
+    compare_bf16_attention(8, 256, 8, 4, 32, "19M attention");
+    compare_bf16_attention(1, 256, 32, 8, 64, "1B attention, seq 256");
+    compare_bf16_attention(1, 2048, 32, 8, 64, "1B attention, seq 2048");
     return 0;
   }
   const int reps = quick ? 1 : 3;

@@ -7,7 +7,9 @@
 //   bf16 cases: inputs are bf16 in both; out is rounded to bf16 by the kernel (relative step
 //               2^-8), and the backward reads that rounded out for D = rowsum(dO * O), so
 //               out atol 1e-2 rtol 1e-2, lse atol 1e-4 rtol 1e-4 (computed in f32 before any
-//               rounding), grads atol 2e-2 rtol 2e-2.
+//               rounding), grads atol 2e-2 rtol 2e-2. Where the CPU has a bf16 path they run on
+//               both paths; the bf16 one rounds P and dS to bf16 before their products, which
+//               these tolerances cover.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "ops/ops.h"
+#include "cpu_paths.h"
 #include "testing.h"
 
 using namespace shardlm;
@@ -54,13 +57,18 @@ std::vector<float> bf16_bits_to_f32(const std::vector<uint16_t>& bits) {
 
 TEST(Parity, Attention) {
   const auto cases = shardlm::testing::load_ref_cases("attention");
+  // bf16 cases run on each CPU path this machine has (the bf16 one rounds the probabilities to
+  // bf16 before their products, within the same tolerances); f32 inputs take the f32 path only.
+  for (bool bf16_path : shardlm::testing::cpu_paths())
   for (const auto& c : cases) {
     const auto param = [&](const char* key) { return c.params.at(key).get<int64_t>(); };
     const int64_t B = param("B"), Tq = param("Tq"), Tk = param("Tk"), H = param("H"), Hkv = param("Hkv"),
                   Dh = param("Dh");
     const float scale = c.params.at("scale").get<float>();
     const bool bf16 = c.params.at("dtype").get<std::string>() == "bf16";
-    const std::string label = "attention/" + c.name;
+    if (bf16_path && !bf16) continue;
+    const shardlm::testing::CpuPath path(bf16_path);
+    const std::string label = "attention/" + c.name + (bf16_path ? " (bf16 path)" : "");
 
     Holder q, k, v, dout;
     load_input(c, "q", bf16, q);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_paths.h"
+#include "testing.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "ops/cpu_bf16.h"
@@ -127,4 +128,106 @@ TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
   ops::matmul(Tensor::view(c.data(), DType::F32, {8, 1}), Tensor::view(ones.data(), DType::F32, {8, K}),
               Tensor::view(w1.data(), DType::BF16, {1, K}), false, true);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(c[size_t(i)], float(K) * (1.0f + 1.0f / 1024));
+}
+
+// Attention's block products on the bf16 path (ops/cpu/attention.cpp): with bf16 q, k, v, the
+// probabilities are rounded to bf16 before they multiply V (in the forward) and dO (dV in the
+// backward); the f32 path multiplies them unrounded. Both are measured against float64 references
+// of each, computed here, with f32 outputs (out, dv) so that nothing else rounds: each path must be
+// far closer to its own reference than the two references are to each other. One key block (Tk <=
+// 64), so the forward's probabilities are exp(s - row max), as the references take them. The bf16
+// path runs with each kernel this CPU has: AVX512-BF16 dot products, and AMX tiles (which take
+// every block of 16 rows or more; here all of them: 40 queries, 56 keys).
+TEST(CpuBf16, AttentionRoundsTheProbabilitiesOnlyOnTheBf16Path) {
+  const shardlm::testing::CpuPath guard;
+  const int64_t Tq = 40, Tk = 56, H = 4, Hkv = 2, Dh = 40, off = Tk - Tq;
+  const float scale = 1.0f / std::sqrt(float(Dh));
+  auto bf16_randn = [](int64_t n, uint64_t seed) {
+    std::vector<bf16_t> out;
+    for (float x : shardlm::testing::randn(n, seed, "attention input", 1.5f)) out.push_back(f32_to_bf16(x));
+    return out;
+  };
+  const std::vector<bf16_t> q = bf16_randn(Tq * H * Dh, 1), k = bf16_randn(Tk * Hkv * Dh, 2),
+                            v = bf16_randn(Tk * Hkv * Dh, 3), dout = bf16_randn(Tq * H * Dh, 4);
+  auto at = [](const std::vector<bf16_t>& x, int64_t i) { return double(bf16_to_f32(x[size_t(i)])); };
+  auto round_bf16 = [](double p) { return double(bf16_to_f32(f32_to_bf16(float(p)))); };
+
+  // References: out [Tq, H, Dh] and dv [Tk, Hkv, Dh], each with the probabilities exact and rounded.
+  std::vector<double> out_exact(size_t(Tq * H * Dh)), out_rounded(out_exact.size());
+  std::vector<double> dv_exact(size_t(Tk * Hkv * Dh)), dv_rounded(dv_exact.size());
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h / (H / Hkv);
+    for (int64_t i = 0; i < Tq; ++i) {
+      const int64_t seen = i + off + 1;
+      std::vector<double> s(static_cast<size_t>(seen));
+      double max = -1e300, l = 0;
+      for (int64_t j = 0; j < seen; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < Dh; ++d) dot += at(q, (i * H + h) * Dh + d) * at(k, (j * Hkv + g) * Dh + d);
+        s[size_t(j)] = dot * scale;
+        max = std::max(max, s[size_t(j)]);
+      }
+      for (int64_t j = 0; j < seen; ++j) l += std::exp(s[size_t(j)] - max);
+      for (int64_t j = 0; j < seen; ++j) {
+        const double p = std::exp(s[size_t(j)] - max);  // unnormalized, as the forward multiplies it
+        const double pn = p / l;                         // normalized, as the backward recomputes it
+        for (int64_t d = 0; d < Dh; ++d) {
+          const double vj = at(v, (j * Hkv + g) * Dh + d), doi = at(dout, (i * H + h) * Dh + d);
+          out_exact[size_t((i * H + h) * Dh + d)] += p * vj / l;
+          out_rounded[size_t((i * H + h) * Dh + d)] += round_bf16(p) * vj / l;
+          dv_exact[size_t((j * Hkv + g) * Dh + d)] += pn * doi;
+          dv_rounded[size_t((j * Hkv + g) * Dh + d)] += round_bf16(pn) * doi;
+        }
+      }
+    }
+  }
+  auto distance = [](const std::vector<float>& got, const std::vector<double>& want) {
+    double sq = 0;
+    for (size_t i = 0; i < got.size(); ++i) sq += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    return std::sqrt(sq);
+  };
+  auto apart = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double sq = 0;
+    for (size_t i = 0; i < a.size(); ++i) sq += (a[i] - b[i]) * (a[i] - b[i]);
+    return std::sqrt(sq);
+  };
+
+  auto view = [](const std::vector<bf16_t>& x, std::initializer_list<int64_t> shape) {
+    return Tensor::view(const_cast<bf16_t*>(x.data()), DType::BF16, shape);
+  };
+  // Each kernel this CPU has: the f32 path; the bf16 path's AVX512-BF16 dot products; its AMX tiles.
+  struct Kernel {
+    bool bf16_path, amx;
+  };
+  std::vector<Kernel> kernels;
+  for (bool bf16_path : shardlm::testing::cpu_paths()) kernels.push_back({bf16_path, false});
+  if (ops::cpu_bf16_status().amx) kernels.push_back({true, true});
+  const bool amx_was = ops::cpu_bf16_amx();
+  for (const auto [bf16_path, amx] : kernels) {
+    ops::set_cpu_bf16_enabled(bf16_path);
+    if (bf16_path) ops::set_cpu_bf16_amx(amx);
+    std::vector<float> out(out_exact.size()), lse(size_t(H * Tq));
+    const Tensor out_t = Tensor::view(out.data(), DType::F32, {1, Tq, H, Dh});
+    const Tensor lse_t = Tensor::view(lse.data(), DType::F32, {1, H, Tq});
+    ops::attention_forward(out_t, lse_t, view(q, {1, Tq, H, Dh}), view(k, {1, Tk, Hkv, Dh}), view(v, {1, Tk, Hkv, Dh}),
+                           Tensor{}, scale);
+    std::vector<float> dq(out.size()), dk(dv_exact.size()), dv(dv_exact.size());
+    ops::attention_backward(Tensor::view(dq.data(), DType::F32, {1, Tq, H, Dh}),
+                            Tensor::view(dk.data(), DType::F32, {1, Tk, Hkv, Dh}),
+                            Tensor::view(dv.data(), DType::F32, {1, Tk, Hkv, Dh}), view(dout, {1, Tq, H, Dh}),
+                            view(q, {1, Tq, H, Dh}), view(k, {1, Tk, Hkv, Dh}), view(v, {1, Tk, Hkv, Dh}), out_t, lse_t,
+                            Tensor{}, scale);
+    const std::vector<double>& out_own = bf16_path ? out_rounded : out_exact;
+    const std::vector<double>& dv_own = bf16_path ? dv_rounded : dv_exact;
+    const double out_gap = apart(out_exact, out_rounded), dv_gap = apart(dv_exact, dv_rounded);
+    EXPECT_GT(out_gap, 0.0);
+    EXPECT_LT(distance(out, out_own), 0.1 * out_gap)
+        << "bf16 path " << bf16_path << " amx " << amx << ": out is " << distance(out, out_exact) << " from the exact reference and "
+        << distance(out, out_rounded) << " from the rounded one, which are " << out_gap << " apart";
+    EXPECT_LT(distance(dv, dv_own), 0.1 * dv_gap)
+        << "bf16 path " << bf16_path << " amx " << amx << ": dv is " << distance(dv, dv_exact) << " from the exact reference and "
+        << distance(dv, dv_rounded) << " from the rounded one, which are " << dv_gap << " apart";
+  }
+  if (ops::cpu_bf16_status().hardware) ops::set_cpu_bf16_amx(amx_was);
+  if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << "only the f32 path was checked: " << shardlm::testing::no_cpu_bf16_path();
 }

@@ -8,6 +8,8 @@
 
 #include <cpuid.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -27,7 +29,7 @@ namespace shardlm::ops {
 namespace {
 
 struct Cpuid {
-  bool avx512_bf16 = false, amx_bf16 = false;
+  bool avx512_bf16 = false, amx_bf16 = false, amx_tile = false;
 };
 
 Cpuid read_cpuid() {
@@ -36,15 +38,28 @@ Cpuid read_cpuid() {
   if (__get_cpuid_max(0, nullptr) < 7) return c;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   c.amx_bf16 = (edx >> 22) & 1u;  // CPUID.(EAX=7,ECX=0):EDX[22]
+  c.amx_tile = (edx >> 24) & 1u;  // CPUID.(EAX=7,ECX=0):EDX[24]
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   c.avx512_bf16 = (eax >> 5) & 1u;  // CPUID.(EAX=7,ECX=1):EAX[5]
   return c;
+}
+
+// Linux gives a process the AMX tile registers only on request; without it the first tile
+// instruction raises SIGILL. Process-wide and idempotent (oneDNN makes the same request).
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+#else
+  return false;
+#endif
 }
 
 struct State {
   CpuBf16Status status;  // as decided at start-up
   std::string on_line, off_line;  // the status line with the path on and off, where there is hardware
   std::atomic<bool> enabled{false};
+  std::atomic<bool> amx{false};
 };
 
 State& state() {
@@ -70,9 +85,13 @@ State& state() {
     }
     const bool off = env && std::strcmp(env, "0") == 0;
     st->status.enabled = st->status.hardware && !off;
+    // Attention's block products (ops/cpu/attention.cpp) use the tiles when the CPU has them and the
+    // OS grants them, else AVX512-BF16's dot products.
+    st->status.amx = st->status.hardware && id.amx_bf16 && id.amx_tile && id.avx512_bf16 && request_amx_permission();
     const dnnl_version_t* v = dnnl_version();
     const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
-    st->on_line = fmt::format("bf16 matmuls through {} (this CPU has {})", lib, flags);
+    st->on_line = fmt::format("bf16 matmuls through {} (this CPU has {}); attention's block products {}", lib, flags,
+                              st->status.amx ? "on AMX tiles" : "by AVX512-BF16 dot products");
     st->off_line = fmt::format("bf16 operands widened to f32 for OpenBLAS: {} (this CPU has {})",
                                off ? "SHARDLM_CPU_BF16=0" : "switched off", flags);
     if (st->status.enabled)
@@ -85,6 +104,7 @@ State& state() {
     else
       st->status.line = "bf16 operands widened to f32 for OpenBLAS: this CPU has neither avx512_bf16 nor amx_bf16";
     st->enabled = st->status.enabled;
+    st->amx = st->status.amx;
     return st;
   }();
   return *s;
@@ -95,6 +115,7 @@ State& state() {
 CpuBf16Status cpu_bf16_status() {
   CpuBf16Status s = state().status;
   s.enabled = state().enabled.load();
+  s.amx = state().amx.load();
   if (s.hardware) s.line = s.enabled ? state().on_line : state().off_line;
   return s;
 }
@@ -104,6 +125,14 @@ bool cpu_bf16_enabled() { return state().enabled.load(std::memory_order_relaxed)
 void set_cpu_bf16_enabled(bool on) {
   SHARDLM_CHECK(!on || state().status.hardware, "set_cpu_bf16_enabled: {}", state().status.line);
   state().enabled = on;
+}
+
+bool cpu_bf16_amx() { return state().amx.load(std::memory_order_relaxed); }
+
+void set_cpu_bf16_amx(bool on) {
+  SHARDLM_CHECK(!on || state().status.amx, "set_cpu_bf16_amx: this CPU or OS gives no AMX tiles: {}",
+                state().status.line);
+  state().amx = on;
 }
 
 }  // namespace shardlm::ops
