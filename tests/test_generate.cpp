@@ -341,7 +341,9 @@ TEST(Batch, ALongPromptJoiningMidStreamDelaysTheOthersByOneChunkPerStep) {
       batch.step({}, [](size_t, infer::Completion&&) {});
       ++steps;
       EXPECT_EQ(batch.progress(0)->tokens.size(), before + size_t(steps)) << "chunk " << chunk;
-      if (chunk > 0) EXPECT_LE(positions() - cached, chunk + 1) << "a step of chunk " << chunk;
+      if (chunk > 0) {
+        EXPECT_LE(positions() - cached, chunk + 1) << "a step of chunk " << chunk;
+      }
     }
     // The prefill's steps, and the one that samples the first token.
     EXPECT_EQ(steps, chunk > 0 ? int((longp.size() + chunk - 1) / chunk) + 1 : 2) << "chunk " << chunk;

@@ -226,7 +226,9 @@ TEST(Batch, PreemptsTheYoungestWhenTheKvCacheRunsOutAndGeneratesTheSameTokens) {
       int preempted = 0;
       for (const infer::Completion& c : got) preempted += c.preemptions;
       EXPECT_EQ(preempted, batch.preemptions()) << what;
-      if (blocks == 20) EXPECT_GT(preempted, 0) << what << ": the test must preempt";
+      if (blocks == 20) {
+        EXPECT_GT(preempted, 0) << what << ": the test must preempt";
+      }
       EXPECT_EQ(got[0].preemptions, 0) << what << ": the oldest request is never preempted";
     }
   for (const infer::Completion& c : want) EXPECT_EQ(c.preemptions, 0);

@@ -167,7 +167,9 @@ TEST(Scheduler, LogprobsOfPromptAndCompletion) {
     ASSERT_EQ(lp.top.size(), 3u);
     for (size_t k = 0; k < lp.top.size(); ++k) {
       EXPECT_NEAR(lp.top[k].second, double(l[lp.top[k].first]) - lse, 1e-4);
-      if (k > 0) EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+      if (k > 0) {
+        EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+      }
     }
     int64_t greater = 0;  // nothing outside the top 3 is likelier than its last
     for (int64_t v = 0; v < V; ++v) greater += l[v] > l[lp.top.back().first];

@@ -29,7 +29,7 @@ struct KvCacheOptions {
   int64_t block_size = 16;                   // positions per block (at most max_len: one block a sequence)
   int64_t max_bytes = 0;                     // the most its blocks may take on one rank; 0: no limit but the
                                              // batch's (max_batch sequences of max_len)
-  std::string limit_key;                     // what errors about max_bytes name (a flag), if anything
+  std::string limit_key = {};                // what errors about max_bytes name (a flag), if anything
 };
 constexpr int64_t kDefaultKvBlockSize = 16;  // vLLM's default
 

@@ -6,6 +6,9 @@
 // the environment, the bf16 operands are widened and OpenBLAS multiplies in exact f32. Decided
 // once per process at the first matmul (cpuid), so one binary runs on every x86-64 CPU.
 // SHARDLM_CPU_BF16 other than 0, 1 or empty is an Error naming it (at the first matmul or status).
+// Attention with bf16 inputs follows the same switch (ops/cpu/attention.cpp): on the bf16 path its
+// block products run on AMX tiles where the CPU and the OS provide them, else by AVX512-BF16 dot
+// products (the bf16 path implies AVX512-BF16: oneDNN's bf16 ISA requires it).
 #pragma once
 
 #include <string>
