@@ -51,6 +51,12 @@ const float* as_f32(const Tensor& t, const Buffer& scratch) {
 // lane by lane, then the tail), so a row's result does not depend on M (a sequence's logits do
 // not depend on the batch it decodes in), and a bf16 B gives bit for bit its f32 widening's result.
 constexpr int64_t kSkinnyRows = 8;
+// A one-row-of-B tile prefetches B this many elements ahead of its loads (2 KiB of bf16). A row of
+// a decode weight is a few KiB, and hardware prefetchers stop at 4 KiB page boundaries: on an Intel
+// Xeon (bench/RESULTS.md, 2026-11-26) each row started cold, and a bf16 lm_head at M = 1 read at
+// 13.5 GB/s; prefetched, 1.6x faster (f32 1.4x). The wide tiles read 4 rows at once and gained
+// nothing from it (their M = 8 lm_head slowed when they prefetched too), so only this tile does.
+constexpr int64_t kPrefetchAhead = 1024;
 constexpr int kTileRows = 4;
 constexpr int kTileCols = kLanes == 16 ? 4 : 2;  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers
 
@@ -71,6 +77,7 @@ inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, cons
   vfloat acc[R][C] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
+    if constexpr (C == 1) __builtin_prefetch(b + k + kPrefetchAhead);
     vfloat w[C];
     for (int j = 0; j < C; ++j) w[j] = vload_f32(b + j * ldb + k);
     for (int r = 0; r < R; ++r) {
