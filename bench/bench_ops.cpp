@@ -194,6 +194,7 @@ void row(const char* name, const char* shape, double s, double flop = 0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  select_blas_kernels(argv);  // OpenBLAS's kernels as shardlm picks them (core/platform.h)
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
   bool quick = false, sgemm_only = false, bf16_only = false, decode_only = false;
   for (int i = 1; i < argc; ++i) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/platform.h"
 #include "bench_args.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -22,6 +23,7 @@
 using namespace shardlm;
 
 int main(int argc, char** argv) {
+  select_blas_kernels(argv);  // OpenBLAS's kernels as shardlm picks them (core/platform.h)
   bench::BenchArgs defaults{preset("tiny"), 256, 8, 10, 2};
   const bench::BenchArgs args = bench::parse_bench_args(argc, argv, defaults);
   const ModelConfig& cfg = args.cfg;

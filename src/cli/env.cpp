@@ -1,6 +1,8 @@
 // `shardlm env`: what this build and machine offer. The first thing to paste into a bug report.
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "cli/commands.h"
 #include "core/alloc.h"
 #include "core/platform.h"
@@ -16,6 +18,9 @@ void register_env(CLI::App& app) {
     fmt::print("shardlm {}\n", p.version);
     fmt::print("cpu threads (OpenMP): {}\n", p.omp_threads);
     fmt::print("blas: {}\n", p.blas);
+    fmt::print("blas core: {}{}\n", blas_core(),
+               std::getenv("OPENBLAS_CORETYPE") ? fmt::format(" (OPENBLAS_CORETYPE={})", std::getenv("OPENBLAS_CORETYPE"))
+                                                : std::string());
     fmt::print("cpu bf16: {}\n", ops::cpu_bf16_status().line);
     fmt::print("mpi: {}\n", p.built_with_mpi ? "built in" : "not built");
     fmt::print("cuda: {}\n", p.built_with_cuda ? "built in" : "not built");

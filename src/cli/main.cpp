@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/platform.h"
 
 namespace {
 shardlm::comm::Communicator* g_world = nullptr;
@@ -31,6 +32,7 @@ comm::Communicator& world() { return *g_world; }
 }  // namespace shardlm::cli
 
 int main(int argc, char** argv) {
+  shardlm::select_blas_kernels(argv);  // first: it may re-execute the program (core/platform.h)
   CLI::App app{"shardlm: train and fine-tune Llama-family models on one process or many, with FSDP/ZeRO sharding.",
                "shardlm"};
   app.require_subcommand(1);

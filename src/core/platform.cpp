@@ -3,7 +3,11 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
+
 extern "C" char* openblas_get_config(void);
+extern "C" char* openblas_get_corename(void);
 
 namespace shardlm {
 
@@ -33,6 +37,29 @@ PlatformInfo platform_info() {
 #endif
   p.cuda_devices = cuda_devices(&p.cuda_status);
   return p;
+}
+
+std::string blas_core() { return openblas_get_corename(); }
+
+void select_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  // The cores OpenBLAS 0.3.21 falls back to, or detects on CPUs without AVX.
+  static const char* const kGeneric[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                                         "Katmai",   "Coppermine", "Northwood", "Banias", "Unknown"};
+  const char* core = openblas_get_corename();
+  bool generic = core == nullptr;
+  for (const char* g : kGeneric) generic = generic || std::strcmp(core, g) == 0;
+  if (!generic) return;
+  // __builtin_cpu_supports checks the OS's XSAVE state too (libgcc's cpu model reads XCR0).
+  const char* want = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    want = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    want = "Haswell";
+  if (!want) return;
+  ::setenv("OPENBLAS_CORETYPE", want, 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: go on as we are
 }
 
 }  // namespace shardlm
