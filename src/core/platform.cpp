@@ -58,8 +58,14 @@ void select_blas_kernels(char** argv) {
   else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     want = "Haswell";
   if (!want) return;
+  // The program's own path, not /proc/self/exe: the kernel names a process after the file it runs,
+  // and tools find shardlm's processes by that name (pgrep, the Kubernetes entry's signal relay).
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0 || n >= ssize_t(sizeof(self) - 1)) return;
+  self[n] = '\0';
   ::setenv("OPENBLAS_CORETYPE", want, 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: go on as we are
+  ::execv(self, argv);  // returns only on failure: go on as we are
 }
 
 }  // namespace shardlm

@@ -82,9 +82,14 @@ def dpo(pi, ref, loss_type, beta, ls):
     else:
         losses = torch.relu(1 - beta * z)
     chosen, rejected = beta * (pc - rc).detach(), beta * (pr - rr).detach()
+    # The size of the terms the loss is a difference of: hinge's 1 - beta z and IPO's z - 1/(2 beta)
+    # cancel as the policy learns, so their rounding error follows these terms, not the loss.
+    bz = (beta * z).detach().abs()
+    scale = {"hinge": (1 + bz).mean().item(), "ipo": ((z.detach().abs() + 1 / (2 * beta)) ** 2).mean().item()}
     return losses.mean(), {"rewards/chosen": chosen.mean().item(), "rewards/rejected": rejected.mean().item(),
                            "rewards/margins": (chosen - rejected).mean().item(),
-                           "rewards/accuracies": (chosen > rejected).double().mean().item()}
+                           "rewards/accuracies": (chosen > rejected).double().mean().item(),
+                           "loss_scale": scale.get(loss_type, abs(losses.mean().item()))}
 
 
 def records(run_dir):
@@ -104,7 +109,7 @@ class Checks:
 
 def eval_checks(checks, rec, pi, ref, args):
     loss, m = dpo(pi, ref, args.loss, args.beta, args.label_smoothing)
-    checks.close("final eval_loss", rec.get("eval_loss"), loss.item(), 1e-4)
+    checks.close("final eval_loss", rec.get("eval_loss"), loss.item(), 1e-4, 1e-4 * m["loss_scale"])
     for k in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
         checks.close(f"final eval_{k}", rec.get("eval_" + k), m[k], 1e-4, 1e-6)
 
@@ -127,7 +132,7 @@ def cmd_full(args):
         loss, m = dpo(row_logps(policy, ids, targets, args.loss), ref, args.loss, args.beta, args.label_smoothing)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        checks.close(f"step {k + 1} loss", steps[k]["loss"], loss.item(), 1e-5)
+        checks.close(f"step {k + 1} loss", steps[k]["loss"], loss.item(), 1e-5, 1e-5 * m["loss_scale"])
         checks.close(f"step {k + 1} grad_norm", steps[k]["grad_norm"], norm.item(), 1e-4)
         checks.close(f"step {k + 1} rewards/margins", steps[k]["rewards/margins"], m["rewards/margins"], 1e-4, 1e-6)
         opt.step()
