@@ -83,6 +83,11 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
     ops::matmul(logits, xc, wm, /*trans_a=*/false, /*trans_b=*/true);
 
     float* L = logits.f32();
+    // On the bf16 path the backward's dlogits are written as bf16 straight from the softmax (the
+    // same rounding of the same f32 values as converting the f32 block after, one pass fewer).
+    const bool bf16_dlogits = backward && mm == DType::BF16;
+    const Tensor dl = bf16_dlogits ? Tensor::of(scratch.dlogits, DType::BF16, {rows, V}) : logits;
+    bf16_t* DL = bf16_dlogits ? static_cast<bf16_t*>(dl.data) : nullptr;
     const int32_t* chunk_ids = ids + r0;
     double chunk_loss = 0.0;
     int64_t chunk_count = 0;
@@ -92,8 +97,11 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
     for (int64_t i = 0; i < rows; ++i) {
       float* row = L + i * V;
       const int32_t t = chunk_ids[i];
-      if (t == kIgnoreIndex) {
-        if (backward) std::fill(row, row + V, 0.0f);  // no loss, so no gradient
+      if (t == kIgnoreIndex) {  // no loss, so no gradient
+        if (bf16_dlogits)
+          std::fill(DL + i * V, DL + (i + 1) * V, bf16_t{0});
+        else if (backward)
+          std::fill(row, row + V, 0.0f);
         continue;
       }
       const float target_logit = row[t];  // read before the row is overwritten below
@@ -122,9 +130,17 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       if (backward) {
         // dloss/dz = softmax(z) - onehot(target), scaled here so the matmuls below need no alpha.
         const float k = float(double(grad_scale) / sum);
+        if (bf16_dlogits) {
+          const float target = row[t] * k - grad_scale;
+          bf16_t* dl_row = DL + i * V;
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) row[j] *= k;
-        row[t] -= grad_scale;
+          for (int64_t j = 0; j < V; ++j) dl_row[j] = f32_to_bf16(row[j] * k);
+          dl_row[t] = f32_to_bf16(target);
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < V; ++j) row[j] *= k;
+          row[t] -= grad_scale;
+        }
       }
     }
     loss_sum += chunk_loss;
@@ -138,7 +154,6 @@ CrossEntropyResult linear_cross_entropy(const Tensor& x, const Tensor& w, const 
       continue;
     }
     // dw before dx: x_chunk's last use comes before dx_chunk is written, should they share memory.
-    const Tensor dl = mm == DType::F32 ? logits : converted(logits, DType::BF16, scratch.dlogits);
     if (dw.defined()) ops::matmul(dw, dl, xc, /*trans_a=*/true, /*trans_b=*/false, 1.0f, /*beta=*/1.0f);
     ops::matmul(dxc, dl, wm, /*trans_a=*/false, /*trans_b=*/false);
   }
