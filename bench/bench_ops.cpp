@@ -7,7 +7,8 @@
 //                                     ops/cpu_bf16.h) and on its f32 fallback, beside raw sgemm on
 //                                     the same shapes in f32, one JSON line per shape; and attention's
 //                                     forward and backward with f32 inputs, bf16 inputs on the bf16 path
-//                                     and on the fallback (bench/cpu_bf16.sh)
+//                                     (and with its dot-product kernel where the default is AMX) and on
+//                                     the fallback (bench/cpu_bf16.sh)
 //   build/bench/bench_ops --decode    a decode step's matmuls (M = 1 and 8 rows times a transposed
 //                                     weight) with f32 weights, with bf16 weights on the skinny
 //                                     kernel, through oneDNN (x rounded to bf16) and through the f32
@@ -113,17 +114,23 @@ void compare_bf16(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const char*
 // the f32 fallback (widened to f32 blocks). Interleaved, best of 3 x 3.
 void compare_bf16_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t Dh, const char* what) {
   const bool was = ops::cpu_bf16_enabled(), hw = ops::cpu_bf16_status().hardware;
+  const bool amx = ops::cpu_bf16_status().amx;
   struct Side {
     DType dtype;
     bool bf16_path;
+    bool amx = false;  // the bf16 path's kernel: AMX tiles, or AVX512-BF16 dot products
     double fwd = 1e30, bwd = 1e30;
   };
-  std::vector<Side> sides{{DType::F32, false}, {DType::BF16, true}, {DType::BF16, false}};
+  // f32; bf16 on the bf16 path with its default kernel; bf16 on the fallback; and where the
+  // default is AMX, the bf16 path's dot-product kernel too.
+  std::vector<Side> sides{{DType::F32, false}, {DType::BF16, true, amx}, {DType::BF16, false}};
+  if (amx) sides.push_back({DType::BF16, true, false});
   const float scale = 1.0f / std::sqrt(float(Dh));
   for (int round = 0; round < 3; ++round)
     for (Side& s : sides) {
       if (s.bf16_path && !hw) continue;
       ops::set_cpu_bf16_enabled(s.bf16_path);
+      if (s.bf16_path) ops::set_cpu_bf16_amx(s.amx);
       OwnedTensor q = randn(s.dtype, {B, T, H, Dh}, "q"), k = randn(s.dtype, {B, T, Hkv, Dh}, "k"),
                   v = randn(s.dtype, {B, T, Hkv, Dh}, "v"), dout = randn(s.dtype, {B, T, H, Dh}, "dout");
       OwnedTensor o(s.dtype, {B, T, H, Dh}, MemCategory::Other), lse(DType::F32, {B, H, T}, MemCategory::Other);
@@ -137,13 +144,16 @@ void compare_bf16_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_
       }));
     }
   ops::set_cpu_bf16_enabled(was);
+  if (amx) ops::set_cpu_bf16_amx(true);
   auto ms = [&](const Side& s, double t) { return s.bf16_path && !hw ? std::string("null") : fmt::format("{:.2f}", t * 1e3); };
   fmt::print("{{\"impl\": \"bf16 attention\", \"what\": \"{}\", \"shape\": \"q [{}, {}, {}, {}], {} kv heads\", "
              "\"f32_fwd_ms\": {}, \"f32_bwd_ms\": {}, \"bf16_path_fwd_ms\": {}, \"bf16_path_bwd_ms\": {}, "
-             "\"fallback_fwd_ms\": {}, \"fallback_bwd_ms\": {}, \"threads\": {}}}\n",
+             "\"fallback_fwd_ms\": {}, \"fallback_bwd_ms\": {}, \"kernel\": \"{}\", \"dot_fwd_ms\": {}, "
+             "\"dot_bwd_ms\": {}, \"threads\": {}}}\n",
              what, B, T, H, Dh, Hkv, ms(sides[0], sides[0].fwd), ms(sides[0], sides[0].bwd), ms(sides[1], sides[1].fwd),
              ms(sides[1], sides[1].bwd), ms(sides[2], sides[2].fwd), ms(sides[2], sides[2].bwd),
-             platform_info().omp_threads);
+             amx ? "amx" : "avx512_bf16 dot", amx ? ms(sides[3], sides[3].fwd) : "null",
+             amx ? ms(sides[3], sides[3].bwd) : "null", platform_info().omp_threads);
 }
 
 // A decode step's x W^T, W [N, K], M rows: ms per call and the weight's GB/s on each path.
