@@ -78,7 +78,9 @@ void rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& positions
 // the segments of packed examples), segment_ids[b, j] == segment_ids[b, i + Tk - Tq].
 // Computed in blocks with an online softmax: memory is O(T * Dh), never T x T.
 // out [B, Tq, H, Dh] written; lse [B, H, Tq] f32 receives the log-sum-exp of each query's
-// scaled scores (kept for the backward).  q, k, v, out: f32 or bf16.
+// scaled scores (kept for the backward).  q, k, v, out: f32 or bf16. On the CPU, bf16 q, k and v
+// on the bf16 path (ops/cpu_bf16.h) multiply bf16 blocks with f32 accumulation, the probabilities
+// rounded to bf16 before their products (ops/cpu/attention.cpp); otherwise the math is f32.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& segment_ids, float scale);
 // The same attention for one sequence whose keys and values lie in blocks of a paged KV cache
