@@ -309,7 +309,7 @@ struct LoraForward {
   float scale = 1;
   float dropout = 0;
   uint64_t key = 0;
-  Tensor scratch;
+  Tensor scratch = {};
   Tensor dora_z = {}, dora_l = {}, dora_norm = {};
 };
 
@@ -339,7 +339,7 @@ struct AttentionKv {
   Tensor k_all, v_all;
   int64_t Tk = 0;  // shared layout: the key length
   std::vector<PagedKv> paged;
-  std::vector<int64_t> q_rows;  // per sequence: its new rows; empty: Tq each
+  std::vector<int64_t> q_rows = {};  // per sequence: its new rows; empty: Tq each
 };
 
 // The forward of one decoder block on rows x_in (B*Tq rows, or the sum of kv.q_rows), writing into
