@@ -455,15 +455,18 @@ struct Bf16Blocks {
       for (int64_t p = 0; p < K2; ++p) dst[p * kBk + j] = pair_at(even.data() + 2 * p);
     }
   }
+  // Whether a product with n rows goes to the tiles: smaller ones would waste most of a tile.
+  bool on_tiles(int64_t n) const { return amx && n >= 16; }
+
   void over_head(const uint16_t* A, int64_t n, const uint32_t* B, float* C) {
-    if (amx && n >= 16)
+    if (on_tiles(n))
       amx_block_dot(A, a.Dp, n, a.Dp, B, kBk, kBk, C, kBk);
     else
       block_dot(A, a.Dp, n, K2, B, kBk, kBk, C, kBk);
   }
   void over_rows(const float* S, int64_t lds, int64_t n, int64_t m, const uint32_t* B, float* C) {
     round_rows(S, lds, n, m, rounded.data(), kB);
-    if (amx && n >= 16)
+    if (on_tiles(n))
       amx_block_dot(rounded.data(), kB, n, (m + kPad - 1) / kPad * kPad, B, a.Dp, a.Dp, C, a.Dp);
     else
       block_dot(rounded.data(), kB, n, (m + 1) / 2, B, a.Dp, a.Dp, C, a.Dp);
@@ -632,8 +635,15 @@ void backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor
     std::vector<float> row_o = floats(Dh), row_do = floats(Dh);  // bf16 widening scratch of pass 0
     std::vector<int32_t> kseg(static_cast<size_t>(kBk));         // [kBk] key segments
 
-    const Pairs* q_pairs = Blocks::kPairsAreRows ? reinterpret_cast<const Pairs*>(Q.data()) : Qp.data();
-    const Pairs* do_pairs = Blocks::kPairsAreRows ? reinterpret_cast<const Pairs*>(dO.data()) : dOp.data();
+    // The pair blocks of q and dout: the row blocks themselves where the layouts agree.
+    const auto pairs_of = [](const auto& rows, const auto& pairs) -> const Pairs* {
+      if constexpr (Blocks::kPairsAreRows)
+        return rows.data();
+      else
+        return pairs.data();
+    };
+    const Pairs* q_pairs = pairs_of(Q, Qp);
+    const Pairs* do_pairs = pairs_of(dO, dOp);
 
     // Loads the query block (b, h, rows i0..i0+nq): its rows of q and dout, and for pass 1 their
     // pair blocks too.
