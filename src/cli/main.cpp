@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   std::signal(SIGUSR1, usr1_as_sigterm);
   std::unique_ptr<shardlm::comm::Communicator> world;
-  auto fail = [&](const char* what) {
-    if (world && world->size() > 1) world->abort(what);  // prints "rank R: ..." and ends every rank
+  auto fail = [&](const char* what, shardlm::ErrorScope scope) {
+    if (world && world->size() > 1) world->abort(what, scope);  // prints "rank R: ..." and ends every rank
     std::fprintf(stderr, "shardlm: error: %s\n", what);
     return 1;
   };
@@ -111,9 +111,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlm: error: %s (see --help)\n", e.what());
     return 2;
   } catch (const shardlm::Error& e) {
-    return fail(e.what());
+    return fail(e.what(), e.context().scope);
   } catch (const std::exception& e) {
-    return fail(e.what());
+    return fail(e.what(), shardlm::ErrorScope::this_rank);
   }
   return 0;
 }

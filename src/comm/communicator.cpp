@@ -85,7 +85,7 @@ class LocalCommunicator final : public Communicator {
                             src));
   }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
-  [[noreturn]] void abort(const std::string& message) override {
+  [[noreturn]] void abort(const std::string& message, ErrorScope) override {
     std::fprintf(stderr, "shardlm: error: %s\n", message.c_str());
     std::fflush(stderr);
     std::_Exit(1);
@@ -149,7 +149,9 @@ class ShapeCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int, int) override {
     throw Error("a shape-only communicator cannot be split");
   }
-  [[noreturn]] void abort(const std::string& message) override { throw Error(message); }
+  [[noreturn]] void abort(const std::string& message, ErrorScope scope) override {
+    throw Error(message, {.scope = scope});
+  }
 
  private:
   int rank_, size_;

@@ -77,8 +77,9 @@ class Communicator {
   virtual void recv(const Tensor& t, int src) = 0;
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-  // Ends every rank of the job: prints "rank R: message" once and exits non-zero.
-  [[noreturn]] virtual void abort(const std::string& message) = 0;
+  // Ends every rank of the job: prints "rank R: message" and exits non-zero. An error of scope
+  // every_rank is printed once, by rank 0, which meets it too.
+  [[noreturn]] virtual void abort(const std::string& message, ErrorScope scope) = 0;
 
   void all_gather(const Tensor& out, const Tensor& in) { all_gather_async(out, in)->wait(); }
   void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) { reduce_scatter_async(out, in, op)->wait(); }

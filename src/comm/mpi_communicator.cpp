@@ -55,6 +55,11 @@ using Clock = std::chrono::steady_clock;
 // the launcher does.
 constexpr auto kAbortGrace = std::chrono::seconds(3);
 
+// How long a rank other than 0 that met an every-rank error waits for rank 0 to end the job before
+// printing the error itself (MpiCommunicator::abort). Rank 0's MPI_Abort normally ends it well
+// within a second; the 2 s once allowed were passed under load on emulated nodes.
+constexpr auto kEveryRankGrace = std::chrono::seconds(20);
+
 // MPI_Abort, with this process's end guaranteed within kAbortGrace. Call after printing the error.
 [[noreturn]] void end_job() {
   std::fflush(stderr);
@@ -559,12 +564,18 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(sub);
   }
 
-  [[noreturn]] void abort(const std::string& message) override {
+  [[noreturn]] void abort(const std::string& message, ErrorScope scope) override {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    // An error every rank meets (a bad config key) should be printed once: other ranks give rank 0
-    // two seconds to abort the job first. An error on one rank alone still ends the job in seconds.
-    if (world_rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    // Rank 0 prints and ends the job at once. Another rank first gives rank 0's MPI_Abort time to
+    // end it unprinted, so that an error many ranks meet is printed once:
+    // - an every-rank error is rank 0's to print. On a loaded machine the teardown can take seconds
+    //   to reach another node's ranks, so this rank waits kEveryRankGrace before printing it itself
+    //   (rank 0 should have met it too, but must not be the only way the error gets out);
+    // - an error of its own waits two seconds (rank 0 may meet the same one), so that a rank alone
+    //   in trouble still ends the job in seconds.
+    if (world_rank != 0)
+      std::this_thread::sleep_for(scope == ErrorScope::every_rank ? kEveryRankGrace : std::chrono::seconds(2));
     std::fprintf(stderr, "shardlm: error: rank %d: %s\n", world_rank, message.c_str());
     end_job();
   }

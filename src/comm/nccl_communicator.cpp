@@ -298,7 +298,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(sub, device_, world_rank_, bootstrap_);
   }
 
-  [[noreturn]] void abort(const std::string& message) override {
+  [[noreturn]] void abort(const std::string& message, ErrorScope scope) override {
     // Abort first: this rank's kernels stop waiting on peers and NCCL releases its resources.
     // Then the bootstrap ends the job ("rank R: message" and MPI_Abort under MPI).
     if (comm_) {
@@ -306,7 +306,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommAbort(comm_);
       comm_ = nullptr;
     }
-    bootstrap_->abort(message);
+    bootstrap_->abort(message, scope);
     std::_Exit(1);  // the bootstrap's abort does not return; this keeps [[noreturn]] honest
   }
 
@@ -404,7 +404,8 @@ class NcclCommunicator final : public Communicator {
           std::chrono::duration<double>(Clock::now() - t0).count() > limit)
         abort(fmt::format("{} ({}) did not complete within collective_timeout {:.0f} s on the NCCL communicator "
                           "(a peer stopped, died or is slower than the timeout); aborting it",
-                          op, describe_activity(), limit));
+                          op, describe_activity(), limit),
+              ErrorScope::this_rank);
       if (spins < 1000)
         std::this_thread::yield();
       else

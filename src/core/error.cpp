@@ -41,6 +41,10 @@ Error& Error::set_tensor(std::string tensor) {
   render();
   return *this;
 }
+Error& Error::set_scope(ErrorScope scope) {
+  context_.scope = scope;
+  return *this;
+}
 Error& Error::set_rank(int rank) {
   if (context_.rank < 0) context_.rank = rank;
   render();

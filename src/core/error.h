@@ -15,12 +15,19 @@
 
 namespace shardlm {
 
+// Whether an error follows from what every rank shares (the configuration, the plan made from it,
+// the ranks' placement), so that every rank of a job meets it at once, or is this rank's own (its
+// files, its memory, a peer that stopped answering). A job prints an every-rank error once, from
+// rank 0 (Communicator::abort).
+enum class ErrorScope { this_rank, every_rank };
+
 struct ErrorContext {
   std::string file{};    // a path
   int64_t line = -1;   // 1-based line in `file`
   std::string key{};     // a config key, JSON field or command-line option
   std::string tensor{};  // a tensor name (Hugging Face naming)
   int rank = -1;       // the rank that failed
+  ErrorScope scope = ErrorScope::this_rank;
 };
 
 class Error : public std::exception {
@@ -37,6 +44,7 @@ class Error : public std::exception {
   Error& set_key(std::string key);
   Error& set_tensor(std::string tensor);
   Error& set_rank(int rank);
+  Error& set_scope(ErrorScope scope);
 
  private:
   void render();
@@ -44,6 +52,18 @@ class Error : public std::exception {
   ErrorContext context_;
   std::string text_;
 };
+
+// f(), with an Error it throws marked as one every rank meets: for the steps that read or decide
+// only what every rank shares (loading the configuration, planning from it).
+template <class F>
+auto on_every_rank(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (Error& e) {
+    e.set_scope(ErrorScope::every_rank);
+    throw;
+  }
+}
 
 }  // namespace shardlm
 

@@ -147,7 +147,8 @@ Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_p
   Placement p;
   if (cfg.hybrid()) {
     hl = comm::hosts(world);
-    p = place_hybrid(hl, cfg, group);
+    // Every rank has the same host layout (exchanged above), and so the same verdict on it.
+    p = on_every_rank([&] { return place_hybrid(hl, cfg, group); });
     shard_color = p.shard_color[size_t(r)];
     replicate_color = p.replicate_color[size_t(r)];
   }

@@ -707,9 +707,12 @@ std::string TrainConfig::checkpoint_root() const {
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  ConfigTree tree = ConfigTree::load(path);
-  tree.apply_overrides(overrides);
-  return read_train_config(tree);
+  // Every rank reads the same file and overrides: their errors are printed once.
+  return on_every_rank([&] {
+    ConfigTree tree = ConfigTree::load(path);
+    tree.apply_overrides(overrides);
+    return read_train_config(tree);
+  });
 }
 
 }  // namespace shardlm::train

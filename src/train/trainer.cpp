@@ -136,7 +136,7 @@ Trainer::Trainer(const TrainConfig& c, comm::Communicator& world)
       world_(world),
       lead_(world.rank() == 0),
       in_(load_inputs(c)),
-      mem_(plan_memory(c, in_, world.size(), ranks_per_node(world))),
+      mem_(on_every_rank([&] { return plan_memory(c, in_, world.size(), ranks_per_node(world)); })),
       mesh_([&] {
         try {
           return shard::make_mesh(world, mem_.sharding, ranks_per_node(world), c.device);
