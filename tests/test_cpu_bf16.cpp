@@ -78,11 +78,15 @@ TEST(CpuBf16, ManyShapesThroughTheCache) {
   }
 }
 
-// A decode step's shape (x [M <= 8, K] f32 times W^T, W [N, K] bf16, into f32) takes the skinny
-// kernel on either path, bf16 hardware or not (ops/cpu/matmul.cpp): the f32 x is never rounded,
-// the result is bit for bit the f32 product with W widened, and each row's result does not depend
-// on the other rows (a sequence's logits do not depend on its batch). Just past it (M = 9) the bf16
-// path, where there is one, rounds x to bf16 (1 + 2^-10 becomes 1).
+// A decode step's shape (x [M <= 8, K] f32 times W^T, W [N, K] bf16, into f32) takes a skinny
+// kernel with every kernel family (ops/cpu/matmul.cpp), and each row's result does not depend on
+// the other rows (a sequence's logits do not depend on its batch):
+//  - the f32 skinny kernel (the f32 path, and the bf16 path without AMX): x is never rounded, and
+//    the result is bit for bit the f32 product with W widened;
+//  - on AMX tiles: x split into two bf16 parts, within f32 rounding of that product (a float64
+//    reference; x rounded to bf16 alone would miss it by 2^-9 of |x| |w| per term).
+// Just past it (M = 9) the bf16 path, where there is one, rounds x to bf16 (1 + 2^-10 becomes 1).
+// N and K leave partial tiles (37 = 2 x 16 + 5 rows, 1031 = 32 x 32 + 7).
 TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
   const shardlm::testing::CpuPath guard;
   const int64_t N = 37, K = 1031;
@@ -94,8 +98,9 @@ TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
   }
   std::vector<float> x(size_t(9 * K));
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(float(i) * 0.11f) + 1.0f / 1024;
-  for (bool bf16_path : shardlm::testing::cpu_paths()) {
-    ops::set_cpu_bf16_enabled(bf16_path);
+  for (const shardlm::testing::CpuKernel kernel : shardlm::testing::cpu_kernels()) {
+    kernel.use();
+    const bool bf16_path = kernel.bf16_path;
     for (float beta : {0.0f, 1.5f}) {
       std::vector<float> alone(size_t(8 * N));  // each row on its own (M = 1)
       for (int64_t m = 0; m < 8; ++m) {
@@ -112,8 +117,21 @@ TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
         ops::matmul(Tensor::view(cf.data(), DType::F32, {M, N}), X, Tensor::view(wf.data(), DType::F32, {N, K}),
                     false, true, 0.5f, beta);
         for (size_t i = 0; i < c.size(); ++i) {
-          ASSERT_EQ(c[i], cf[i]) << "bf16 path " << bf16_path << " M=" << M << " beta=" << beta << " [" << i << "]";
-          ASSERT_EQ(c[i], alone[i]) << "bf16 path " << bf16_path << " M=" << M << " beta=" << beta << " [" << i << "]";
+          const std::string where = fmt::format("bf16 path {} amx {} M={} beta={} [{}]", bf16_path, kernel.amx, M,
+                                                beta, i);
+          ASSERT_EQ(c[i], alone[i]) << where;
+          if (!kernel.amx) {
+            ASSERT_EQ(c[i], cf[i]) << where;
+            continue;
+          }
+          const int64_t m = int64_t(i) / N, n = int64_t(i) % N;
+          double exact = 0, size = 0;  // x . w in float64, and |x| . |w|
+          for (int64_t k = 0; k < K; ++k) {
+            exact += double(x[size_t(m * K + k)]) * double(wf[size_t(n * K + k)]);
+            size += std::abs(double(x[size_t(m * K + k)]) * double(wf[size_t(n * K + k)]));
+          }
+          const double want = 0.5 * exact + beta * 0.25;
+          ASSERT_NEAR(c[i], want, 4e-6 * (0.5 * size + beta * 0.25)) << where << ": the f32 kernel gives " << cf[i];
         }
       }
     }
@@ -196,16 +214,9 @@ TEST(CpuBf16, AttentionRoundsTheProbabilitiesOnlyOnTheBf16Path) {
     return Tensor::view(const_cast<bf16_t*>(x.data()), DType::BF16, shape);
   };
   // Each kernel this CPU has: the f32 path; the bf16 path's AVX512-BF16 dot products; its AMX tiles.
-  struct Kernel {
-    bool bf16_path, amx;
-  };
-  std::vector<Kernel> kernels;
-  for (bool bf16_path : shardlm::testing::cpu_paths()) kernels.push_back({bf16_path, false});
-  if (ops::cpu_bf16_status().amx) kernels.push_back({true, true});
-  const bool amx_was = ops::cpu_bf16_amx();
-  for (const auto [bf16_path, amx] : kernels) {
-    ops::set_cpu_bf16_enabled(bf16_path);
-    if (bf16_path) ops::set_cpu_bf16_amx(amx);
+  for (const shardlm::testing::CpuKernel kernel : shardlm::testing::cpu_kernels()) {
+    kernel.use();
+    const auto [bf16_path, amx] = kernel;
     std::vector<float> out(out_exact.size()), lse(size_t(H * Tq));
     const Tensor out_t = Tensor::view(out.data(), DType::F32, {1, Tq, H, Dh});
     const Tensor lse_t = Tensor::view(lse.data(), DType::F32, {1, H, Tq});
@@ -228,6 +239,5 @@ TEST(CpuBf16, AttentionRoundsTheProbabilitiesOnlyOnTheBf16Path) {
         << "bf16 path " << bf16_path << " amx " << amx << ": dv is " << distance(dv, dv_exact) << " from the exact reference and "
         << distance(dv, dv_rounded) << " from the rounded one, which are " << dv_gap << " apart";
   }
-  if (ops::cpu_bf16_status().hardware) ops::set_cpu_bf16_amx(amx_was);
   if (!ops::cpu_bf16_status().hardware) GTEST_SKIP() << "only the f32 path was checked: " << shardlm::testing::no_cpu_bf16_path();
 }

@@ -18,8 +18,9 @@ namespace shardlm::ops {
 struct CpuBf16Status {
   bool hardware = false;  // the CPU has AVX512-BF16 or AMX-BF16 and oneDNN dispatches a bf16 kernel
   bool enabled = false;   // the bf16 path is on: hardware, and not switched off
-  // Attention's bf16 block products run on AMX tiles (amx_bf16 and amx_tile, and Linux granted the
-  // tile state) rather than AVX512-BF16 dot products.
+  // Attention's bf16 block products and decode's bf16 matmuls run on AMX tiles (amx_bf16 and
+  // amx_tile, and Linux granted the tile state) rather than AVX512-BF16 dot products and the f32
+  // skinny kernel.
   bool amx = false;
   std::string line;       // one line for `shardlm env`: the path and why
 };
@@ -30,9 +31,9 @@ bool cpu_bf16_enabled();
 // the bf16 path (an Error when the hardware lacks it). Not thread-safe against running matmuls.
 void set_cpu_bf16_enabled(bool on);
 
-// Whether attention's bf16 products use AMX tiles (status.amx, unless a test switched them off), and
-// for tests that compare the two kernels: false takes AVX512-BF16's dot products, true restores the
-// tiles (an Error where there are none).
+// Whether the bf16 path uses AMX tiles (status.amx, unless a test switched them off), and for tests
+// that compare the kernels: false takes AVX512-BF16's dot products in attention and the f32 skinny
+// kernel in decode, true restores the tiles (an Error where there are none).
 bool cpu_bf16_amx();
 void set_cpu_bf16_amx(bool on);
 

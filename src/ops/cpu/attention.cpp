@@ -46,6 +46,7 @@
 #include <immintrin.h>
 #endif
 
+#include "ops/cpu/amx.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
 #include "ops/cpu/parallel.h"
@@ -194,35 +195,6 @@ SHARDLM_BF16_PRODUCTS void round_rows(const float* src, int64_t lds, int64_t n, 
     std::fill(d + m, d + padded, uint16_t(0));
   }
 }
-
-// AMX: eight tile registers of up to 16 rows x 64 bytes, and TDPBF16PS, which adds a 16 x 32 bf16
-// tile times a 32 x 16 one (in pairs: 16 rows of 16 words) to a 16 x 16 f32 tile.
-#define SHARDLM_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
-
-// The tile configuration (the layout LDTILECFG reads): every tile 16 rows of 64 bytes, which is an A
-// tile of 32 bf16 per row, a B tile of 16 pair words per row and a C tile of 16 floats per row.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// The configuration is per thread, and oneDNN's AMX kernels set their own and release the tiles
-// after: a kernel configures them on each thread that runs it, and releases them when done.
-SHARDLM_AMX void amx_configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // Not _tile_loadconfig: GCC 12's intrinsic tells the compiler it reads one byte of cfg, and the
-  // stores of the sizes above were dropped as dead (every tile then had no rows: SIGILL at the first
-  // load). An operand of the whole struct keeps them.
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-}
-SHARDLM_AMX void amx_release() { _tile_release(); }
 
 // C[n][0, W) += A[n][0, K) . B as block_dot, on tiles (configured on this thread): C in 32 x 32
 // pieces of four tiles (tmm0-3), times two 16-row tiles of A (tmm4, tmm5) and two 16-column tiles

@@ -7,7 +7,9 @@
 //    path is taken before the bf16 one even where oneDNN has bf16 hardware: oneDNN would round x
 //    to bf16 and make a row's result depend on how many rows share the call (on the development
 //    machine it was 1.5-2x faster at 8 rows, where this kernel is compute-bound: bench_ops
-//    --decode; docs/generation.md).
+//    --decode; docs/generation.md). Where the CPU has AMX tiles (cpu_bf16_amx), a bf16 weight
+//    takes skinny_bt_amx instead: x split into two bf16 parts, the weight's rows multiplied on
+//    tiles in place; the same for every M, so still independent of the batch.
 //  - bf16: with a bf16 operand, on a CPU with bf16 hardware, through oneDNN (ops/cpu/onednn.h):
 //    bf16 x bf16 products accumulated in f32, C written in its own dtype. An f32 operand beside a
 //    bf16 one (the f32 gradient buffers of the backward) is rounded to a bf16 Workspace copy: the
@@ -21,6 +23,7 @@
 #include <bit>
 #include <cmath>
 
+#include "ops/cpu/amx.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
@@ -128,11 +131,109 @@ void skinny_bt(float* c, const float* a, const W* b, int64_t M, int64_t N, int64
     }
   });
 }
+
+// ---- skinny bf16 weights on AMX tiles ------------------------------------------------------------
+//
+// At 8 rows the kernel above is compute-bound with a bf16 weight (8 multiply-adds per widened
+// vector), and bf16 decode at batch 8 was only 1.5x f32's on an Intel Xeon with AMX (bench/RESULTS.md,
+// 2026-11-26). On tiles a weight is multiplied as it is read:
+//   - x [M, K] f32 is split into two bf16 parts per value, hi = bf16(x) and lo = bf16(x - hi),
+//     which together hold x to about 2^-17 of its size (x - hi is exact in f32); the products
+//     with a bf16 weight are exact in f32, so the result is nearly the f32 kernel's, not the
+//     error of x rounded to bf16 (what oneDNN does, and torch's bf16 decode);
+//   - the parts are packed once per call as the B tile's columns: hi of row m in column m, lo in
+//     column M + m (kSkinnyRows = 8 rows fill the 16), in pairs along K, zero past 2M and K;
+//   - 16 rows of the weight (16 x 32 bf16) are loaded in place as an A tile (rows 64 bytes apart
+//     in memory: the weight's own layout), and TDPBF16PS adds A times B to a 16 x 16 f32 tile;
+//   - result (n, m) is the tile's (n, m) plus its (n, M + m), scaled and stored as the f32 kernel does.
+// A column of a tile product is computed from that column of B alone, so a row's result is the
+// same whatever M (the batch a sequence decodes in). It is not bit for bit the f32 widening's
+// result, which the f32 kernel gives (TDPBF16PS sums in its own order, and treats subnormal
+// inputs as zero): within f32 rounding of it (CpuBf16.DecodeShapesTakeTheSkinnyKernel).
+#if defined(__x86_64__)
+constexpr int64_t kAmxK = 32;     // contraction per tile product (bf16 per A tile row)
+constexpr int64_t kAmxRows = 16;  // weight rows per tile
+static_assert(2 * kSkinnyRows <= 16, "hi and lo of every row must fit the B tile's 16 columns");
+
+int64_t amx_padded_k(int64_t K) { return (K + kAmxK - 1) / kAmxK * kAmxK; }
+// Bytes of the packed x: K padded to whole tiles, in pairs, 16 words per pair.
+size_t amx_packed_bytes(int64_t K) { return size_t(amx_padded_k(K) / 2) * 16 * sizeof(uint32_t); }
+
+// packed[p][c]: the pair (2p, 2p + 1) of column c (see above), as two bf16 in a word.
+void amx_pack_x(uint16_t* packed, const float* a, int64_t lda, int64_t M, int64_t K) {
+  const int64_t Kp = amx_padded_k(K);
+  std::fill(packed, packed + Kp * 16, uint16_t(0));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const float x = a[m * lda + k];
+      const bf16_t hi = f32_to_bf16(x);
+      const bf16_t lo = f32_to_bf16(x - bf16_to_f32(hi));
+      uint16_t* pair = packed + (k / 2) * 32 + (k % 2);
+      pair[2 * m] = hi.bits;
+      pair[2 * (M + m)] = lo.bits;
+    }
+}
+
+// c[:, n, n + rows) for rows <= 16 weight rows from n. A tile that would read past the weight
+// (the last rows, or K's last partial 32) is copied into a zero-padded block first.
+SHARDLM_AMX void amx_skinny_block(float* c, int64_t ldc, const uint32_t* packed, const bf16_t* b, int64_t ldb,
+                                  int64_t rows, int64_t M, int64_t K, float alpha, float beta) {
+  alignas(64) float acc[kAmxRows][16];
+  alignas(64) uint16_t edge[kAmxRows][kAmxK];
+  _tile_zero(0);
+  for (int64_t k = 0; k < K; k += kAmxK) {
+    if (rows == kAmxRows && k + kAmxK <= K) {
+      // No software prefetch: 16 rows are read side by side, which the hardware prefetcher follows
+      // (prefetching each row 2 KiB ahead made every shape slower, the M = 1 lm_head 1.3x).
+      _tile_loadd(1, b + k, ldb * 2);
+    } else {
+      const int64_t width = std::min(kAmxK, K - k);
+      for (int64_t r = 0; r < kAmxRows; ++r)
+        for (int64_t q = 0; q < kAmxK; ++q) edge[r][q] = r < rows && q < width ? b[r * ldb + k + q].bits : 0;
+      _tile_loadd(1, edge, kAmxK * 2);
+    }
+    _tile_loadd(2, packed + k / 2 * 16, 16 * sizeof(uint32_t));
+    _tile_dpbf16ps(0, 1, 2);
+  }
+  _tile_stored(0, acc, 16 * sizeof(float));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float sum = acc[r][m] + acc[r][M + m];
+      float& out = c[m * ldc + r];
+      out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
+    }
+}
+
+void skinny_bt_amx(float* c, const float* a, const bf16_t* b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                   int64_t ldb, float alpha, float beta, uint16_t* packed) {
+  amx_pack_x(packed, a, lda, M, K);
+  const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
+  parallel_region(M * N * K >= kMinParallelWork, [&] {
+    const AmxScope tiles;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < blocks; ++t) {
+      const int64_t n = t * kAmxRows;
+      amx_skinny_block(c + n, N, reinterpret_cast<const uint32_t*>(packed), b + n * ldb, ldb,
+                       std::min(kAmxRows, N - n), M, K, alpha, beta);
+    }
+  });
+}
+#endif
 }  // namespace
 
 // The skinny path takes a few f32 rows times a transposed weight (f32 or bf16) into f32.
 static bool takes_skinny_path(const Tensor& C, const Tensor& A, bool trans_a, bool trans_b) {
   return C.shape[0] <= kSkinnyRows && !trans_a && trans_b && A.dtype == DType::F32 && C.dtype == DType::F32;
+}
+
+// Of those, a bf16 weight goes to the tiles where the CPU's bf16 path has them.
+static bool takes_skinny_amx_path(const Tensor& B) {
+#if defined(__x86_64__)
+  return B.dtype == DType::BF16 && cpu_bf16_enabled() && cpu_bf16_amx();
+#else
+  (void)B;
+  return false;
+#endif
 }
 
 // The bf16 path takes a call with a bf16 operand and a non-empty product.
@@ -142,7 +243,14 @@ static bool takes_bf16_path(const Tensor& C, const Tensor& A, const Tensor& B) {
 
 MatmulScratch matmul_scratch(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b,
                              Device device) {
-  if (C.numel() == 0 || takes_skinny_path(C, A, trans_a, trans_b)) return {};
+  if (C.numel() == 0) return {};
+  if (takes_skinny_path(C, A, trans_a, trans_b)) {
+    MatmulScratch s;
+#if defined(__x86_64__)
+    if (takes_skinny_amx_path(B)) s.a = Buffer(amx_packed_bytes(A.shape[1]), MemCategory::Workspace, false, device);
+#endif
+    return s;
+  }
   if (takes_bf16_path(C, A, B)) {  // bf16 copies of the f32 operands
     auto narrowed = [&](const Tensor& t) {
       return t.dtype == DType::BF16 ? Buffer() : Buffer(size_t(t.numel()) * 2, MemCategory::Workspace, false, device);
@@ -170,10 +278,17 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
   if (takes_skinny_path(C, A, trans_a, trans_b)) {
     float* c = static_cast<float*>(C.data);
     const float* a = static_cast<const float*>(A.data);
-    if (B.dtype == DType::F32)
+    if (B.dtype == DType::F32) {
       skinny_bt(c, a, static_cast<const float*>(B.data), M, N, K, A.shape[1], B.shape[1], alpha, beta);
-    else
+#if defined(__x86_64__)
+    } else if (takes_skinny_amx_path(B)) {
+      const MatmulScratch scratch = matmul_scratch(C, A, B, trans_a, trans_b, Device::CPU);
+      skinny_bt_amx(c, a, static_cast<const bf16_t*>(B.data), M, N, K, A.shape[1], B.shape[1], alpha, beta,
+                    static_cast<uint16_t*>(scratch.a.data()));
+#endif
+    } else {
       skinny_bt(c, a, static_cast<const bf16_t*>(B.data), M, N, K, A.shape[1], B.shape[1], alpha, beta);
+    }
     return;
   }
   const MatmulScratch scratch = matmul_scratch(C, A, B, trans_a, trans_b, Device::CPU);

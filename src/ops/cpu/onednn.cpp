@@ -85,13 +85,15 @@ State& state() {
     }
     const bool off = env && std::strcmp(env, "0") == 0;
     st->status.enabled = st->status.hardware && !off;
-    // Attention's block products (ops/cpu/attention.cpp) use the tiles when the CPU has them and the
-    // OS grants them, else AVX512-BF16's dot products.
+    // Attention's block products (ops/cpu/attention.cpp) and decode's bf16 matmuls (the skinny
+    // shapes of ops/cpu/matmul.cpp) use the tiles when the CPU has them and the OS grants them, else
+    // AVX512-BF16's dot products and the f32 skinny kernel.
     st->status.amx = st->status.hardware && id.amx_bf16 && id.amx_tile && id.avx512_bf16 && request_amx_permission();
     const dnnl_version_t* v = dnnl_version();
     const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
-    st->on_line = fmt::format("bf16 matmuls through {} (this CPU has {}); attention's block products {}", lib, flags,
-                              st->status.amx ? "on AMX tiles" : "by AVX512-BF16 dot products");
+    st->on_line = fmt::format("bf16 matmuls through {} (this CPU has {}); {}", lib, flags,
+                              st->status.amx ? "attention's block products and decode's matmuls on AMX tiles"
+                                             : "attention's block products by AVX512-BF16 dot products");
     st->off_line = fmt::format("bf16 operands widened to f32 for OpenBLAS: {} (this CPU has {})",
                                off ? "SHARDLM_CPU_BF16=0" : "switched off", flags);
     if (st->status.enabled)
