@@ -13,11 +13,15 @@
 #include "ops/dynamic_map.h"
 
 // AdamW's update is written as torch computes it, one rounded f32 operation at a time: no fused
-// multiply-add, so a bf16 moment's stochastic rounding starts from the value torch's would.
+// multiply-add, so a bf16 moment's stochastic rounding starts from the value torch's would. Under
+// GCC the file is compiled with -ffp-contract=off -fno-math-errno (CMakeLists.txt), not by
+// `#pragma GCC optimize`: under the pragma GCC inlined no function of the headers, std::sqrt
+// became a call per element, and the update loop, which moves 28 bytes per parameter, ran one
+// element at a time (a third of a 506M-parameter bf16 step). Without errno (v is never negative)
+// its sqrt vectorizes; every operation is still IEEE's correctly rounded one, so vector and scalar
+// results are the same.
 #if defined(__clang__)
 #pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
 #endif
 
 namespace shardlm::ops::cpu {
@@ -46,39 +50,59 @@ struct Bf16Moments {
   }
 };
 
+// The update's scalars, computed once per step.
+struct AdamWScalars {
+  float decay, step_size, bias2_sqrt, w1, b2, w2, eps, grad_scale;
+  uint64_t step;
+};
+
+// Elements [begin, end) of the update. A function of its own whose operands are all parameters:
+// written inline in the OpenMP region's lambda, it read them through the closure and GCC did not
+// vectorize it (the f32 loop, 28 bytes per parameter, then took a third of a 506M-parameter bf16
+// step). No element depends on another, so any split gives the same result.
+template <class Moments>
+void adamw_span(float* p, const float* g, Moments st, AdamWScalars k, StatePosition pos, int64_t begin, int64_t end) {
+  constexpr bool kDraws = std::is_same_v<Moments, Bf16Moments>;
+  for (int64_t i = begin; i < end; ++i) {
+    const float gi = g[i] * k.grad_scale;
+    p[i] *= k.decay;
+    float mi = st.m_at(i), vi = st.v_at(i);
+    mi += k.w1 * (gi - mi);  // torch's lerp for weights < 0.5
+    vi = vi * k.b2 + k.w2 * gi * gi;
+    const float denom = std::sqrt(vi) / k.bias2_sqrt + k.eps;
+    p[i] += -k.step_size * (mi / denom);
+    uint32_t word = 0;
+    if constexpr (kDraws) {
+      const uint64_t j = uint64_t(pos.first + i);  // the element's index in its tensor
+      uint32_t r[4];
+      rng_detail::draw(r, k.step, pos.stream, j / 4);
+      word = r[j % 4];
+    }
+    st.store(i, mi, vi, word);
+  }
+}
+
 template <class Moments>
 void adamw_loop(float* p, const float* g, const Moments& st, const AdamWConfig& cfg, int64_t step, float grad_scale,
                 StatePosition pos, int64_t n) {
   // Follows torch.optim.AdamW (single-tensor path) operation by operation, including where
   // Python computes scalars in double before they meet f32 tensors, so results agree to ~1 ulp.
-  const float decay = float(1.0 - cfg.lr * cfg.weight_decay);
   const double bias1 = 1.0 - std::pow(cfg.beta1, double(step));
   const double bias2 = 1.0 - std::pow(cfg.beta2, double(step));
-  const float step_size = float(cfg.lr / bias1);
-  const float bias2_sqrt = float(std::sqrt(bias2));
-  const float w1 = float(1.0 - cfg.beta1);  // lerp weight of the new gradient
-  const float b2 = float(cfg.beta2), w2 = float(1.0 - cfg.beta2);
-  const float eps = float(cfg.eps);
-  constexpr bool kDraws = std::is_same_v<Moments, Bf16Moments>;
-  parallel_region(n > 16384, [&] {
+  const AdamWScalars k{.decay = float(1.0 - cfg.lr * cfg.weight_decay),
+                       .step_size = float(cfg.lr / bias1),
+                       .bias2_sqrt = float(std::sqrt(bias2)),
+                       .w1 = float(1.0 - cfg.beta1),  // lerp weight of the new gradient
+                       .b2 = float(cfg.beta2),
+                       .w2 = float(1.0 - cfg.beta2),
+                       .eps = float(cfg.eps),
+                       .grad_scale = grad_scale,
+                       .step = uint64_t(step)};
+  constexpr int64_t kSpan = 16384;  // elements per piece of work: whole vectors, a few pages
+  const int64_t spans = (n + kSpan - 1) / kSpan;
+  parallel_region(spans > 1, [&] {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * grad_scale;
-      p[i] *= decay;
-      float mi = st.m_at(i), vi = st.v_at(i);
-      mi += w1 * (gi - mi);  // torch's lerp for weights < 0.5
-      vi = vi * b2 + w2 * gi * gi;
-      const float denom = std::sqrt(vi) / bias2_sqrt + eps;
-      p[i] += -step_size * (mi / denom);
-      uint32_t word = 0;
-      if constexpr (kDraws) {
-        const uint64_t j = uint64_t(pos.first + i);  // the element's index in its tensor
-        uint32_t r[4];
-        rng_detail::draw(r, uint64_t(step), pos.stream, j / 4);
-        word = r[j % 4];
-      }
-      st.store(i, mi, vi, word);
-    }
+    for (int64_t s = 0; s < spans; ++s) adamw_span(p, g, st, k, pos, s * kSpan, std::min(n, (s + 1) * kSpan));
   });
 }
 }  // namespace
