@@ -264,6 +264,20 @@ TEST(ErrorTest, OneLineWithContext) {
   }
 }
 
+// An error every rank meets is marked so (on_every_rank) and printed once by a multi-rank job
+// (Communicator::abort); any other is this rank's own.
+TEST(ErrorTest, OnEveryRankMarksTheScopeAndPassesValuesThrough) {
+  EXPECT_EQ(Error("a file of this rank").context().scope, ErrorScope::this_rank);
+  EXPECT_EQ(on_every_rank([] { return 7; }), 7);
+  try {
+    on_every_rank([]() -> int { throw Error("must be positive", {.key = "lr"}); });
+    FAIL() << "on_every_rank swallowed the error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.context().scope, ErrorScope::every_rank);
+    EXPECT_STREQ(e.what(), "key 'lr': must be positive");  // the text is unchanged
+  }
+}
+
 TEST(Rng, PhiloxKnownAnswers) {
   // Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
   auto r = philox4x32({0, 0, 0, 0}, {0, 0});

@@ -75,6 +75,11 @@ TEST(DeepSpeedConfig, EachStage) {
             shard::Strategy::Zero1);
   const std::string e = error_of([&] { read_with(dir, R"({"zero_optimization": {"stage": 4}})"); });
   EXPECT_TRUE(has(e, "ds.json:1: key 'zero_optimization.stage': expected 0, 1, 2, 3 or \"auto\", got '4'")) << e;
+  try {  // every rank reads the same configuration: its errors are printed once (core/error.h)
+    read_with(dir, R"({"zero_optimization": {"stage": 4}})");
+  } catch (const Error& x) {
+    EXPECT_EQ(x.context().scope, ErrorScope::every_rank);
+  }
 }
 
 // Absent keys: DeepSpeed's default where it changes the results (no clipping), shardlm's own

@@ -1,6 +1,10 @@
-// SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g). Elementwise and memory-bound; the
-// all-f32 case (every f32 run) gets its own loop so that it vectorizes, since the per-element
-// dtype dispatch of load/store keeps the mixed-dtype loop scalar.
+// SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g). Elementwise and memory-bound. Both
+// directions run over pieces of kPiece elements: each bf16 operand is widened into f32 scratch,
+// the formula runs on f32 vectors, and a bf16 result is rounded back (f32 operands are read and
+// written in place). A per-element dtype dispatch (elem.h's load/store) kept the loop scalar, and
+// in bf16 training the backward was 6% of a 19M-parameter step.
+#include <algorithm>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/elem.h"
 #include "ops/cpu/parallel.h"
@@ -18,55 +22,53 @@ inline void swiglu_grads(float g, float u, float d, float& dg, float& du) {
   du = d * g * s;
 }
 
-bool all_f32(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->dtype != DType::F32) return false;
-  return true;
+constexpr int64_t kPiece = 1024;  // elements per piece: each scratch array 4 KiB on the stack
+
+// The destination of a piece of `t` from `begin`: the tensor itself when it is f32, else scratch
+// (then written back by store_span).
+float* span_out(const Tensor& t, int64_t begin, float* scratch) {
+  return t.dtype == DType::F32 ? static_cast<float*>(t.data) + begin : scratch;
+}
+void finish_out(const Tensor& t, int64_t begin, int64_t n, const float* scratch) {
+  if (t.dtype != DType::F32) store_span(t, begin, n, scratch);
 }
 
 }  // namespace
 
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
-  const int64_t n = out.numel();
-  if (all_f32({&out, &gate, &up})) {
-    float* o = out.f32();
-    const float* g = gate.f32();
-    const float* u = up.f32();
-    parallel_region(n > 16384, [&] {
-#pragma omp for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) o[i] = swiglu(g[i], u[i]);
-    });
-    return;
-  }
+  const int64_t n = out.numel(), pieces = (n + kPiece - 1) / kPiece;
   parallel_region(n > 16384, [&] {
+    alignas(64) float gs[kPiece], us[kPiece], os[kPiece];
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      store(out.data, out.dtype, i, swiglu(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i)));
+    for (int64_t c = 0; c < pieces; ++c) {
+      const int64_t b = c * kPiece, len = std::min(kPiece, n - b);
+      const float* g = span_f32(gate, b, len, gs);
+      const float* u = span_f32(up, b, len, us);
+      float* o = span_out(out, b, os);
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) o[i] = swiglu(g[i], u[i]);
+      finish_out(out, b, len, os);
+    }
   });
 }
 
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up) {
-  const int64_t n = dout.numel();
-  if (all_f32({&dgate, &dup, &dout, &gate, &up})) {
-    float* dg = dgate.f32();
-    float* du = dup.f32();
-    const float* d = dout.f32();
-    const float* g = gate.f32();
-    const float* u = up.f32();
-    parallel_region(n > 16384, [&] {
-#pragma omp for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) swiglu_grads(g[i], u[i], d[i], dg[i], du[i]);
-    });
-    return;
-  }
+  const int64_t n = dout.numel(), pieces = (n + kPiece - 1) / kPiece;
   parallel_region(n > 16384, [&] {
+    alignas(64) float gs[kPiece], us[kPiece], ds[kPiece], dgs[kPiece], dus[kPiece];
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float dg = 0.0f, du = 0.0f;
-      swiglu_grads(load(gate.data, gate.dtype, i), load(up.data, up.dtype, i), load(dout.data, dout.dtype, i), dg, du);
-      store(dgate.data, dgate.dtype, i, dg);
-      store(dup.data, dup.dtype, i, du);
+    for (int64_t c = 0; c < pieces; ++c) {
+      const int64_t b = c * kPiece, len = std::min(kPiece, n - b);
+      const float* g = span_f32(gate, b, len, gs);
+      const float* u = span_f32(up, b, len, us);
+      const float* d = span_f32(dout, b, len, ds);
+      float* dg = span_out(dgate, b, dgs);
+      float* du = span_out(dup, b, dus);
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) swiglu_grads(g[i], u[i], d[i], dg[i], du[i]);
+      finish_out(dgate, b, len, dgs);
+      finish_out(dup, b, len, dus);
     }
   });
 }
