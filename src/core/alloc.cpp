@@ -192,6 +192,7 @@ class HostBlockCache {
       std::lock_guard lock(mu_);
       all.swap(blocks_);
       cached_ = 0;
+      peak_ = live_;  // a new phase: its own peak bounds what the cache keeps from here
     }
     for (const Block& b : all) std::free(b.data);
   }

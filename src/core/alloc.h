@@ -160,7 +160,9 @@ struct HostCacheStats {
   bool enabled = true;       // false under SHARDLM_HOST_CACHE=0 and in sanitizer builds
 };
 HostCacheStats host_cache_stats();
-// Returns every cached block to the system (after training, before a phase of different sizes).
+// Returns every cached block to the system (after training, before a phase of different sizes),
+// and starts a new phase: from here the cache keeps blocks within the peak of the live bytes that
+// follow, not of those before.
 void release_host_cache();
 
 std::string format_bytes(int64_t bytes);  // "1.50 GiB", "12.0 MiB", "512 B"
