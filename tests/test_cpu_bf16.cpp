@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu_paths.h"
@@ -146,6 +147,27 @@ TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
   ops::matmul(Tensor::view(c.data(), DType::F32, {8, 1}), Tensor::view(ones.data(), DType::F32, {8, K}),
               Tensor::view(w1.data(), DType::BF16, {1, K}), false, true);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(c[size_t(i)], float(K) * (1.0f + 1.0f / 1024));
+}
+
+// An infinite activation gives an infinite result on every decode kernel, not NaN (on the tiles
+// its lo part would be inf - inf).
+TEST(CpuBf16, DecodeKeepsAnInfiniteActivationInfinite) {
+  const shardlm::testing::CpuPath guard;
+  const int64_t N = 20, K = 70;
+  std::vector<bf16_t> w(size_t(N * K), f32_to_bf16(0.5f));
+  for (const shardlm::testing::CpuKernel kernel : shardlm::testing::cpu_kernels()) {
+    kernel.use();
+    for (float inf : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x(size_t(2 * K), 1.0f), c(size_t(2 * N));
+      x[size_t(K + 33)] = inf;  // row 1 only
+      ops::matmul(Tensor::view(c.data(), DType::F32, {2, N}), Tensor::view(x.data(), DType::F32, {2, K}),
+                  Tensor::view(w.data(), DType::BF16, {N, K}), false, true);
+      for (int64_t n = 0; n < N; ++n) {
+        EXPECT_EQ(c[size_t(n)], 0.5f * float(K)) << "bf16 path " << kernel.bf16_path << " amx " << kernel.amx;
+        EXPECT_EQ(c[size_t(N + n)], inf) << "bf16 path " << kernel.bf16_path << " amx " << kernel.amx;
+      }
+    }
+  }
 }
 
 // Attention's block products on the bf16 path (ops/cpu/attention.cpp): with bf16 q, k, v, the

@@ -10,7 +10,8 @@ namespace shardlm::ops::cpu {
 
 // Scratch of the kernels that allocate some, made on `device`: the CPU when they run, the meta
 // device when a dry run counts it (ops/check.h). Every buffer lives for the whole call.
-// matmul: none on the skinny path (ops/cpu/matmul.cpp: a decode step's shape); on the bf16 path
+// matmul: on the skinny path (ops/cpu/matmul.cpp: a decode step's shape) none, or on AMX tiles x
+// packed in two bf16 parts (32 bytes per element of K rounded up to 32); on the bf16 path
 // (ops/cpu_bf16.h), bf16 copies of the f32 operands among A and B; otherwise f32 copies of the
 // bf16 operands (A, B, and C, which is computed in f32 and narrowed).
 struct MatmulScratch {

@@ -167,7 +167,9 @@ void amx_pack_x(uint16_t* packed, const float* a, int64_t lda, int64_t M, int64_
     for (int64_t k = 0; k < K; ++k) {
       const float x = a[m * lda + k];
       const bf16_t hi = f32_to_bf16(x);
-      const bf16_t lo = f32_to_bf16(x - bf16_to_f32(hi));
+      // An infinite hi (x infinite, or beyond bf16's largest finite value, 3.39e38, which f32's
+      // 3.40e38 passes) carries x alone: x - hi would be NaN.
+      const bf16_t lo = std::isfinite(bf16_to_f32(hi)) ? f32_to_bf16(x - bf16_to_f32(hi)) : bf16_t{0};
       uint16_t* pair = packed + (k / 2) * 32 + (k % 2);
       pair[2 * m] = hi.bits;
       pair[2 * (M + m)] = lo.bits;
