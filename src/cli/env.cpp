@@ -18,9 +18,9 @@ void register_env(CLI::App& app) {
     fmt::print("shardlm {}\n", p.version);
     fmt::print("cpu threads (OpenMP): {}\n", p.omp_threads);
     fmt::print("blas: {}\n", p.blas);
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     fmt::print("blas core: {}{}\n", blas_core(),
-               std::getenv("OPENBLAS_CORETYPE") ? fmt::format(" (OPENBLAS_CORETYPE={})", std::getenv("OPENBLAS_CORETYPE"))
-                                                : std::string());
+               coretype ? fmt::format(" (OPENBLAS_CORETYPE={})", coretype) : std::string());
     fmt::print("cpu bf16: {}\n", ops::cpu_bf16_status().line);
     fmt::print("mpi: {}\n", p.built_with_mpi ? "built in" : "not built");
     fmt::print("cuda: {}\n", p.built_with_cuda ? "built in" : "not built");

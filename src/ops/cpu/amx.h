@@ -1,6 +1,6 @@
 // Intel AMX basics shared by the CPU kernels that multiply bf16 on tiles (attention's block
-// products, the skinny matmul of decode): the one tile configuration they use, and its loading and
-// release. x86-64 only; call only where cpu_bf16_amx() says the CPU has the tiles and Linux granted
+// products, the skinny matmul of decode): the one tile configuration they use, loaded and released
+// by AmxScope. x86-64 only; call only where cpu_bf16_amx() says the CPU has the tiles and Linux granted
 // them (ops/cpu/onednn.cpp asks for them once per process).
 //
 // AMX: eight tile registers of up to 16 rows x 64 bytes, and TDPBF16PS, which adds a 16 x 32 bf16
@@ -26,25 +26,22 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// The configuration is per thread, and oneDNN's AMX kernels set their own and release the tiles
-// after: a kernel configures them on each thread that runs it, and releases them when done.
-SHARDLM_AMX inline void amx_configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // Not _tile_loadconfig: GCC 12's intrinsic tells the compiler it reads one byte of cfg, and the
-  // stores of the sizes above were dropped as dead (every tile then had no rows: SIGILL at the first
-  // load). An operand of the whole struct keeps them.
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-}
-SHARDLM_AMX inline void amx_release() { _tile_release(); }
-
-// The tiles configured on this thread for a scope (a kernel's work on one thread).
+// The tiles configured on this thread for a scope (a kernel's work on one thread). The
+// configuration is per thread, and oneDNN's AMX kernels set their own and release the tiles after:
+// a kernel configures them on each thread that runs it, and releases them when done.
 struct AmxScope {
-  AmxScope() { amx_configure(); }
-  ~AmxScope() { amx_release(); }
+  SHARDLM_AMX AmxScope() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+      cfg.colsb[t] = 64;
+      cfg.rows[t] = 16;
+    }
+    // Not _tile_loadconfig: GCC 12's intrinsic tells the compiler it reads one byte of cfg, and the
+    // stores of the sizes above were dropped as dead (every tile then had no rows: SIGILL at the
+    // first load). An operand of the whole struct keeps them.
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+  }
+  SHARDLM_AMX ~AmxScope() { _tile_release(); }
   AmxScope(const AmxScope&) = delete;
   AmxScope& operator=(const AmxScope&) = delete;
 };

@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -385,13 +386,11 @@ struct Bf16Blocks {
   int64_t K2;                       // pairs along the head dimension, (Dh + 1) / 2
   std::vector<uint16_t> even, odd;  // [Dp] a row's bf16 values, zero past Dh
   std::vector<uint16_t> rounded;    // [kB][kB] probabilities rounded to bf16
+  std::optional<AmxScope> tiles;    // configured on this thread while the blocks live, where amx
   explicit Bf16Blocks(const Attn& attn)
       : a(attn), amx(cpu_bf16_amx()), K2((attn.Dh + 1) / 2), even(zeros<uint16_t>(attn.Dp)),
         odd(zeros<uint16_t>(attn.Dp)), rounded(zeros<uint16_t>(kB * kB)) {
-    if (amx) amx_configure();
-  }
-  ~Bf16Blocks() {
-    if (amx) amx_release();
+    if (amx) tiles.emplace();
   }
   Bf16Blocks(const Bf16Blocks&) = delete;
   Bf16Blocks& operator=(const Bf16Blocks&) = delete;
