@@ -8,6 +8,9 @@
 #     concurrent one-process runs of one rank's micro-batch (per dtype; no communication at all);
 #   - links: bench_comm's all-gather between 2 ranks, one per node (the node's inter-node rate)
 #     and within one node (a rank's intra-node rate), at each RATE.
+# Every configuration runs twice: with the ring collectives that groups spanning nodes take
+# (src/comm/ring_collectives.h; "step s", which the prediction is compared with) and with Open MPI's
+# own non-blocking algorithms (SHARDLM_RING=0; "mpi s").
 # Needs root (network namespaces; scripts/cluster/). Takes about 10 minutes on 2 cores.
 #   bench/slow_links.sh [WORKDIR]        RATES="1gbit 10gbit" STEPS=8 by default
 set -euo pipefail
@@ -89,7 +92,7 @@ for line in open(sys.argv[1]):
 PY
 }
 
-printf '\n%-8s %-20s %-5s %10s %10s %8s %12s %12s\n' rate strategy wire "step s" predicted error "comm/step" "inter/step"
+printf '\n%-8s %-20s %-5s %10s %10s %10s %8s %12s %12s\n' rate strategy wire "step s" "mpi s" predicted error "comm/step" "inter/step"
 for rate in "${rates[@]}"; do
   scripts/cluster/start.sh --name "$name" --nodes 2 --slots 2 --rate "$rate" >/dev/null
   inter=$(comm_rate --map-by node)
@@ -98,20 +101,25 @@ for rate in "${rates[@]}"; do
   for strategy in FULL_SHARD HYBRID_SHARD _HYBRID_SHARD_ZERO2; do
     for dt in f32 bf16; do
       tag=${rate}_${strategy}_$dt
-      on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 --hostfile "$cluster/hostfile" -- train \
-        --config "$work/run.yaml" output_dir="$work/$tag" sharding_strategy=$strategy $(precision $dt) \
-        > "$work/$tag.log" 2>&1 || { cat "$work/$tag.log"; exit 1; }
-      measured=$(step_s "$work/$tag")
+      for ring in 1 0; do
+        SHARDLM_RING=$([[ $ring == 1 ]] && echo auto || echo 0) on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 \
+          --hostfile "$cluster/hostfile" -- train --config "$work/run.yaml" output_dir="$work/${tag}_ring$ring" \
+          sharding_strategy=$strategy $(precision $dt) > "$work/${tag}_ring$ring.log" 2>&1 \
+          || { cat "$work/${tag}_ring$ring.log"; exit 1; }
+      done
+      measured=$(step_s "$work/${tag}_ring1")
+      mpi=$(step_s "$work/${tag}_ring0")
       pd=$([[ $dt == bf16 ]] && echo bf16 || echo f32)
       "$shardlm" estimate-time --model "$work/model" --micro-batch-size $B --seq-len $T --param-dtype $pd \
         --reduce-dtype $pd --sharding-strategy "$strategy" --world-sizes 4 --nproc-per-node 2 \
         --tflops "${tflops[$dt]}" --intra-node-bandwidth "$intra" --inter-node-bandwidth "$inter" \
         --overlap "${OVERLAP:-false}" --json > "$work/$tag.pred.json"
-      /usr/bin/python3 - "$work/$tag.pred.json" "$measured" "$rate" "$strategy" "$dt" <<'PY'
+      /usr/bin/python3 - "$work/$tag.pred.json" "$measured" "$rate" "$strategy" "$dt" "$mpi" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))[0]
 m = float(sys.argv[2])
-print(f"{sys.argv[3]:<8} {sys.argv[4]:<20} {sys.argv[5]:<5} {m:10.3f} {p['step_s']:10.3f} {100 * (p['step_s'] - m) / m:+7.1f}% "
+print(f"{sys.argv[3]:<8} {sys.argv[4]:<20} {sys.argv[5]:<5} {m:10.3f} {float(sys.argv[6]):10.3f} {p['step_s']:10.3f} "
+      f"{100 * (p['step_s'] - m) / m:+7.1f}% "
       f"{p['comm_bytes_per_step'] / 2**20:9.1f} MiB {p['inter_node_bytes_per_step'] / 2**20:9.1f} MiB")
 PY
     done

@@ -17,11 +17,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "comm/communicator.h"
 #include "comm/hosts.h"
 #include "comm/mpi_error.h"
+#include "comm/ring_collectives.h"
 #include "comm/shm_collectives.h"
 #include "core/platform.h"
 #include "core/timeline.h"
@@ -217,12 +219,14 @@ std::string silent_remote_peers(std::chrono::milliseconds patience, int& remote)
 // a spinning thread would take half a core from the compute threads it is meant to hide behind.
 // Where MPI grants less than MPI_THREAD_MULTIPLE, there is no thread and the waiting thread drives
 // the same polls itself (no overlap, as before).
-// A collective in flight: an MPI request the progress thread tests, or (external) one that a
-// shared-memory group (shm_collectives.h) runs and reports complete through Progress::complete.
+// A collective in flight: an MPI request the progress thread tests, a ring collective
+// (ring_collectives.h) whose steps it advances, or (external) one that a shared-memory group
+// (shm_collectives.h) runs and reports complete through Progress::complete.
 struct InFlight {
   MPI_Request req = MPI_REQUEST_NULL;
+  std::shared_ptr<RingCollective> ring;
   bool external = false;
-  std::function<std::string()> holdup;  // external: who it waits for, for the watchdog ("" if nobody)
+  std::function<std::string()> holdup;  // ring, external: who it waits for, for the watchdog ("" if nobody)
   const char* op = "";
   Clock::time_point issued;
   Clock::time_point completed;  // when a test found it complete; guarded by Progress::mu_
@@ -248,6 +252,14 @@ class Progress {
   std::shared_ptr<InFlight> add(MPI_Request req, const char* op) {
     auto f = std::make_shared<InFlight>();
     f->req = req;
+    return track(std::move(f), op);
+  }
+  // A ring collective (its first step already posted), advanced by the polls.
+  std::shared_ptr<InFlight> add_ring(std::shared_ptr<RingCollective> ring, const char* op,
+                                     std::function<std::string()> holdup) {
+    auto f = std::make_shared<InFlight>();
+    f->ring = std::move(ring);
+    f->holdup = std::move(holdup);
     return track(std::move(f), op);
   }
   // A collective completed by someone else's call to complete() (a shared-memory group's worker).
@@ -318,7 +330,8 @@ class Progress {
     if (active_.empty()) timing_.busy_seconds += std::chrono::duration<double>(now - busy_since_).count();
   }
 
-  // Tests every MPI collective in flight once, marking the completed ones done.
+  // Tests every MPI collective in flight once (a ring's step in flight, and the steps after it that
+  // complete at once), marking the completed ones done.
   void poll_round() {
     answer_pings();
     std::vector<std::shared_ptr<InFlight>> snapshot;
@@ -329,6 +342,10 @@ class Progress {
     std::vector<InFlight*> finished;
     for (const auto& f : snapshot) {
       if (f->external) continue;
+      if (f->ring) {
+        if (f->ring->test()) finished.push_back(f.get());
+        continue;
+      }
       int flag = 0;
       check_mpi(MPI_Test(&f->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
       if (flag) finished.push_back(f.get());
@@ -401,13 +418,16 @@ void wait_or_abort(const InFlight& f) {
       end_job();
     }
     std::string stuck = stuck_peers();
-    // A shared-memory collective knows which rank it waits for, stopped or not.
-    if (const std::string holdup = f.holdup ? f.holdup() : std::string(); stuck.empty() && !holdup.empty())
-      stuck = holdup + " (no rank on this node is stopped or gone: it may be in another collective, or slower than "
-                       "the timeout)";
     int remote = 0;
     if (stuck.empty()) stuck = silent_remote_peers(std::chrono::milliseconds(1500), remote);
     if (!stuck.empty() && remote > 0) stuck += " (its node or its link may be down)";
+    // A shared-memory collective or a ring knows which rank it waits for, stopped or not: named when
+    // every rank is there and answers.
+    if (const std::string holdup = f.holdup ? f.holdup() : std::string(); stuck.empty() && !holdup.empty())
+      stuck = holdup + (remote > 0 ? " (no rank on this node is stopped or gone, and every rank on the other nodes "
+                                     "answers: it may be in another collective, or slower than the timeout)"
+                                   : " (no rank on this node is stopped or gone: it may be in another collective, or "
+                                     "slower than the timeout)");
     if (stuck.empty() && remote > 0)
       stuck = "no rank on this node is stopped or gone, and every rank on the other nodes answers (one may be in "
               "another collective, or slower than the timeout)";
@@ -435,7 +455,8 @@ class MpiRequest final : public Request {
  public:
   MpiRequest(MPI_Request r, const char* op, std::function<void()> after)
       : flight_(g_progress.add(r, op)), after_(std::move(after)) {}
-  explicit MpiRequest(std::shared_ptr<InFlight> flight) : flight_(std::move(flight)) {}
+  explicit MpiRequest(std::shared_ptr<InFlight> flight, std::function<void()> after = nullptr)
+      : flight_(std::move(flight)), after_(std::move(after)) {}
   ~MpiRequest() override {
     if (!done_) {
       try {
@@ -465,9 +486,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(comm_, &size_);
     // Ranks that share one node reduce and gather through shared memory (shm_collectives.h).
     shm_ = ShmGroup::create(comm_, g_progress.threaded());
+    if (!shm_ && size_ > 1) make_ring();
   }
   ~MpiCommunicator() override {
     shm_.reset();  // collective, before the communicator goes
+    if (ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (--g_live_comms == 0 && g_we_initialized) {
       int finalized = 0;
@@ -492,6 +515,12 @@ class MpiCommunicator final : public Communicator {
       shm_->all_gather(out.data, in.data, in.nbytes(), [f] { g_progress.complete(f.get()); });
       return std::make_unique<MpiRequest>(f);
     }
+    if (use_ring(out.nbytes())) {
+      count_ring(stats_.all_gather_bytes, out.nbytes());
+      return ring_request({.op = RingOp::AllGather, .dtype = DType::U8, .out = out.data, .in = in.data,
+                           .n = in.nbytes()},
+                          "all-gather", nullptr);
+    }
     const int n = int(in.numel());
     const char* slice = static_cast<const char*>(out.data) + in.nbytes() * size_t(rank_);
     const void* send = in.data == slice ? MPI_IN_PLACE : in.data;
@@ -510,6 +539,12 @@ class MpiCommunicator final : public Communicator {
                            [f] { g_progress.complete(f.get()); });
       return std::make_unique<MpiRequest>(f);
     }
+    if (use_ring(in.nbytes())) {
+      count_ring(stats_.reduce_scatter_bytes, in.nbytes());
+      return ring_request({.op = RingOp::ReduceScatter, .dtype = in.dtype, .out = out.data, .in = in.data,
+                           .n = size_t(out.numel())},
+                          "reduce-scatter", averager(out, op));
+    }
     MPI_Request r;
     check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype), mpi_sum(in.dtype), comm_, &r),
           "MPI_Ireduce_scatter_block");
@@ -524,6 +559,11 @@ class MpiCommunicator final : public Communicator {
       auto f = shm_flight("all-reduce");
       shm_->all_reduce(buf.data, size_t(buf.numel()), buf.dtype, scale_of(op), [f] { g_progress.complete(f.get()); });
       return std::make_unique<MpiRequest>(f);
+    }
+    if (use_ring(buf.nbytes())) {
+      count_ring(stats_.all_reduce_bytes, 2 * buf.nbytes());
+      return ring_request({.op = RingOp::AllReduce, .dtype = buf.dtype, .out = buf.data, .n = size_t(buf.numel())},
+                          "all-reduce", averager(buf, op));
     }
     MPI_Request r;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data, int(buf.numel()), mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r),
@@ -615,6 +655,53 @@ class MpiCommunicator final : public Communicator {
   bool use_shm(size_t full_bytes, bool reduction) const {
     return shm_ && full_bytes >= ShmGroup::kMinBytes && (reduction || shm_->threads() > 1);
   }
+  // Which collectives take the ring (ring_collectives.h): those of a group that spans nodes and has
+  // no shared-memory path, from kRingMinBytes (below it a collective is latency-bound, and MPI's
+  // algorithms answer in one or two rounds where the ring takes p - 1). SHARDLM_RING=0 leaves every
+  // collective to MPI (to compare); SHARDLM_RING=1 takes the ring for every size, within one node
+  // too (so that one machine can test it: with SHARDLM_SHM=0).
+  static constexpr size_t kRingMinBytes = size_t(256) << 10;
+  bool use_ring(size_t full_bytes) const {
+    return ring_comm_ != MPI_COMM_NULL && (ring_always_ || full_bytes >= kRingMinBytes);
+  }
+  // Collective (every rank of comm_ constructs its communicator together).
+  void make_ring() {
+    const char* env = std::getenv("SHARDLM_RING");
+    const std::string mode = env ? env : "";
+    if (mode == "0") return;
+    ring_always_ = mode == "1";
+    const HostLayout layout = comm::hosts(*this);
+    if (layout.hosts.size() < 2 && !ring_always_) return;
+    ring_order_ = std::make_shared<const std::vector<int>>(ring_order(layout.host_of));
+    // "rank 3 on node2" per rank of comm_, in world ranks as every other message names them.
+    MPI_Group mine, world;
+    check_mpi(MPI_Comm_group(comm_, &mine), "MPI_Comm_group");
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+    std::vector<int> local(static_cast<size_t>(size_)), global(static_cast<size_t>(size_));
+    std::iota(local.begin(), local.end(), 0);
+    check_mpi(MPI_Group_translate_ranks(mine, size_, local.data(), world, global.data()), "MPI_Group_translate_ranks");
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    auto names = std::make_shared<std::vector<std::string>>();
+    for (int r = 0; r < size_; ++r)
+      names->push_back(fmt::format("rank {} on {}", global[size_t(r)], layout.hosts[size_t(layout.host_of[size_t(r)])]));
+    ring_names_ = std::move(names);
+    check_mpi(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup");
+  }
+  std::unique_ptr<Request> ring_request(RingCollective::Args args, const char* op, std::function<void()> after) {
+    args.comm = ring_comm_;
+    // The same sequence on every rank: one tag per collective (times the lanes: below 32767, the
+    // least MPI_TAG_UB MPI allows).
+    args.tag = ring_tag_ = ring_tag_ % (32000 / RingCollective::kLanes) + 1;
+    args.order = ring_order_.get();
+    args.rank = rank_;
+    auto ring = std::make_shared<RingCollective>(args);
+    auto holdup = [r = ring.get(), names = ring_names_, order = ring_order_] {
+      return fmt::format("{} has not sent {} of the ring", (*names)[size_t(r->waiting_for())], r->progress());
+    };
+    auto f = g_progress.add_ring(std::move(ring), op, std::move(holdup));
+    return std::make_unique<MpiRequest>(std::move(f), std::move(after));
+  }
   std::shared_ptr<InFlight> shm_flight(const char* op) {
     return g_progress.add_external(op, [g = shm_.get()] { return g->holdup(); });
   }
@@ -630,6 +717,12 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<ShmGroup> shm_;  // null: the ranks span nodes (or SHARDLM_SHM=0); MPI collectives
+  // The ring (use_ring): its own communicator (null: no ring), order and rank names for the watchdog.
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  bool ring_always_ = false;
+  int ring_tag_ = 0;
+  std::shared_ptr<const std::vector<int>> ring_order_;
+  std::shared_ptr<const std::vector<std::string>> ring_names_;
 };
 
 }  // namespace

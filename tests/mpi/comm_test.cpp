@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/ring_collectives.h"
 #include "mpi_test_main.h"
 
 using namespace shardlm;
@@ -220,6 +221,16 @@ TEST(Comm, ManyCollectivesInFlightCompleteInAnyWaitOrder) {
       ASSERT_EQ(x[i], want) << "op " << k << " element " << i;
     }
   }
+}
+
+// The ring (ring_collectives.h) visits the ranks host by host, whatever their numbers: with
+// mpirun --map-by node (ranks 0, 2 on one host and 1, 3 on the other) it crosses between the hosts
+// twice, not four times.
+TEST(Ring, OrderVisitsTheRanksHostByHost) {
+  EXPECT_EQ(ring_order({0, 1, 0, 1}), (std::vector<int>{0, 2, 1, 3}));
+  EXPECT_EQ(ring_order({0, 0, 1, 1}), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ring_order({0, 1, 2, 0, 1, 2}), (std::vector<int>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(ring_order({0}), (std::vector<int>{0}));
 }
 
 TEST(Comm, MismatchedSizesAreErrors) {
