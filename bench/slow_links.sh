@@ -13,6 +13,9 @@
 # own non-blocking algorithms (SHARDLM_RING=0; "mpi s").
 # Needs root (network namespaces; scripts/cluster/). Takes about 10 minutes on 2 cores.
 #   bench/slow_links.sh [WORKDIR]        RATES="1gbit 10gbit" STEPS=8 by default
+# The prediction models CPU ranks: communication runs behind compute (OVERLAP=true, the progress
+# thread's), and every byte a rank communicates takes its cores' time at the intra-node rate
+# (--host-copy-bandwidth; HOST_COPY=0 leaves it out). COMPARE_MPI=0 skips the runs on MPI's collectives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -101,19 +104,20 @@ for rate in "${rates[@]}"; do
   for strategy in FULL_SHARD HYBRID_SHARD _HYBRID_SHARD_ZERO2; do
     for dt in f32 bf16; do
       tag=${rate}_${strategy}_$dt
-      for ring in 1 0; do
+      for ring in 1 $([[ ${COMPARE_MPI:-1} == 1 ]] && echo 0); do
         SHARDLM_RING=$([[ $ring == 1 ]] && echo auto || echo 0) on1 "$shardlm" launch --nproc-per-node 2 --nnodes 2 \
           --hostfile "$cluster/hostfile" -- train --config "$work/run.yaml" output_dir="$work/${tag}_ring$ring" \
           sharding_strategy=$strategy $(precision $dt) > "$work/${tag}_ring$ring.log" 2>&1 \
           || { cat "$work/${tag}_ring$ring.log"; exit 1; }
       done
       measured=$(step_s "$work/${tag}_ring1")
-      mpi=$(step_s "$work/${tag}_ring0")
+      mpi=$([[ ${COMPARE_MPI:-1} == 1 ]] && step_s "$work/${tag}_ring0" || echo nan)
       pd=$([[ $dt == bf16 ]] && echo bf16 || echo f32)
       "$shardlm" estimate-time --model "$work/model" --micro-batch-size $B --seq-len $T --param-dtype $pd \
         --reduce-dtype $pd --sharding-strategy "$strategy" --world-sizes 4 --nproc-per-node 2 \
         --tflops "${tflops[$dt]}" --intra-node-bandwidth "$intra" --inter-node-bandwidth "$inter" \
-        --overlap "${OVERLAP:-false}" --json > "$work/$tag.pred.json"
+        --overlap "${OVERLAP:-true}" $([[ ${HOST_COPY:-1} == 1 ]] && echo "--host-copy-bandwidth $intra") \
+        --json > "$work/$tag.pred.json"
       /usr/bin/python3 - "$work/$tag.pred.json" "$measured" "$rate" "$strategy" "$dt" "$mpi" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))[0]

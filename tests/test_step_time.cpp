@@ -171,3 +171,23 @@ TEST(StepTime, OverlapLiesBetweenTheLongerClockAndTheSum) {
   hw.inter_bytes_per_s *= 10;
   EXPECT_LE(memory::predict_step_time(in, e, hw).step_s, with.step_s);
 }
+
+// CPU ranks: each byte a rank communicates takes its cores 1 / host_copy_bytes_per_s of compute
+// time; nothing else changes.
+TEST(StepTime, HostCopiesAddTheirBytesToCompute) {
+  const memory::EstimateInput in = run_of(shard::Strategy::HybridShard, 8, 4);
+  const memory::Estimate e = memory::estimate(in);
+  memory::Hardware hw{.flops_per_s = 1e9, .intra_bytes_per_s = 1e9, .inter_bytes_per_s = 1e8,
+                      .intra_latency_s = 1e-5, .inter_latency_s = 1e-4, .overlap = false};
+  const memory::StepTime gpu = memory::predict_step_time(in, e, hw);
+  hw.host_copy_bytes_per_s = 2e9;
+  const memory::StepTime cpu = memory::predict_step_time(in, e, hw);
+  double bytes = 0;
+  for (const memory::WorkEvent& w : e.step_work)
+    if (w.kind == memory::WorkEvent::Kind::Issue) bytes += double(w.bytes);
+  ASSERT_GT(bytes, 0);
+  EXPECT_NEAR(cpu.compute_s, gpu.compute_s + bytes / 2e9, 1e-9);
+  EXPECT_DOUBLE_EQ(cpu.comm_s, gpu.comm_s);
+  EXPECT_DOUBLE_EQ(cpu.flops, gpu.flops);
+  EXPECT_NEAR(cpu.step_s, gpu.step_s + bytes / 2e9, 1e-9);  // no overlap: the copies add to the step
+}

@@ -21,7 +21,7 @@ namespace shardlm::cli {
 namespace {
 
 struct TimeOpts {
-  std::string tflops, intra_bw, inter_bw, overlap = "true", world_sizes, strategies;
+  std::string tflops, intra_bw, inter_bw, host_copy_bw, overlap = "true", world_sizes, strategies;
   double intra_latency_us = 2, inter_latency_us = 8;
   bool json = false;
 };
@@ -105,6 +105,7 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
                       .inter_latency_s = t.inter_latency_us * 1e-6};
   if (!t.intra_bw.empty()) hw.intra_bytes_per_s = parse_bandwidth("--intra-node-bandwidth", t.intra_bw);
   if (!t.inter_bw.empty()) hw.inter_bytes_per_s = parse_bandwidth("--inter-node-bandwidth", t.inter_bw);
+  if (!t.host_copy_bw.empty()) hw.host_copy_bytes_per_s = parse_bandwidth("--host-copy-bandwidth", t.host_copy_bw);
   if (t.overlap != "true" && t.overlap != "false")
     throw Error(fmt::format("--overlap {}: expected true or false", t.overlap));
   hw.overlap = t.overlap == "true";
@@ -170,11 +171,15 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
              base.micro_batch_size, base.seq_len, base.grad_accum, base.grad_accum > 1 ? "s" : "",
              dtype_name(base.sharding.param_dtype), dtype_name(base.sharding.reduce_dtype));
   fmt::print("hardware: {:.4g} TFLOP/s achieved per rank; within a node {} per rank, latency {} us; between nodes {} "
-             "per node, latency {} us; {}\n",
+             "per node, latency {} us; {}{}\n",
              hw.flops_per_s / 1e12, hw.intra_bytes_per_s > 0 ? format_bytes(int64_t(hw.intra_bytes_per_s)) + "/s" : "-",
              t.intra_latency_us, hw.inter_bytes_per_s > 0 ? format_bytes(int64_t(hw.inter_bytes_per_s)) + "/s" : "-",
              t.inter_latency_us,
-             hw.overlap ? "communication overlaps compute" : "no overlap (communication adds to compute)");
+             hw.overlap ? "communication overlaps compute" : "no overlap (communication adds to compute)",
+             hw.host_copy_bytes_per_s > 0
+                 ? fmt::format("; the ranks' cores copy what they send at {}/s, within compute",
+                               format_bytes(int64_t(hw.host_copy_bytes_per_s)))
+                 : "");
   fmt::print("{:>6}  {:<20} {:>9} {:>9} {:>9} {:>9} {:>12} {:>6} {:>11} {:>10}\n", "world", "strategy", "step s",
              "compute", "comm", "exposed", "tok/s/rank", "eff", "peak/rank", "inter/step");
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -211,8 +216,12 @@ void register_estimate_time(CLI::App& app) {
                   "One node's bandwidth to the others, all its ranks together, e.g. 400GB/s (8 x 400Gbit/s) or 1gbit");
   cmd->add_option("--intra-node-latency-us", t->intra_latency_us, "Per ring step within a node")->capture_default_str();
   cmd->add_option("--inter-node-latency-us", t->inter_latency_us, "Per ring step across nodes")->capture_default_str();
+  cmd->add_option("--host-copy-bandwidth", t->host_copy_bw,
+                  "CPU ranks: the rate at which a rank's cores copy the bytes it communicates, time taken from its "
+                  "compute (the intra-node bandwidth of CPU ranks; default: none, as on GPUs)");
   cmd->add_option("--overlap", t->overlap,
-                  "true: collectives run while compute does (GPUs); false: they add to it (CPU ranks on busy cores)")
+                  "true: collectives run while compute does (GPUs; CPU ranks, whose progress thread moves them); "
+                  "false: they add to it")
       ->capture_default_str();
   cmd->add_option("--world-sizes", t->world_sizes,
                   "Comma-separated world sizes (default: doubling from --nproc-per-node to --world-size)");
@@ -225,7 +234,7 @@ void register_estimate_time(CLI::App& app) {
       "    --activation-checkpointing true --nproc-per-node 8 --world-size 1024 --device-memory 80GB \\\n"
       "    --tflops 400 --intra-node-bandwidth 300GB/s --inter-node-bandwidth 400GB/s\n"
       "  shardlm estimate-time --model runs/tiny --world-size 4 --nproc-per-node 2 --tflops 0.05 \\\n"
-      "    --intra-node-bandwidth 2GB/s --inter-node-bandwidth 1gbit --overlap false");
+      "    --intra-node-bandwidth 2GB/s --inter-node-bandwidth 1gbit --host-copy-bandwidth 2GB/s");
   cmd->callback([o, t, cmd] { run(*o, *t, cmd->count("--sharding-strategy") > 0); });
 }
 

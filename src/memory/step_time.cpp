@@ -82,6 +82,11 @@ StepTime predict_step_time(const EstimateInput& in, const Estimate& e, const Har
         const GroupPlace& g = w.group == WorkEvent::Group::Shard ? shard : replicate;
         const double d = collective_seconds(w.collective, w.bytes, g, rpn, hw);
         st.comm_s += d;
+        if (hw.host_copy_bytes_per_s > 0) {  // the cores that compute also move the bytes
+          const double copy = double(w.bytes) / hw.host_copy_bytes_per_s;
+          st.compute_s += copy;
+          now += copy;
+        }
         // Without overlap the links run only while compute waits: a collective's time adds to the step.
         const bool crosses = g.nodes > 1, within = g.per_node > 1 || !crosses;
         const double start =

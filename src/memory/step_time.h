@@ -9,8 +9,12 @@
 //     within it and its links to other nodes are two resources that run at once), and lasts
 //     steps * latency + bytes / bandwidth, where the bandwidth is the slower of the rank's
 //     intra-node link and its share of the node's inter-node link (below);
-//   - a wait holds compute until its collective ends. With overlap off (CPU ranks whose cores are
-//     all computing) communication runs only while compute waits: the step is their sum.
+//   - a wait holds compute until its collective ends. With overlap off communication runs only
+//     while compute waits: the step is their sum;
+//   - on CPU ranks (Hardware::host_copy_bytes_per_s) every byte a rank sends also takes its cores'
+//     time, TCP's and the shared-memory path's copies, added to the compute clock: on emulated
+//     nodes where 4 ranks share 2 cores, the links at 10 Gbit/s cost compute that the overlap alone
+//     did not show (bench/RESULTS.md, 2026-11-27).
 //
 // Bandwidth of a group spanning nodes (ring accounting, ranks placed node by node): a ring over
 // n nodes with m of its ranks on each crosses out of every node once, and that link carries the V
@@ -34,6 +38,10 @@ struct Hardware {
   double intra_latency_s = 0;    // per ring step within a node
   double inter_latency_s = 0;    // per ring step of a ring that crosses nodes
   bool overlap = true;           // communication proceeds while compute runs (GPUs; CPU with spare cores)
+  // CPU ranks: the rate at which a rank's own cores move the bytes it communicates (TCP's and the
+  // shared-memory path's copies), time taken from its compute; 0: none (GPUs, whose copy engines and
+  // NICs move the bytes).
+  double host_copy_bytes_per_s = 0;
 };
 
 // Where a group's ranks are: `size` ranks, `per_node` of them on each of `nodes` nodes.
