@@ -668,6 +668,10 @@ class MpiCommunicator final : public Communicator {
   void make_ring() {
     const char* env = std::getenv("SHARDLM_RING");
     const std::string mode = env ? env : "";
+    if (mode != "" && mode != "auto" && mode != "0" && mode != "1")
+      throw Error(fmt::format("SHARDLM_RING={}: expected 0 (MPI's collectives), 1 (the ring for every group and "
+                              "size) or auto (the ring between nodes; the default)",
+                              mode));
     if (mode == "0") return;
     ring_always_ = mode == "1";
     const HostLayout layout = comm::hosts(*this);
@@ -696,6 +700,7 @@ class MpiCommunicator final : public Communicator {
     args.order = ring_order_.get();
     args.rank = rank_;
     auto ring = std::make_shared<RingCollective>(args);
+    // The flight holds the ring, and the ring borrows the order: the holdup keeps both alive.
     auto holdup = [r = ring.get(), names = ring_names_, order = ring_order_] {
       return fmt::format("{} has not sent {} of the ring", (*names)[size_t(r->waiting_for())], r->progress());
     };
