@@ -278,6 +278,7 @@ std::string describe_launcher() {
 CommTiming timing() { return {}; }
 HostLayout hosts(Communicator& c) { return single_host(c.size()); }
 bool uses_shared_memory(const Communicator&) { return false; }
+bool uses_ring(const Communicator&) { return false; }
 
 std::unique_ptr<Communicator> make_world_communicator() {
   if (launched_by_mpi())

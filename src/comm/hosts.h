@@ -29,5 +29,8 @@ HostLayout single_host(int size);
 // Whether `c`'s collectives go through a shared-memory window (all of its ranks on one host;
 // shm_collectives.h), for logs and tests.
 bool uses_shared_memory(const Communicator& c);
+// Whether `c`'s larger collectives go around the ring of ring_collectives.h (its ranks span hosts,
+// or SHARDLM_RING=1), for logs and tests.
+bool uses_ring(const Communicator& c);
 
 }  // namespace shardlm::comm

@@ -719,6 +719,7 @@ class MpiCommunicator final : public Communicator {
 
   friend HostLayout comm::hosts(Communicator&);
   friend bool comm::uses_shared_memory(const Communicator&);
+  friend bool comm::uses_ring(const Communicator&);
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<ShmGroup> shm_;  // null: the ranks span nodes (or SHARDLM_SHM=0); MPI collectives
@@ -767,6 +768,11 @@ HostLayout hosts(Communicator& c) {
 bool uses_shared_memory(const Communicator& c) {
   const auto* m = dynamic_cast<const MpiCommunicator*>(&c);
   return m && m->shm_ != nullptr;
+}
+
+bool uses_ring(const Communicator& c) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&c);
+  return m && m->ring_comm_ != MPI_COMM_NULL;
 }
 
 

@@ -160,14 +160,16 @@ Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_p
     m.device_replicate = m.device_world->split(replicate_color, r);
   }
   // SHARDLM_PRINT_MESH=1: each rank prints its groups, their hosts and whether they use shared
-  // memory (tests/scripts/multinode.sh checks that a hybrid shard group is a node).
+  // memory or the ring (tests/scripts/multinode.sh checks that a hybrid shard group is a node, and
+  // which groups take which path).
   // No collective here: the setting may reach some ranks only (plain mpirun without -x).
   if (const char* e = std::getenv("SHARDLM_PRINT_MESH"); e && std::string(e) == "1") {
+    auto path = [](const comm::Communicator& c) {
+      return comm::uses_shared_memory(c) ? " shared memory" : comm::uses_ring(c) ? " ring" : "";
+    };
     std::fprintf(stderr, "mesh: rank %d on %s: shard group [%s]%s, replicate group [%s]%s\n", r, host_name().c_str(),
-                 cfg.hybrid() ? members(p.shard_color, shard_color, hl).c_str() : "all",
-                 comm::uses_shared_memory(*m.shard) ? " shared memory" : "",
-                 cfg.hybrid() ? members(p.replicate_color, replicate_color, hl).c_str() : "self",
-                 comm::uses_shared_memory(*m.replicate) ? " shared memory" : "");
+                 cfg.hybrid() ? members(p.shard_color, shard_color, hl).c_str() : "all", path(*m.shard),
+                 cfg.hybrid() ? members(p.replicate_color, replicate_color, hl).c_str() : "self", path(*m.replicate));
     std::fflush(stderr);
   }
   return m;

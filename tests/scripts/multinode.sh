@@ -7,7 +7,8 @@
 #     equal one process's (1e-5 relative);
 #  2. every rank prints its mesh (SHARDLM_PRINT_MESH, given to launch only: settings reach every
 #     node's ranks): a hybrid shard group is the ranks of one node, and only groups within one node
-#     use shared memory; SHARDLM_SHM=0 given to launch turns shared memory off on both nodes;
+#     use shared memory, and every group across the nodes (and none within one) takes the ring
+#     collectives; SHARDLM_SHM=0 given to launch turns shared memory off on both nodes;
 #  3. mpirun --map-by node (ranks 0,2 on one node, 1,3 on the other): hybrid shard groups still
 #     follow the hosts, losses unchanged; nodes of 3 and 1 ranks: refused in one line naming both;
 #  4. a checkpoint written on 2x2 resumes on one node (2 ranks) to the same losses;
@@ -65,7 +66,7 @@ check_mesh() {
   [[ $(wc -l <<<"$lines") -eq 4 && $(grep -c " on $host1:" <<<"$lines") -eq 2 && $(grep -c " on $host2:" <<<"$lines") -eq 2 ]] ||
     { cat "$log"; fail "$log: expected a mesh line from each of 4 ranks, 2 per node (SHARDLM_PRINT_MESH did not reach every node?)"; }
   while read -r line; do
-    # "mesh: rank R on HOST: shard group [R@H R@H] shared memory, replicate group [R@H R@H]"
+    # "mesh: rank R on HOST: shard group [R@H R@H] shared memory, replicate group [R@H R@H] ring"
     local me shard shm_groups
     me=$(sed -E 's/^mesh: rank [0-9]+ on ([^:]+):.*/\1/' <<<"$line")
     shard=$(sed -E 's/.*shard group \[([^]]*)\].*/\1/' <<<"$line")
@@ -78,6 +79,18 @@ check_mesh() {
       [[ -z $g ]] && continue
       [[ $g != "[all]"* && $(grep -oE '@[^] ]+' <<<"$g" | sort -u | wc -l) -eq 1 ]] || fail "shared memory across hosts: $line"
     done <<<"$shm_groups"
+    # Every group that spans both hosts goes around the ring (src/comm/ring_collectives.h), and no
+    # group within one host does.
+    local g hosts_in
+    while read -r g; do
+      [[ -z $g || $g == *"[self]"* ]] && continue
+      [[ $g == *"[all]"* ]] && hosts_in=2 || hosts_in=$(grep -oE '@[^] ]+' <<<"$g" | sort -u | wc -l)
+      if [[ $hosts_in -ge 2 ]]; then
+        [[ $g == *"] ring" ]] || fail "a group across hosts does not use the ring: $line"
+      else
+        [[ $g != *"] ring" ]] || fail "a group within one host uses the ring: $line"
+      fi
+    done < <(grep -oE '(shard|replicate) group \[[^]]*\]( shared memory| ring)?' <<<"$line")
   done <<<"$lines"
 }
 
