@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/ring_collectives.h"
 #include "io/yaml_config.h"
 #include "memory/estimator.h"
 #include "memory/levers.h"
@@ -272,4 +273,38 @@ TEST(Levers, EachStepIsTheEstimateOfTheRunWithItAndTheLastFits) {
   const std::vector<memory::LeverStep> roomy = memory::levers_to_fit(one, with_bf16, false);
   ASSERT_FALSE(roomy.empty());
   EXPECT_EQ(roomy.front().lever, memory::Lever::StateBf16);
+}
+
+// CPU ranks over MPI on several nodes: a group across nodes passes its reductions around the ring
+// (comm/ring_collectives.h), whose scratch the dry run holds from issue to wait as the ring does.
+// Within one node, or on GPUs (NCCL), there is none.
+TEST(MemoryEstimate, RingScratchOnlyForGroupsAcrossNodesOnCpuRanks) {
+  memory::EstimateInput in;
+  in.model = preset("tiny");
+  in.model.hidden_size = 256;
+  in.model.intermediate_size = 688;
+  in.model.num_attention_heads = 4;
+  in.model.num_key_value_heads = 4;
+  in.model.vocab_size = 4096;
+  in.model.num_hidden_layers = 2;
+  in.micro_batch_size = 2;
+  in.seq_len = 32;
+  in.world_size = 4;
+  in.sharding.strategy = shard::Strategy::FullShard;
+  auto comm_peak = [&](int per_node, bool ring) {
+    memory::EstimateInput x = in;
+    x.ranks_per_node = per_node;
+    x.mpi_ring = ring;
+    return memory::estimate(x).peak[size_t(memory::Term::Communication)];
+  };
+  const int64_t plain = comm_peak(2, false);
+  // One decoder layer's gradients (about 1.2M f32, 4.7 MB) reduce-scatter over 4 ranks: 4 lanes of 2
+  // segments of 256 KiB (a quarter of the 1.2 MB chunk, clamped up).
+  const size_t layer = size_t(4 * 256 * 256 + 3 * 256 * 688 + 2 * 256);
+  const int64_t scratch = int64_t(comm::ring_shape(comm::RingOp::ReduceScatter, 4, layer / 4, 4).scratch_bytes);
+  ASSERT_GT(scratch, 0);
+  EXPECT_GE(comm_peak(2, true), plain + scratch);
+  EXPECT_LE(comm_peak(2, true), plain + 2 * int64_t(comm::kRingLanes) * 2 * int64_t(comm::kRingSegmentBytes));
+  EXPECT_EQ(comm_peak(4, true), comm_peak(4, false));  // one node: shared memory and MPI, no ring
+  EXPECT_EQ(comm_peak(0, true), plain);                 // no node count: one node
 }

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 #include "comm/hosts.h"
+#include "comm/ring_collectives.h"
 #include "core/platform.h"
 
 #include <fmt/format.h>
@@ -94,42 +95,57 @@ class LocalCommunicator final : public Communicator {
 
 // One rank's view of a group of `size` ranks in which nothing moves: collectives only count their
 // bytes, and report their issue and wait to the thread's dry-run observer (core/alloc.h: the
-// step-time model replays them). Tensors may have no memory (a dry run of the engine).
+// step-time model replays them). Tensors may have no memory (a dry run of the engine). A group
+// whose real counterpart passes its reductions around the ring (ring_collectives.h) holds the
+// ring's scratch, on the meta device, from issue to wait, as the ring holds it.
 class ShapeCommunicator final : public Communicator {
   // Reports its wait once, when waited for or destroyed unwaited (which waits too).
   class ShapeRequest final : public Request {
    public:
-    explicit ShapeRequest(int64_t id) : id_(id) {}
+    ShapeRequest(int64_t id, Buffer scratch) : id_(id), scratch_(std::move(scratch)) {}
     ~ShapeRequest() override { ShapeRequest::wait(); }
     void wait() override {
       if (!waited_) meta_wait(id_);
       waited_ = true;
+      scratch_ = Buffer();
     }
 
    private:
     int64_t id_;
+    Buffer scratch_;
     bool waited_ = false;
   };
-  std::unique_ptr<Request> issue(int64_t& field, size_t full_bytes, DryCollective kind) {
+  // counted: the bytes count_ring counts; buffer: the collective's buffer, as the MPI communicator
+  // compares it with kRingMinBytes; n, dtype: the ring's (RingCollective::Args).
+  std::unique_ptr<Request> issue(int64_t& field, size_t counted, DryCollective kind, RingOp op, size_t buffer, size_t n,
+                                 DType dtype) {
     const int64_t before = field;
-    count_ring(field, full_bytes);
-    return std::make_unique<ShapeRequest>(meta_collective(this, kind, field - before));
+    count_ring(field, counted);
+    Buffer scratch;
+    if (ring_ && buffer >= kRingMinBytes) {
+      const size_t bytes = ring_shape(op, size_, n, dtype_size(dtype)).scratch_bytes;
+      if (bytes > 0) scratch = Buffer(bytes, MemCategory::Communication, false, Device::Meta, mem_tag::kRingScratch);
+    }
+    return std::make_unique<ShapeRequest>(meta_collective(this, kind, field - before), std::move(scratch));
   }
 
  public:
-  ShapeCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  ShapeCommunicator(int rank, int size, bool ring) : rank_(rank), size_(size), ring_(ring && size > 1) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return fmt::format("shape({} of {})", rank_, size_); }
   Device device() const override { return Device::Meta; }
-  std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor&) override {
-    return issue(stats_.all_gather_bytes, out.nbytes(), DryCollective::AllGather);
+  std::unique_ptr<Request> all_gather_async(const Tensor& out, const Tensor& in) override {
+    return issue(stats_.all_gather_bytes, out.nbytes(), DryCollective::AllGather, RingOp::AllGather, out.nbytes(),
+                 in.nbytes(), DType::U8);
   }
-  std::unique_ptr<Request> reduce_scatter_async(const Tensor&, const Tensor& in, ReduceOp) override {
-    return issue(stats_.reduce_scatter_bytes, in.nbytes(), DryCollective::ReduceScatter);
+  std::unique_ptr<Request> reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp) override {
+    return issue(stats_.reduce_scatter_bytes, in.nbytes(), DryCollective::ReduceScatter, RingOp::ReduceScatter,
+                 in.nbytes(), size_t(out.numel()), in.dtype);
   }
   std::unique_ptr<Request> all_reduce_async(const Tensor& buf, ReduceOp) override {
-    return issue(stats_.all_reduce_bytes, 2 * buf.nbytes(), DryCollective::AllReduce);
+    return issue(stats_.all_reduce_bytes, 2 * buf.nbytes(), DryCollective::AllReduce, RingOp::AllReduce,
+                 buf.nbytes(), size_t(buf.numel()), buf.dtype);
   }
   double all_reduce_sum(double value) override {
     meta_wait(meta_collective(this, DryCollective::Scalar, 0));  // blocking: a latency
@@ -155,6 +171,7 @@ class ShapeCommunicator final : public Communicator {
 
  private:
   int rank_, size_;
+  bool ring_;
 };
 
 }  // namespace
@@ -176,9 +193,9 @@ std::string describe_activity() {
 }
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
-std::unique_ptr<Communicator> make_shape_communicator(int rank, int size) {
+std::unique_ptr<Communicator> make_shape_communicator(int rank, int size, bool ring) {
   SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {}", rank, size);
-  return std::make_unique<ShapeCommunicator>(rank, size);
+  return std::make_unique<ShapeCommunicator>(rank, size, ring);
 }
 
 bool launched_by_mpi() {

@@ -115,8 +115,10 @@ class Communicator {
 std::unique_ptr<Communicator> make_local_communicator();
 // A group of `size` ranks seen from `rank` in which nothing is sent: every collective completes at
 // once and only counts its bytes. Its tensors are on the meta device (core/alloc.h). For dry runs
-// of the engine (the memory estimator).
-std::unique_ptr<Communicator> make_shape_communicator(int rank, int size);
+// of the engine (the memory estimator). `ring`: the real group would pass its collectives around
+// the ring (ring_collectives.h: CPU ranks over MPI, a group across nodes), whose scratch the dry
+// run then holds as the ring does.
+std::unique_ptr<Communicator> make_shape_communicator(int rank, int size, bool ring = false);
 
 // The collective watchdog (MPI): every wait on a collective has a deadline of this many seconds
 // (0: none; 600 unless set). When it passes, the waiting rank prints one line — which collective,

@@ -660,7 +660,6 @@ class MpiCommunicator final : public Communicator {
   // algorithms answer in one or two rounds where the ring takes p - 1). SHARDLM_RING=0 leaves every
   // collective to MPI (to compare); SHARDLM_RING=1 takes the ring for every size, within one node
   // too (so that one machine can test it: with SHARDLM_SHM=0).
-  static constexpr size_t kRingMinBytes = size_t(256) << 10;
   bool use_ring(size_t full_bytes) const {
     return ring_comm_ != MPI_COMM_NULL && (ring_always_ || full_bytes >= kRingMinBytes);
   }

@@ -1,7 +1,37 @@
 // Ring collectives (see ring_collectives.h for the algorithms and their invariants).
-#ifdef SHARDLM_HAVE_MPI
-
 #include "comm/ring_collectives.h"
+
+#include <algorithm>
+
+namespace shardlm::comm {
+
+RingShape ring_shape(RingOp op, int p, size_t n, size_t esize) {
+  RingShape r;
+  if (p < 1 || esize == 0) return r;
+  const bool reduces = op != RingOp::AllGather;
+  r.chunk_n = op == RingOp::AllReduce ? (n + size_t(p) - 1) / size_t(p) : n;
+  // A reduction's chunk is cut into kRingLanes segments or more (of kRingMinSegmentBytes to
+  // kRingSegmentBytes), so that even a small one has several in flight. An all-gather moves each
+  // chunk whole (no scratch); MPI counts are ints, so at most 1 GiB a message.
+  if (reduces) {
+    const size_t quarter = (r.chunk_n + kRingLanes - 1) / kRingLanes * esize;
+    r.segment_n = std::clamp(quarter, kRingMinSegmentBytes, kRingSegmentBytes) / esize;
+  } else {
+    r.segment_n = (size_t(1) << 30) / esize;
+  }
+  r.segment_n = std::max<size_t>(1, std::min(r.chunk_n, r.segment_n));
+  r.segments = int((r.chunk_n + r.segment_n - 1) / r.segment_n);
+  r.steps_per_segment = op == RingOp::AllReduce ? 2 * (p - 1) : p - 1;
+  r.steps = r.chunk_n == 0 ? 0 : r.segments * r.steps_per_segment;
+  if (r.steps == 0) return r;
+  r.lanes = std::min(r.segments, kRingLanes);
+  if (reduces) r.scratch_bytes = size_t(r.lanes) * 2 * r.segment_n * esize;
+  return r;
+}
+
+}  // namespace shardlm::comm
+
+#ifdef SHARDLM_HAVE_MPI
 
 #include <fmt/format.h>
 
@@ -50,20 +80,12 @@ RingCollective::RingCollective(const Args& args) : a_(args) {
   SHARDLM_CHECK(pos_ < p_, "ring collective: rank {} is not on the ring", a_.rank);
   esize_ = dtype_size(a_.dtype);
   const bool reduces = a_.op != RingOp::AllGather;
-  chunk_n_ = a_.op == RingOp::AllReduce ? (a_.n + size_t(p_) - 1) / size_t(p_) : a_.n;
-  // A reduction's chunk is cut into kLanes segments or more (of kMinSegmentBytes to kSegmentBytes),
-  // so that even a small one has several in flight. An all-gather moves each chunk whole (no
-  // scratch); MPI counts are ints, so at most 1 GiB a message.
-  if (reduces) {
-    const size_t quarter = (chunk_n_ + kLanes - 1) / kLanes * esize_;
-    segment_n_ = std::clamp(quarter, kMinSegmentBytes, kSegmentBytes) / esize_;
-  } else {
-    segment_n_ = (size_t(1) << 30) / esize_;
-  }
-  segment_n_ = std::max<size_t>(1, std::min(chunk_n_, segment_n_));
-  segments_ = int((chunk_n_ + segment_n_ - 1) / segment_n_);
-  steps_per_segment_ = a_.op == RingOp::AllReduce ? 2 * (p_ - 1) : p_ - 1;
-  steps_ = chunk_n_ == 0 ? 0 : segments_ * steps_per_segment_;
+  shape_ = ring_shape(a_.op, p_, a_.n, esize_);
+  chunk_n_ = shape_.chunk_n;
+  segment_n_ = shape_.segment_n;
+  segments_ = shape_.segments;
+  steps_per_segment_ = shape_.steps_per_segment;
+  steps_ = shape_.steps;
 
   if (a_.op == RingOp::AllGather) {  // this rank's own chunk, in place in the output
     char* own = at(a_.out, size_t(a_.rank) * a_.n);
@@ -71,8 +93,8 @@ RingCollective::RingCollective(const Args& args) : a_(args) {
   }
   if (p_ == 1 && a_.op == RingOp::ReduceScatter && a_.n > 0) std::memcpy(a_.out, a_.in, a_.n * esize_);
   if (steps_ == 0) return;
-  lanes_ = std::min(segments_, kLanes);
-  if (reduces) scratch_ = Buffer(size_t(lanes_) * 2 * segment_n_ * esize_, MemCategory::Communication, false);
+  lanes_ = shape_.lanes;
+  if (reduces) scratch_ = Buffer(shape_.scratch_bytes, MemCategory::Communication, false, Device::CPU, mem_tag::kRingScratch);
   for (int l = 0; l < lanes_; ++l) {
     Lane& lane = lane_[l];
     lane.steps = (segments_ - l + kLanes - 1) / kLanes * steps_per_segment_;

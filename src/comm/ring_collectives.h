@@ -20,8 +20,8 @@
 //     straight into the output.
 //   all-reduce: a reduce-scatter of the buffer cut into p chunks (the last ones shorter), then an
 //     all-gather of the sums, in place.
-// A reduction's chunks move in segments of at most kSegmentBytes, a whole ring pass per segment,
-// so its scratch stays small whatever the buffer: kLanes segments are in flight at once, each lane
+// A reduction's chunks move in segments of at most kRingSegmentBytes, a whole ring pass per segment,
+// so its scratch stays small whatever the buffer: kRingLanes segments are in flight at once, each lane
 // with two segments of scratch (32 MiB at most). One message at a time would leave the link idle
 // between messages: between 2 emulated nodes at 1 Gbit/s every message cost ~20 ms beyond its bytes
 // (a 2-rank reduce-scatter of 32 MiB in 4 MiB segments took 222 ms where one 16 MiB message took
@@ -38,10 +38,6 @@
 // returned true; its scratch is its own (a Buffer charged to MemCategory::Communication).
 #pragma once
 
-#ifdef SHARDLM_HAVE_MPI
-
-#include <mpi.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -55,16 +51,40 @@ namespace shardlm::comm {
 
 enum class RingOp : uint8_t { AllGather, ReduceScatter, AllReduce };
 
+// The MPI communicator takes the ring for collectives of this many bytes and more (the whole
+// buffer); below, MPI's own algorithms answer in a round or two where the ring takes p - 1.
+inline constexpr size_t kRingMinBytes = size_t(256) << 10;
+// A reduction's chunks move in segments of kRingMinSegmentBytes to kRingSegmentBytes, kRingLanes at once.
+inline constexpr size_t kRingSegmentBytes = size_t(4) << 20;
+inline constexpr size_t kRingMinSegmentBytes = size_t(256) << 10;
+inline constexpr int kRingLanes = 4;
+
+// How a ring collective of p ranks over n elements of esize bytes (RingCollective::Args::n) is cut:
+// computed here alone, for the ring itself and for the memory estimate's dry run, which holds its
+// scratch as the ring does (comm/communicator.h, make_shape_communicator).
+struct RingShape {
+  size_t chunk_n = 0;       // elements per rank's chunk
+  size_t segment_n = 0;     // elements per segment
+  int segments = 0, steps_per_segment = 0, steps = 0, lanes = 0;
+  size_t scratch_bytes = 0;  // held from issue to completion: two segments per lane, for reductions
+};
+RingShape ring_shape(RingOp op, int p, size_t n, size_t esize);
+
+}  // namespace shardlm::comm
+
+#ifdef SHARDLM_HAVE_MPI
+
+#include <mpi.h>
+
+namespace shardlm::comm {
+
 // Where a communicator's ranks sit on the ring: by host (hosts in order of their lowest rank),
 // then by rank, so that each host's ranks are neighbours. host_of[r]: a host index per rank.
 std::vector<int> ring_order(const std::vector<int>& host_of);
 
 class RingCollective {
  public:
-  // A reduction's chunks move in segments of kMinSegmentBytes to kSegmentBytes, kLanes at once.
-  static constexpr size_t kSegmentBytes = size_t(4) << 20;
-  static constexpr size_t kMinSegmentBytes = size_t(256) << 10;
-  static constexpr int kLanes = 4;
+  static constexpr int kLanes = kRingLanes;
 
   struct Args {
     RingOp op = RingOp::AllGather;
@@ -113,8 +133,9 @@ class RingCollective {
   Args a_;
   int p_ = 1, pos_ = 0;
   size_t esize_ = 4;
-  size_t chunk_n_ = 0;      // elements per chunk
-  size_t segment_n_ = 0;    // elements per segment
+  RingShape shape_;
+  size_t chunk_n_ = 0;      // shape_'s, by their old names
+  size_t segment_n_ = 0;
   int segments_ = 1, steps_per_segment_ = 0, steps_ = 0, lanes_ = 0;
   Lane lane_[kLanes];
   Buffer scratch_;          // reductions: the lanes' scratch

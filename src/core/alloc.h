@@ -56,6 +56,7 @@ using MemTag = uint8_t;
 namespace mem_tag {
 constexpr MemTag kNone = 0;
 constexpr MemTag kLossScratch = 1;   // linear_cross_entropy's logits chunk and widened copies
+constexpr MemTag kRingScratch = 2;   // the ring collectives' scratch (comm/ring_collectives.h)
 constexpr MemTag kEngineRole = 16;   // + shard::BufferRole: the sharding engine's buffers
 constexpr MemTag kHost = 0x80;       // or-ed in: host memory standing beside a GPU (offload)
 }  // namespace mem_tag

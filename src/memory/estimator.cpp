@@ -79,6 +79,7 @@ struct Tracker final : MetaObserver {
   static Term term_of(const Buffer& b) {
     if (const std::optional<shard::BufferRole> role = shard::tag_role(b.tag())) return role_term(*role);
     if (b.tag() == mem_tag::kLossScratch) return Term::LossWorkspace;
+    if (b.tag() == mem_tag::kRingScratch) return Term::Communication;
     if (b.category() == MemCategory::Activations) return Term::Activations;
     if (b.category() == MemCategory::OffloadedActivations) return Term::OffloadedActivations;
     SHARDLM_CHECK(b.category() == MemCategory::Workspace, "memory estimate: an untagged {} buffer of {} has no term",
@@ -168,7 +169,7 @@ Estimate estimate(const EstimateInput& in) {
   // buffers, allocated and freed in the order a real run allocates and frees them ----
   shard::ShardingConfig dry = sc;
   dry.offload_params = in.offload;
-  shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn);
+  shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn, in.mpi_ring);
   // The batch's host arrays (the engine counts tokens on the host): every target a real token.
   const int64_t N = in.micro_batch_size * in.seq_len;
   const std::vector<int32_t> ids(size_t(N), 0);

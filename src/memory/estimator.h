@@ -40,7 +40,7 @@ enum class Term : uint8_t {
   Activations,     // what forward keeps for backward (the arena)
   OffloadedActivations,  // the checkpointed layers' inputs in host memory (offload_activations)
   LossWorkspace,   // the cross-entropy chunk of logits and its bf16 widening copies
-  Communication,   // all-gather send buffers, reduce-scatter / all-reduce staging
+  Communication,   // all-gather send buffers, reduce-scatter / all-reduce staging, the ring's scratch
   OtherWorkspace,  // backward gradient buffers of the arena, bf16 widening in matmuls
 };
 constexpr int kNumTerms = 11;
@@ -64,6 +64,9 @@ struct EstimateInput {
   // forward precedes each micro-batch's training visit (LoRA's is the base with adapters off).
   // micro_batch_size counts rows: a pair is two.
   bool preference = false;
+  // CPU ranks over MPI (false: GPUs, whose gradients go over NCCL): a group across nodes passes its
+  // reductions around the ring (comm/ring_collectives.h), whose scratch the dry run then holds.
+  bool mpi_ring = false;
 };
 
 // One piece of a training step's work, in the order the engine did it on rank 0 in the dry run:

@@ -140,7 +140,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             .checkpoint_every = c.activation_checkpointing,
                             .offload_activations = c.offload_activations,
                             .offload = p.sharding.offload_params,
-                            .preference = c.preference};
+                            .preference = c.preference,
+                            .mpi_ring = c.device != Device::CUDA};
   const bool gpu = c.device == Device::CUDA;
   if (p.sharding.auto_strategy) {
     try {
