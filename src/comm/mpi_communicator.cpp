@@ -687,7 +687,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&world);
     auto names = std::make_shared<std::vector<std::string>>();
     for (int r = 0; r < size_; ++r)
-      names->push_back(fmt::format("rank {} on {}", global[size_t(r)], layout.hosts[size_t(layout.host_of[size_t(r)])]));
+      names->push_back(
+          fmt::format("rank {} on {}", global[size_t(r)], layout.hosts[size_t(layout.host_of[size_t(r)])]));
     ring_names_ = std::move(names);
     check_mpi(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup");
   }

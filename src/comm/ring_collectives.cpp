@@ -81,24 +81,19 @@ RingCollective::RingCollective(const Args& args) : a_(args) {
   esize_ = dtype_size(a_.dtype);
   const bool reduces = a_.op != RingOp::AllGather;
   shape_ = ring_shape(a_.op, p_, a_.n, esize_);
-  chunk_n_ = shape_.chunk_n;
-  segment_n_ = shape_.segment_n;
-  segments_ = shape_.segments;
-  steps_per_segment_ = shape_.steps_per_segment;
-  steps_ = shape_.steps;
 
   if (a_.op == RingOp::AllGather) {  // this rank's own chunk, in place in the output
     char* own = at(a_.out, size_t(a_.rank) * a_.n);
     if (a_.in != own && a_.n > 0) std::memcpy(own, a_.in, a_.n * esize_);
   }
   if (p_ == 1 && a_.op == RingOp::ReduceScatter && a_.n > 0) std::memcpy(a_.out, a_.in, a_.n * esize_);
-  if (steps_ == 0) return;
-  lanes_ = shape_.lanes;
-  if (reduces) scratch_ = Buffer(shape_.scratch_bytes, MemCategory::Communication, false, Device::CPU, mem_tag::kRingScratch);
-  for (int l = 0; l < lanes_; ++l) {
+  if (shape_.steps == 0) return;
+  if (reduces)
+    scratch_ = Buffer(shape_.scratch_bytes, MemCategory::Communication, false, Device::CPU, mem_tag::kRingScratch);
+  for (int l = 0; l < shape_.lanes; ++l) {
     Lane& lane = lane_[l];
-    lane.steps = (segments_ - l + kLanes - 1) / kLanes * steps_per_segment_;
-    if (reduces) lane.scratch = at(scratch_.data(), size_t(l) * 2 * segment_n_);
+    lane.steps = (shape_.segments - l + kLanes - 1) / kLanes * shape_.steps_per_segment;
+    if (reduces) lane.scratch = at(scratch_.data(), size_t(l) * 2 * shape_.segment_n);
     post(l);
   }
 }
@@ -111,14 +106,14 @@ RingCollective::~RingCollective() {
 RingCollective::Chunk RingCollective::chunk(int position, int segment) const {
   const size_t c = size_t((*a_.order)[size_t(wrap(position, p_))]);
   const size_t total = a_.op == RingOp::AllReduce ? a_.n : size_t(p_) * a_.n;
-  const size_t begin = std::min(total, c * chunk_n_ + size_t(segment) * segment_n_);
-  const size_t end = std::min({total, c * chunk_n_ + chunk_n_, begin + segment_n_});
+  const size_t begin = std::min(total, c * shape_.chunk_n + size_t(segment) * shape_.segment_n);
+  const size_t end = std::min({total, c * shape_.chunk_n + shape_.chunk_n, begin + shape_.segment_n});
   return {begin, end - begin};
 }
 
 void RingCollective::post(int l) {
   Lane& lane = lane_[l];
-  const int step = lane.step, seg = l + kLanes * (step / steps_per_segment_), s = step % steps_per_segment_;
+  const int spp = shape_.steps_per_segment, step = lane.step, seg = l + kLanes * (step / spp), s = step % spp;
   const bool reduce_step = a_.op == RingOp::ReduceScatter || (a_.op == RingOp::AllReduce && s < p_ - 1);
   const int next = (*a_.order)[size_t(wrap(pos_ + 1, p_))], prev = (*a_.order)[size_t(wrap(pos_ - 1, p_))];
   const void* send;
@@ -128,8 +123,8 @@ void RingCollective::post(int l) {
     out_chunk = chunk(pos_ - s - 1, seg);
     in_chunk = chunk(pos_ - s - 2, seg);
     const void* input = a_.op == RingOp::AllReduce ? a_.out : a_.in;
-    send = s == 0 ? at(input, out_chunk.begin) : at(lane.scratch, size_t((s - 1) % 2) * segment_n_);
-    recv = at(lane.scratch, size_t(s % 2) * segment_n_);
+    send = s == 0 ? at(input, out_chunk.begin) : at(lane.scratch, size_t((s - 1) % 2) * shape_.segment_n);
+    recv = at(lane.scratch, size_t(s % 2) * shape_.segment_n);
   } else {
     const int g = a_.op == RingOp::AllReduce ? s - (p_ - 1) : s;
     out_chunk = chunk(pos_ - g, seg);
@@ -145,24 +140,24 @@ void RingCollective::post(int l) {
 
 void RingCollective::finish_step(int l) {
   Lane& lane = lane_[l];
-  const int step = lane.step, seg = l + kLanes * (step / steps_per_segment_), s = step % steps_per_segment_;
+  const int spp = shape_.steps_per_segment, step = lane.step, seg = l + kLanes * (step / spp), s = step % spp;
   const bool reduce_step = a_.op == RingOp::ReduceScatter || (a_.op == RingOp::AllReduce && s < p_ - 1);
   if (!reduce_step) return;  // an all-gather step received straight into the output
   const Chunk got = chunk(pos_ - s - 2, seg);
-  void* partial = at(lane.scratch, size_t(s % 2) * segment_n_);
+  void* partial = at(lane.scratch, size_t(s % 2) * shape_.segment_n);
   const void* input = a_.op == RingOp::AllReduce ? a_.out : a_.in;
   if (s < p_ - 2) {  // a partial sum to pass on
     sum_to(partial, partial, at(input, got.begin), got.len, a_.dtype);
     return;
   }
   // The last reduce step received the sum of every other rank for this rank's own chunk.
-  void* dst = a_.op == RingOp::AllReduce ? at(a_.out, got.begin) : at(a_.out, size_t(seg) * segment_n_);
+  void* dst = a_.op == RingOp::AllReduce ? at(a_.out, got.begin) : at(a_.out, size_t(seg) * shape_.segment_n);
   sum_to(dst, partial, at(input, got.begin), got.len, a_.dtype);
 }
 
 bool RingCollective::test() {
   bool done = true;
-  for (int l = 0; l < lanes_; ++l) {
+  for (int l = 0; l < shape_.lanes; ++l) {
     Lane& lane = lane_[l];
     while (lane.step < lane.steps) {
       int flag = 0;
@@ -182,8 +177,8 @@ int RingCollective::waiting_for() const { return (*a_.order)[size_t(wrap(pos_ - 
 
 std::string RingCollective::progress() const {
   int done = 0;
-  for (int l = 0; l < lanes_; ++l) done += lane_[l].step;
-  return fmt::format("step {} of {}", std::min(done + 1, steps_), steps_);
+  for (int l = 0; l < shape_.lanes; ++l) done += lane_[l].step;
+  return fmt::format("step {} of {}", std::min(done + 1, shape_.steps), shape_.steps);
 }
 
 }  // namespace shardlm::comm

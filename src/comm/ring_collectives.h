@@ -134,9 +134,6 @@ class RingCollective {
   int p_ = 1, pos_ = 0;
   size_t esize_ = 4;
   RingShape shape_;
-  size_t chunk_n_ = 0;      // shape_'s, by their old names
-  size_t segment_n_ = 0;
-  int segments_ = 1, steps_per_segment_ = 0, steps_ = 0, lanes_ = 0;
   Lane lane_[kLanes];
   Buffer scratch_;          // reductions: the lanes' scratch
 };
