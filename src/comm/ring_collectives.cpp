@@ -35,8 +35,6 @@ RingShape ring_shape(RingOp op, int p, size_t n, size_t esize) {
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <climits>
 #include <cstring>
 #include <numeric>
 

@@ -148,6 +148,13 @@ class RowHead final : public shard::RowObjective {
 
 }  // namespace
 
+namespace {
+int node_ranks(const EstimateInput& in) {  // ranks per node; 0 (unknown): every rank on one node
+  return in.ranks_per_node > 0 ? std::min(in.ranks_per_node, in.world_size) : in.world_size;
+}
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace
+
 Estimate estimate(const EstimateInput& in) {
   const ModelConfig& cfg = in.model;
   const model::FinetuneSpec& ft = in.finetune;
@@ -156,7 +163,7 @@ Estimate estimate(const EstimateInput& in) {
   SHARDLM_CHECK(in.micro_batch_size >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
                 "micro batch, sequence length and accumulation steps must be >= 1");
   const int W = in.world_size;
-  const int rpn = in.ranks_per_node > 0 ? std::min(in.ranks_per_node, W) : W;
+  const int rpn = node_ranks(in);
   const int S = shard::shard_group_size(sc, W, rpn);  // the shard group, as make_mesh forms it
   const bool sharded = sc.shard_optimizer();
   const DType act = sc.param_dtype;  // the trainer computes in the parameter dtype
@@ -169,7 +176,10 @@ Estimate estimate(const EstimateInput& in) {
   // buffers, allocated and freed in the order a real run allocates and frees them ----
   shard::ShardingConfig dry = sc;
   dry.offload_params = in.offload;
-  shard::Mesh mesh = shard::make_shape_mesh(dry, W, rpn, in.mpi_ring);
+  const bool shard_crosses = shard_group_place(in, est).nodes > 1;
+  const bool replicate_crosses = replicate_group_place(in, est).nodes > 1;
+  shard::Mesh mesh =
+      shard::make_shape_mesh(dry, W, rpn, in.mpi_ring && shard_crosses, in.mpi_ring && replicate_crosses);
   // The batch's host arrays (the engine counts tokens on the host): every target a real token.
   const int64_t N = in.micro_batch_size * in.seq_len;
   const std::vector<int32_t> ids(size_t(N), 0);
@@ -224,14 +234,10 @@ Estimate estimate(const EstimateInput& in) {
 
   // ---- communication per step, as the dry run's communicators counted it (ring accounting) ----
   {
-    const bool multi_node = W > rpn;
-    // Consecutive ranks: a hybrid shard group larger than a node crosses nodes; the other
-    // strategies' group is the whole world.
-    const bool shard_crosses = sc.hybrid() ? S > rpn : multi_node;
     const double shard_bytes = double(mesh.shard->stats().total());
     const double replica_bytes = double(mesh.replicate->stats().total());
     est.comm_bytes_per_step = shard_bytes + replica_bytes;
-    est.inter_node_bytes_per_step = (shard_crosses ? shard_bytes : 0) + (multi_node ? replica_bytes : 0);
+    est.inter_node_bytes_per_step = (shard_crosses ? shard_bytes : 0) + (replicate_crosses ? replica_bytes : 0);
   }
   if (ft.lora) {
     est.notes.push_back(fmt::format("LoRA rank {} on {}: {} trainable parameters ({:.3f}% of {}); the base is frozen in {}{}",
@@ -348,6 +354,18 @@ shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::
                                      : " — " + ruled + " > " + budget_s + " budget");
   }
   return pick.s;
+}
+
+GroupPlace shard_group_place(const EstimateInput& in, const Estimate& e) {
+  const int S = e.shard_group, per_node = std::min(S, node_ranks(in));
+  return {.size = S, .nodes = ceil_div(S, per_node), .per_node = per_node};
+}
+
+GroupPlace replicate_group_place(const EstimateInput& in, const Estimate& e) {
+  const int S = e.shard_group, R = in.world_size / S, rpn = node_ranks(in);
+  // Rank 0's replicate group is ranks 0, S, 2S, ...: one per node once a shard group fills a node.
+  const int per_node = S >= rpn ? 1 : std::min(R, rpn / S);
+  return {.size = R, .nodes = ceil_div(R, per_node), .per_node = per_node};
 }
 
 }  // namespace shardlm::memory

@@ -106,6 +106,16 @@ struct Estimate {
 // Throws an Error for impossible layouts (a hybrid shard group that does not divide the world).
 Estimate estimate(const EstimateInput& in);
 
+// Where a group's ranks are: `size` ranks, `per_node` of them on each of `nodes` nodes.
+struct GroupPlace {
+  int size = 1, nodes = 1, per_node = 1;
+};
+// The shard group and the replicate group of rank 0 of `in` (their sizes from e.shard_group), ranks
+// placed node by node as make_mesh places them: which groups cross nodes, for the dry run's mesh
+// (the ring's scratch), the bytes that cross and the step-time model (step_time.h).
+GroupPlace shard_group_place(const EstimateInput& in, const Estimate& e);
+GroupPlace replicate_group_place(const EstimateInput& in, const Estimate& e);
+
 // The table accelerate estimate-memory prints, computed correctly (see docs/memory.md).
 struct AccelerateRow {
   std::string dtype;          // "float32", "float16/bfloat16", "int8", "int4"

@@ -13,20 +13,7 @@ namespace {
 int ranks_per_node(const EstimateInput& in) {
   return in.ranks_per_node > 0 ? std::min(in.ranks_per_node, in.world_size) : in.world_size;
 }
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
-
-GroupPlace shard_group_place(const EstimateInput& in, const Estimate& e) {
-  const int S = e.shard_group, per_node = std::min(S, ranks_per_node(in));
-  return {.size = S, .nodes = ceil_div(S, per_node), .per_node = per_node};
-}
-
-GroupPlace replicate_group_place(const EstimateInput& in, const Estimate& e) {
-  const int S = e.shard_group, R = in.world_size / S, rpn = ranks_per_node(in);
-  // Rank 0's replicate group is ranks 0, S, 2S, ...: one per node once a shard group fills a node.
-  const int per_node = S >= rpn ? 1 : std::min(R, rpn / S);
-  return {.size = R, .nodes = ceil_div(R, per_node), .per_node = per_node};
-}
 
 double collective_seconds(DryCollective kind, int64_t bytes, const GroupPlace& g, int ranks_per_node,
                           const Hardware& hw) {

@@ -44,15 +44,6 @@ struct Hardware {
   double host_copy_bytes_per_s = 0;
 };
 
-// Where a group's ranks are: `size` ranks, `per_node` of them on each of `nodes` nodes.
-struct GroupPlace {
-  int size = 1, nodes = 1, per_node = 1;
-};
-// The shard group and the replicate group of rank 0 of `in` (their sizes from `e`), ranks placed
-// node by node as make_mesh places them.
-GroupPlace shard_group_place(const EstimateInput& in, const Estimate& e);
-GroupPlace replicate_group_place(const EstimateInput& in, const Estimate& e);
-
 // Seconds one collective takes on `g` when nothing else uses the links: `bytes` what each rank
 // sends (ring accounting), ranks_per_node as in the run.
 double collective_seconds(DryCollective kind, int64_t bytes, const GroupPlace& g, int ranks_per_node,

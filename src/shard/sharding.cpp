@@ -175,15 +175,13 @@ Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_p
   return m;
 }
 
-Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node, bool mpi_ring) {
+Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node, bool ring_shard,
+                     bool ring_replicate) {
   Mesh m;
   m.world_size = world_size;
   const int group = shard_group_size(cfg, world_size, ranks_per_node);
-  // Rank 0's groups: the shard group is ranks [0, group), the replicate group 0, group, 2 group, ...
-  // up to world_size - group; a group spans nodes when its last rank is past the first node.
-  const bool nodes = mpi_ring && ranks_per_node > 0;
-  m.shard = comm::make_shape_communicator(0, group, nodes && group > ranks_per_node);
-  m.replicate = comm::make_shape_communicator(0, world_size / group, nodes && world_size - group >= ranks_per_node);
+  m.shard = comm::make_shape_communicator(0, group, ring_shard);
+  m.replicate = comm::make_shape_communicator(0, world_size / group, ring_replicate);
   return m;
 }
 

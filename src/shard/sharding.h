@@ -79,9 +79,10 @@ int shard_group_size(const ShardingConfig& cfg, int world_size, int ranks_per_no
 // GPU, so make the mesh before any CUDA allocation).
 Mesh make_mesh(comm::Communicator& world, const ShardingConfig& cfg, int ranks_per_node, Device device = Device::CPU);
 // Rank 0's view of a mesh with shape-only communicators (comm::make_shape_communicator) on the
-// meta device: what a dry run of the engine (the memory estimator) needs. mpi_ring: CPU ranks over
-// MPI, whose groups across nodes (ranks_per_node > 0, placed node by node) take the ring
-// collectives and hold their scratch.
-Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node, bool mpi_ring = false);
+// meta device: what a dry run of the engine (the memory estimator) needs. ring_shard,
+// ring_replicate: the group's real counterpart takes the ring collectives and holds their scratch
+// (CPU ranks over MPI, a group across nodes: memory::shard_group_place says which).
+Mesh make_shape_mesh(const ShardingConfig& cfg, int world_size, int ranks_per_node, bool ring_shard = false,
+                     bool ring_replicate = false);
 
 }  // namespace shardlm::shard

@@ -382,15 +382,14 @@ struct Bf16Blocks {
   static int64_t pairs_size(const Attn& a, int64_t n) { return (n + kPad - 1) / kPad * kPad / 2 * a.Dp; }
 
   const Attn& a;
-  const bool amx;
   int64_t K2;                       // pairs along the head dimension, (Dh + 1) / 2
   std::vector<uint16_t> even, odd;  // [Dp] a row's bf16 values, zero past Dh
   std::vector<uint16_t> rounded;    // [kB][kB] probabilities rounded to bf16
-  std::optional<AmxScope> tiles;    // configured on this thread while the blocks live, where amx
+  std::optional<AmxScope> tiles;    // configured on this thread while the blocks live, where the CPU has them
   explicit Bf16Blocks(const Attn& attn)
-      : a(attn), amx(cpu_bf16_amx()), K2((attn.Dh + 1) / 2), even(zeros<uint16_t>(attn.Dp)),
-        odd(zeros<uint16_t>(attn.Dp)), rounded(zeros<uint16_t>(kB * kB)) {
-    if (amx) tiles.emplace();
+      : a(attn), K2((attn.Dh + 1) / 2), even(zeros<uint16_t>(attn.Dp)), odd(zeros<uint16_t>(attn.Dp)),
+        rounded(zeros<uint16_t>(kB * kB)) {
+    if (cpu_bf16_amx()) tiles.emplace();
   }
   Bf16Blocks(const Bf16Blocks&) = delete;
   Bf16Blocks& operator=(const Bf16Blocks&) = delete;
@@ -427,7 +426,7 @@ struct Bf16Blocks {
     }
   }
   // Whether a product with n rows goes to the tiles: smaller ones would waste most of a tile.
-  bool on_tiles(int64_t n) const { return amx && n >= 16; }
+  bool on_tiles(int64_t n) const { return tiles.has_value() && n >= 16; }
 
   void over_head(const uint16_t* A, int64_t n, const uint32_t* B, float* C) {
     if (on_tiles(n))

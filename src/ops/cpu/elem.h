@@ -39,6 +39,15 @@ inline void store_span(const Tensor& t, int64_t begin, int64_t n, const float* s
   }
 }
 
+// Where to compute elements [begin, begin + n) of an f32|bf16 tensor in f32: the elements themselves
+// when it is f32, else `scratch`, which finish_out then rounds into the tensor.
+inline float* span_out(const Tensor& t, int64_t begin, float* scratch) {
+  return t.dtype == DType::F32 ? static_cast<float*>(t.data) + begin : scratch;
+}
+inline void finish_out(const Tensor& t, int64_t begin, int64_t n, const float* scratch) {
+  if (t.dtype != DType::F32) store_span(t, begin, n, scratch);
+}
+
 // Row r (of length n) of an f32|bf16 tensor as f32, and its store (span_f32, store_span).
 inline const float* row_f32(const Tensor& t, int64_t r, int64_t n, float* scratch) {
   return span_f32(t, r * n, n, scratch);

@@ -24,14 +24,6 @@ inline void swiglu_grads(float g, float u, float d, float& dg, float& du) {
 
 constexpr int64_t kPiece = 1024;  // elements per piece: each scratch array 4 KiB on the stack
 
-// The destination of a piece of `t` from `begin`: the tensor itself when it is f32, else scratch
-// (then written back by store_span).
-float* span_out(const Tensor& t, int64_t begin, float* scratch) {
-  return t.dtype == DType::F32 ? static_cast<float*>(t.data) + begin : scratch;
-}
-void finish_out(const Tensor& t, int64_t begin, int64_t n, const float* scratch) {
-  if (t.dtype != DType::F32) store_span(t, begin, n, scratch);
-}
 
 }  // namespace
 
