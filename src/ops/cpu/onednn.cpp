@@ -68,8 +68,8 @@ State& state() {
     const Cpuid id = read_cpuid();
     // oneDNN's own answer accounts for the OS (XSAVE state, AMX permission) and DNNL_MAX_CPU_ISA.
     const unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
-    constexpr unsigned kBf16Isa = unsigned(dnnl_cpu_isa_avx512_core_bf16);
-    const bool onednn_bf16 = (isa & kBf16Isa) == kBf16Isa;
+    constexpr unsigned kBf16Isa = unsigned(dnnl_cpu_isa_avx512_core_bf16), kAmxIsa = unsigned(dnnl_cpu_isa_avx512_core_amx);
+    const bool onednn_bf16 = (isa & kBf16Isa) == kBf16Isa, onednn_amx = (isa & kAmxIsa) == kAmxIsa;
     const char* flags = id.amx_bf16 && id.avx512_bf16 ? "amx_bf16, avx512_bf16"
                         : id.amx_bf16                 ? "amx_bf16"
                         : id.avx512_bf16              ? "avx512_bf16"
@@ -87,13 +87,19 @@ State& state() {
     st->status.enabled = st->status.hardware && !off;
     // Attention's block products (ops/cpu/attention.cpp) and decode's bf16 matmuls (the skinny
     // shapes of ops/cpu/matmul.cpp) use the tiles when the CPU has them and the OS grants them, else
-    // AVX512-BF16's dot products and the f32 skinny kernel.
-    st->status.amx = st->status.hardware && id.amx_bf16 && id.amx_tile && id.avx512_bf16 && request_amx_permission();
+    // AVX512-BF16's dot products and the f32 skinny kernel. oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA or
+    // DNNL_MAX_CPU_ISA, e.g. AVX512_CORE_BF16) caps these kernels too: one switch gives an AMX machine
+    // the paths of a CPU with AVX512-BF16 alone (AMD Zen 4), for comparing them.
+    st->status.amx = st->status.hardware && onednn_amx && id.amx_bf16 && id.amx_tile && id.avx512_bf16 &&
+                     request_amx_permission();
     const dnnl_version_t* v = dnnl_version();
     const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
     st->on_line = fmt::format("bf16 matmuls through {} (this CPU has {}); {}", lib, flags,
                               st->status.amx ? "attention's block products and decode's matmuls on AMX tiles"
-                                             : "attention's block products by AVX512-BF16 dot products");
+                              : id.amx_bf16 && !onednn_amx
+                                  ? "attention's block products by AVX512-BF16 dot products (AMX capped by "
+                                    "oneDNN's max ISA)"
+                                  : "attention's block products by AVX512-BF16 dot products");
     st->off_line = fmt::format("bf16 operands widened to f32 for OpenBLAS: {} (this CPU has {})",
                                off ? "SHARDLM_CPU_BF16=0" : "switched off", flags);
     if (st->status.enabled)
