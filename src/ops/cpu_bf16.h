@@ -8,7 +8,8 @@
 // SHARDLM_CPU_BF16 other than 0, 1 or empty is an Error naming it (at the first matmul or status).
 // Attention with bf16 inputs follows the same switch (ops/cpu/attention.cpp): on the bf16 path its
 // block products run on AMX tiles where the CPU and the OS provide them, else by AVX512-BF16 dot
-// products (the bf16 path implies AVX512-BF16: oneDNN's bf16 ISA requires it).
+// products (the bf16 path implies AVX512-BF16: oneDNN's bf16 ISA requires it). oneDNN's ISA cap
+// (ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA) below AVX512_CORE_AMX turns the tiles off too.
 #pragma once
 
 #include <string>
