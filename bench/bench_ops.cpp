@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/q8_0.h"
 #include "core/platform.h"
 #include "core/rng.h"
 #include "ops/cpu_bf16.h"
@@ -172,15 +173,23 @@ void compare_decode(int64_t M, int64_t N, int64_t K, const char* what) {
   const double f32 = time(x.t, w.t, false), skinny = time(x.t, wh.t, false),
                tiles = ops::cpu_bf16_amx() ? time(x.t, wh.t, true) : -1.0, onednn = time(xh.t, wh.t, true),
                widened = time(xh.t, wh.t, false);
+  // The weight in q8_0 (generate --dtype q8_0), read in place: the same kernel on either path.
+  double q8 = -1.0;
+  if (K % kQ8_0Block == 0) {
+    OwnedTensor wq(DType::U8, {N, q8_0_bytes(K)}, MemCategory::Other, false);
+    quantize_q8_0(w.t.f32(), N * K, static_cast<uint8_t*>(wq.t.data));
+    q8 = seconds_best_of(5, [&] { ops::matmul_q8_0(c.t, x.t, wq.t); });
+  }
   ops::set_cpu_bf16_enabled(was);
   auto ms = [](double t) { return t < 0 ? std::string("null") : fmt::format("{:.3f}", t * 1e3); };
   const double nk = double(N) * double(K);
   fmt::print("{{\"impl\": \"decode matmul\", \"what\": \"{}\", \"shape\": \"{}x{}x{} T\", \"f32_ms\": {}, "
              "\"bf16_skinny_ms\": {}, \"bf16_amx_ms\": {}, \"bf16_onednn_ms\": {}, \"bf16_widened_ms\": {}, "
              "\"f32_weight_gbs\": {:.1f}, \"bf16_skinny_weight_gbs\": {:.1f}, \"bf16_amx_weight_gbs\": {}, "
-             "\"threads\": {}}}\n",
+             "\"q8_0_ms\": {}, \"q8_0_weight_gbs\": {}, \"threads\": {}}}\n",
              what, M, N, K, ms(f32), ms(skinny), ms(tiles), ms(onednn), ms(widened), nk * 4 / f32 * 1e-9,
              nk * 2 / skinny * 1e-9, tiles < 0 ? std::string("null") : fmt::format("{:.1f}", nk * 2 / tiles * 1e-9),
+             ms(q8), q8 < 0 ? std::string("null") : fmt::format("{:.1f}", nk * 34 / 32 / q8 * 1e-9),
              platform_info().omp_threads);
 }
 

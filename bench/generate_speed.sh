@@ -4,6 +4,7 @@
 # and batch 8, greedy, one process, every core, for each dtype of DTYPES: shardlm
 # `generate --dtype D` (bf16: weights and KV cache in bf16, f32 math) beside PyTorch with the model
 # in D (bf16: transformers' torch_dtype=torch.bfloat16), then shardlm's bf16 speed over its f32 one.
+# DTYPES may name q8_0 (the decoder's Linear weights in ggml's Q8_0): shardlm alone, over its bf16.
 #   bench/generate_speed.sh [NEW_TOKENS=16] [WORKDIR=/tmp/shardlm_generate_speed] [MODEL_DIR] [DTYPES="f32 bf16"]
 # Model (default): Llama 3.2 1B's shape cut to 4 layers (506M parameters, vocab 128256, tied), f32,
 # random weights, with the Llama 3 tokenizer from ../shared/data (the prompts are text for shardlm;
@@ -59,6 +60,11 @@ PY
 )
     shardlm_load=$(load)
     decode_of[$batch,$dtype]=$decode
+    if [[ $dtype == q8_0 ]]; then  # PyTorch eager has no q8_0 Linear of its own: shardlm alone
+      echo "batch $batch, $dtype, $prompt_tokens prompt tokens: prefill shardlm $prefill tok/s; decode shardlm" \
+        "$decode tok/s; load $shardlm_load"
+      continue
+    fi
     torch_json=$(/usr/bin/python3 bench/torch_generate_bench.py "$model" --batch "$batch" --dtype "$dtype" \
       --prompt-tokens "$prompt_tokens" --new-tokens "$new" --threads "$threads")
     read -r tprefill tdecode < <(echo "$torch_json" | /usr/bin/python3 -c \
@@ -69,5 +75,8 @@ PY
   done
   if [[ -n "${decode_of[$batch,f32]:-}" && -n "${decode_of[$batch,bf16]:-}" ]]; then
     echo "batch $batch: shardlm decode bf16 / f32 = $(ratio "${decode_of[$batch,bf16]}" "${decode_of[$batch,f32]}")x"
+  fi
+  if [[ -n "${decode_of[$batch,q8_0]:-}" && -n "${decode_of[$batch,bf16]:-}" ]]; then
+    echo "batch $batch: shardlm decode q8_0 / bf16 = $(ratio "${decode_of[$batch,q8_0]}" "${decode_of[$batch,bf16]}")x"
   fi
 done

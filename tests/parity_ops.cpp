@@ -7,6 +7,7 @@
 #include "cpu_paths.h"
 #include "ops/cpu_bf16.h"
 #include "ops/dynamic_map.h"
+#include "core/q8_0.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -55,6 +56,68 @@ TEST(Parity, Matmul) {
       const double atol = 1e-5 * std::sqrt(double(k)) * 4;
       EXPECT_TRUE(all_close(out, c.f32("c"), atol, 1e-5, c.name + (bf16_path ? " (bf16 path)" : " (f32 path)")));
     }
+  }
+}
+
+// A q8_0 weight (`generate --dtype q8_0`; core/q8_0.h) against the reference's own quantizer and
+// float64 product (tests/torch_ref/ref_matmul_q8_0.py):
+//  - shardlm's quantizer gives the reference's bytes, bit for bit;
+//  - a decode step (M <= 8) reads the blocks in place and is exact in f32 on either CPU path (the
+//    tolerance of Parity.Matmul), and bit for bit matmul on the dequantized f32 weight;
+//  - a prefill (M > 8) on the bf16 path rounds x and the dequantized weight to bf16 (each <= 2^-9
+//    relative): within 2^-7 of |x| . |w|; on the f32 path exact as above.
+TEST(Parity, MatmulQ8_0) {
+  int cases = 0;
+  for (bool bf16_path : cpu_paths()) {
+    const CpuPath path(bf16_path);
+    for (const RefCase& c : load_ref_cases("matmul_q8_0")) {
+      const int64_t m = c.params["m"], n = c.params["n"], k = c.params["k"];
+      const std::string label = c.name + (bf16_path ? " (bf16 path)" : " (f32 path)");
+      const std::vector<float> w = c.f32("w");
+      const std::vector<int32_t> want_q = c.i32("wq");
+      std::vector<uint8_t> q(size_t(n * q8_0_bytes(k)));
+      ASSERT_EQ(q.size(), want_q.size()) << label;
+      quantize_q8_0(w.data(), n * k, q.data());
+      for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(int(q[i]), want_q[i]) << label << " byte " << i;
+      const std::vector<float> a = c.f32("a"), want = c.f32("c"), size = c.f32("cabs");
+      const Tensor W = Tensor::view(q.data(), DType::U8, {n, q8_0_bytes(k)});
+      std::vector<float> out = c.f32("c0");
+      ops::matmul_q8_0(view(out, {m, n}), Tensor::view(const_cast<float*>(a.data()), DType::F32, {m, k}), W,
+                       c.params["alpha"], c.params["beta"]);
+      if (m > 8 && bf16_path) {
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], want[i], 0x1p-7 * std::fabs(double(c.params["alpha"])) * size[i] + 1e-5) << label << " [" << i << "]";
+      } else {
+        EXPECT_TRUE(all_close(out, want, 1e-5 * std::sqrt(double(k)) * 4, 1e-5, label));
+      }
+      if (m <= 8) {  // bit for bit the f32 weight's product
+        std::vector<float> deq(size_t(n * k)), f32_out = c.f32("c0");
+        dequantize_q8_0(q.data(), n * k, deq.data());
+        ops::matmul(view(f32_out, {m, n}), Tensor::view(const_cast<float*>(a.data()), DType::F32, {m, k}),
+                    view(deq, {n, k}), false, true, c.params["alpha"], c.params["beta"]);
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], f32_out[i]) << label << " [" << i << "]";
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// Shapes that are not a q8_0 weight's are errors that name them.
+TEST(Parity, MatmulQ8_0RejectsWhatIsNotQ8_0) {
+  std::vector<float> a(64), c(2);
+  std::vector<uint8_t> q(2 * 68);
+  auto call = [&](int64_t k, int64_t bytes) {
+    ops::matmul_q8_0(view(c, {1, 2}), Tensor::view(a.data(), DType::F32, {1, k}),
+                     Tensor::view(q.data(), DType::U8, {2, bytes}));
+  };
+  EXPECT_NO_THROW(call(64, 68));
+  EXPECT_THROW(call(64, 64), Error);  // rows of 64 bytes: not 2 blocks
+  try {
+    call(48, 51);  // K not a multiple of 32
+    FAIL() << "K = 48 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul_q8_0"), std::string::npos) << e.what();
   }
 }
 

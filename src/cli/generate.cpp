@@ -131,11 +131,9 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
   return rows;
 }
 
-// --dtype: what generation holds its weights and KV cache in.
-DType generate_dtype(const Opts& o) { return dtype_flag("--dtype", o.dtype, {DType::F32, DType::BF16}); }
-
 void run_generate(const Opts& o) {
-  const DType dtype = generate_dtype(o);
+  const GenerationDtype held = generation_dtype(o.dtype);
+  const DType dtype = held.dtype;
   // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
   // rank 0 writes results and notes.
   const bool writer = (o.split.device_map.empty() && o.split.tensor_parallel == 0) || world().rank() == 0;
@@ -211,7 +209,8 @@ void run_generate(const Opts& o) {
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
-                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
+                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0},
+                                cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
   infer::Generator gen(cfg, params.compute_weights(), max_len, batch, split.pipeline, split.tp,
@@ -317,11 +316,7 @@ void register_generate(CLI::App& app) {
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
                   "(W + scale * B A, before any --dtype bf16 rounding; nothing is written; `shardlm merge` "
                   "writes a merged copy)");
-  cmd->add_option("--dtype", o->dtype,
-                  "What the weights and the KV cache are held in: f32, or bf16 (half the memory and about "
-                  "twice the decode speed; rounded once after loading, 4-bit and --adapter merging, which "
-                  "run in f32; activations, norms, softmax and logits stay f32)")
-      ->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, kGenerationDtypeHelp)->capture_default_str();
   cmd->add_flag("--load-in-4bit", o->load_in_4bit,
                 "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and generate "
                 "from their dequantized values");
@@ -377,7 +372,7 @@ void register_generate(CLI::App& app) {
     infer::check_sampling(o->s);
     // Flag errors before anything is read.
     check_model_split_flags(o->split);
-    generate_dtype(*o);
+    generation_dtype(o->dtype);
     kv_cache_options(o->kv_cache, DType::F32);
     run_generate(*o);
   });

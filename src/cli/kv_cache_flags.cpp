@@ -11,6 +11,22 @@ namespace {
 constexpr int64_t kMaxBlockSize = int64_t(1) << 20;
 }
 
+GenerationDtype generation_dtype(const std::string& value) {
+  if (value == "q8_0" || value == "Q8_0") return {DType::BF16, true};
+  try {
+    const DType d = parse_dtype(value);
+    if (d == DType::F32 || d == DType::BF16) return {d, false};
+  } catch (const Error&) {
+  }
+  throw Error(fmt::format("--dtype {}: expected f32, bf16 or q8_0", value));
+}
+
+const char* const kGenerationDtypeHelp =
+    "What the weights and the KV cache are held in: f32; bf16 (half the memory and about twice the decode speed "
+    "of f32); or q8_0 (the decoder's Linear weights in ggml's Q8_0 blocks, 8 bits and a scale per 32, read as "
+    "they are stored in decode; the other weights and the KV cache in bf16). Rounded or quantized once after "
+    "loading, 4-bit and --adapter merging, which run in f32; activations, norms, softmax and logits stay f32";
+
 void add_kv_cache_flags(CLI::App* cmd, KvCacheFlags& f) {
   cmd->add_option("--kv-block-size", f.block_size,
                   "Positions per block of the paged KV cache: a sequence takes blocks as it grows and gives them "

@@ -1,5 +1,5 @@
-// The KV cache's flags, the same on `generate` and `serve`: --kv-block-size and --kv-cache-memory
-// (infer/kv_cache.h).
+// The flags of what generation holds, the same on `generate` and `serve`: --dtype (the weights and
+// the KV cache) and the KV cache's --kv-block-size and --kv-cache-memory (infer/kv_cache.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,6 +11,17 @@
 #include "infer/kv_cache.h"
 
 namespace shardlm::cli {
+
+// --dtype: f32, bf16, or q8_0 (the decoder's Linear weights in q8_0, the other weights and the KV
+// cache in bf16). Anything else is an Error naming the flag and the choices.
+struct GenerationDtype {
+  DType dtype = DType::F32;  // the weights' (all but q8_0 ones) and the KV cache's
+  bool q8_0 = false;
+  const char* name() const { return q8_0 ? "q8_0" : dtype_name(dtype); }
+};
+GenerationDtype generation_dtype(const std::string& value);
+// The flag's help text, shared by generate and serve.
+extern const char* const kGenerationDtypeHelp;
 
 struct KvCacheFlags {
   int64_t block_size = infer::kDefaultKvBlockSize;

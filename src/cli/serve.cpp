@@ -58,7 +58,8 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 void run_serve(const Opts& o) {
-  const DType dtype = dtype_flag("--dtype", o.dtype, {DType::F32, DType::BF16});
+  const GenerationDtype held = generation_dtype(o.dtype);
+  const DType dtype = held.dtype;
   uint64_t max_body = 0;
   try {
     max_body = io::parse_size(o.max_body);
@@ -110,7 +111,8 @@ void run_serve(const Opts& o) {
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
-                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype}, cfg, params,
+                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0},
+                                cfg, params,
                                 [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, split.pipeline, split.tp,
                        kv_cache_options(o.kv_cache, dtype));
@@ -156,7 +158,7 @@ void run_serve(const Opts& o) {
   std::fprintf(stderr,
                "serve: model '%s' (chat format %s, %s), up to %lld requests at a time of up to %lld tokens (KV "
                "cache: blocks of %lld positions, %s each, up to %lld = %s%s)\nserve: listening on http://%s:%d\n",
-               so.model_id.c_str(), data::chat_format_name(chat.format), dtype_name(dtype), (long long)o.max_batch,
+               so.model_id.c_str(), data::chat_format_name(chat.format), held.name(), (long long)o.max_batch,
                (long long)max_len, (long long)kv.block_size, format_bytes(kv.bytes_per_block).c_str(),
                (long long)kv.capacity, format_bytes(kv.capacity * kv.bytes_per_block).c_str(),
                over_ranks ? " per rank" : "", o.host.c_str(), port);
@@ -191,11 +193,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--adapter", o->adapter,
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
                   "(before any --dtype bf16 rounding)");
-  cmd->add_option("--dtype", o->dtype,
-                  "What the weights and the KV caches are held in: f32, or bf16 (half the memory and about "
-                  "twice the decode speed; rounded once after loading, 4-bit and --adapter merging, which run "
-                  "in f32; activations, norms, softmax and logits stay f32)")
-      ->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, kGenerationDtypeHelp)->capture_default_str();
   CLI::Option* stop_ids = cmd->add_option(
       "--stop-token-ids", o->stop_token_ids,
       "Token ids that end every completion, separated by commas, replacing the default set (the tokenizer's EOS, "

@@ -52,8 +52,17 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
                             const std::function<void(const std::string&)>& note) {
   SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, "generation holds weights in f32 or bf16, not {}",
                 dtype_name(w.dtype));
+  SHARDLM_CHECK(!w.q8_0 || w.dtype == DType::BF16, "q8_0 weights go with bf16 for the others, not {}",
+                dtype_name(w.dtype));
   load_f32(w, cfg, params, note);
-  if (w.dtype == DType::BF16) {
+  if (w.q8_0) {
+    std::vector<std::string> left;
+    const int n = params.keep_only_q8_0(&left);
+    note(fmt::format("{} Linear weights quantized to q8_0, the rest rounded to bf16: {:.1f} MiB{}", n,
+                     double(params.bytes()) / (1 << 20),
+                     left.empty() ? "" : fmt::format(" ({} kept in bf16, rows not whole blocks of 32, e.g. {})",
+                                                     left.size(), left.front())));
+  } else if (w.dtype == DType::BF16) {
     params.keep_only_bf16();
     note(fmt::format("weights rounded to bf16: {:.1f} MiB", double(params.bytes()) / (1 << 20)));
   }

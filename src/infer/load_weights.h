@@ -16,6 +16,8 @@ struct InferenceWeights {
   bool load_in_4bit = false;
   std::string load_in_4bit_role = "load_in_4bit";  // what the caller calls 4-bit loading, in notes
   DType dtype = DType::F32;  // the weights generation holds: f32, or bf16 (rounded once, at the end)
+  // With dtype bf16: the decoder's Linear weights in q8_0 instead (ParamStore::keep_only_q8_0).
+  bool q8_0 = false;
 };
 
 // Loads the model's weights into `params` (f32) with what `load_in_4bit` and `adapter` ask for,
@@ -33,7 +35,8 @@ struct InferenceWeights {
 // keep the slices (a transient whole f32 copy per rank: the same weights as one process).
 // With dtype bf16, all of that is done in f32 first, then every weight is rounded to bf16 once and
 // the f32 weights freed (ParamStore::keep_only_bf16): `params` holds bf16 weights alone, and its
-// compute_weights() must be taken after this call.
+// compute_weights() must be taken after this call. With q8_0 the decoder's Linear weights are
+// quantized to q8_0 from f32 instead (ParamStore::keep_only_q8_0), the rest rounded to bf16.
 // Neither 4-bit path saves memory here (the NF4 base is dequantized): both are about its values.
 void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, ParamStore& params,
                             const std::function<void(const std::string&)>& note);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/q8_0.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
 #include "model/nf4_loader.h"
@@ -55,6 +56,7 @@ void ParamStore::bind() {
   const model::TensorLookup lookup = [&](const std::string& name) {
     const Where& w = where(name);
     const Unit& u = units_[w.unit];
+    if (!u.own.empty()) return u.own.at(name).t;
     return entry_view(compute_dtype_ == DType::F32 ? u.master : u.compute, *w.entry);
   };
   compute_ = {};
@@ -63,7 +65,7 @@ void ParamStore::bind() {
 }
 
 Tensor ParamStore::master(const std::string& name) const {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
   const Where& w = where(name);
   return entry_view(units_[w.unit].master, *w.entry);
 }
@@ -88,14 +90,14 @@ const std::vector<int64_t>& ParamStore::whole_shape(const std::string& name) con
 
 void ParamStore::init_random(uint64_t seed) {
   SHARDLM_CHECK(!split_.active(), "random initialization of a store split over ranks");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
   for (Unit& u : units_)
     shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
   const model::Nf4ModelReader stored(weights, cfg_);
@@ -172,7 +174,7 @@ void ParamStore::load_slices(const ParamStore& whole) {
 void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
   SHARDLM_CHECK(!partial_ && !split_.active(), "cannot save a model from a store that holds only some of its parts");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
   io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
@@ -199,7 +201,7 @@ void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard
 
 void ParamStore::sync_compute() {
   if (compute_dtype_ == DType::F32) return;
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
   for (Unit& u : units_) ops::cast(u.compute.t, u.master.t);
 }
 
@@ -216,11 +218,48 @@ void ParamStore::keep_only_bf16() {
   bind();
 }
 
+int ParamStore::keep_only_q8_0(std::vector<std::string>* left_bf16) {
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed already");
+  int quantized = 0;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    for (const shard::FlatEntry& e : u.layout.entries) {
+      const Tensor w = entry_view(u.master, e);
+      const int64_t cols = e.info.shape.back();
+      if (model::quantized_by_qlora(parts_[k], e.info) && cols % kQ8_0Block == 0) {
+        const int64_t rows = w.numel() / cols;
+        OwnedTensor q(DType::U8, {rows, q8_0_bytes(cols)}, MemCategory::Parameters, false);
+        try {
+          quantize_q8_0(w.f32(), w.numel(), static_cast<uint8_t*>(q.t.data));
+        } catch (Error& err) {
+          err.set_tensor(e.info.name);
+          throw;
+        }
+        u.own.emplace(e.info.name, std::move(q));
+        ++quantized;
+        continue;
+      }
+      if (model::quantized_by_qlora(parts_[k], e.info) && left_bf16) left_bf16->push_back(e.info.name);
+      OwnedTensor h(DType::BF16, e.info.shape.data(), int(e.info.shape.size()), MemCategory::Parameters, false);
+      ops::cast(h.t, w);
+      u.own.emplace(e.info.name, std::move(h));
+    }
+    u.master = OwnedTensor();
+    u.compute = OwnedTensor();
+  }
+  compute_dtype_ = DType::BF16;
+  masters_freed_ = true;
+  bind();
+  return quantized;
+}
+
 int64_t ParamStore::bytes() const {
   int64_t n = 0;
-  for (const Unit& u : units_)
+  for (const Unit& u : units_) {
     for (const OwnedTensor* t : {&u.master, &u.compute})
       if (t->t.defined()) n += int64_t(t->t.nbytes());
+    for (const auto& [name, t] : u.own) n += int64_t(t.t.nbytes());
+  }
   return n;
 }
 

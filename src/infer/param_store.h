@@ -78,6 +78,12 @@ class ParamStore {
   // included) as compute_weights(), which must be taken again afterwards. master(), init_random(),
   // load(), save() and sync_compute() are errors from then on.
   void keep_only_bf16();
+  // For generation in q8_0: as keep_only_bf16, except that the decoder's Linear weights (those QLoRA
+  // would quantize, model::quantized_by_qlora) whose rows are whole q8_0 blocks become q8_0
+  // (core/q8_0.h): u8 tensors [rows, cols / 32 * 34] that compute_weights() binds, for
+  // ops::matmul_q8_0. Every tensor is then held on its own (no flat buffers). Returns how many were
+  // quantized; the names of those left in bf16 (rows not whole blocks of 32) go to `left_bf16`.
+  int keep_only_q8_0(std::vector<std::string>* left_bf16 = nullptr);
   // Bytes of weights held now (f32 masters and compute copies).
   int64_t bytes() const;
 
@@ -85,6 +91,8 @@ class ParamStore {
   struct Unit {
     shard::FlatLayout layout;
     OwnedTensor master, compute;
+    // keep_only_q8_0: every tensor on its own by name (q8_0 u8, or bf16), master and compute freed.
+    std::map<std::string, OwnedTensor> own;
   };
   struct Where {
     size_t unit;
@@ -103,7 +111,7 @@ class ParamStore {
   std::map<std::string, std::vector<int64_t>> whole_shapes_;  // with a split
   DType compute_dtype_;
   bool partial_ = false;  // some parts left out (PartFilter)
-  bool masters_freed_ = false;  // keep_only_bf16: the bf16 compute copies alone
+  bool masters_freed_ = false;  // keep_only_bf16 or keep_only_q8_0: the compute weights alone
   std::vector<model::ModelPart> parts_;  // the parts held, one per unit
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;

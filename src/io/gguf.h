@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/q8_0.h"
 #include "io/atomic_file.h"
 
 namespace shardlm::io {
@@ -32,12 +33,10 @@ inline constexpr uint32_t kGgufAlignment = 32;
 enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, BF16 = 30 };
 const char* ggml_type_name(GgmlType t);  // "F32", "F16", "Q8_0", "BF16"
 
-// Q8_0: blocks of 32 consecutive elements of a row, each stored as an f16 scale d = max|x| / 127
-// followed by 32 int8 q = round(x / d) (half away from zero; all 0 when d is 0), so x ~ d * q.
-inline constexpr int64_t kQ8_0Block = 32;
-inline constexpr int64_t kQ8_0BlockBytes = 2 + kQ8_0Block;
-// Quantizes n f32 values (n a multiple of 32) into n / 32 blocks at `out`.
-void quantize_q8_0(const float* x, int64_t n, uint8_t* out);
+// Q8_0: ggml's blocks of an f16 scale and 32 int8 (core/q8_0.h, which generation shares).
+using shardlm::kQ8_0Block;
+using shardlm::kQ8_0BlockBytes;
+using shardlm::quantize_q8_0;
 // Bytes of n elements of type t (n a multiple of 32 for Q8_0).
 uint64_t ggml_nbytes(GgmlType t, int64_t n);
 

@@ -157,9 +157,15 @@ LlamaWeights bind_weights(const ModelConfig& c, const TensorLookup& lookup) {
 // ---- forward of one block ------------------------------------------------------------------
 
 namespace {
+// y = x W^T + beta * y: W f32|bf16, or q8_0 (u8 rows of blocks, core/q8_0.h: only generation with
+// --dtype q8_0 binds such weights, infer/param_store.h).
+void project(const Tensor& y, const Tensor& x, const Tensor& w, float beta = 0.0f) {
+  if (w.dtype == DType::U8) return ops::matmul_q8_0(y, x, w, 1.0f, beta);
+  ops::matmul(y, x, w, false, true, 1.0f, beta);
+}
 // y = x W^T (+ b).
 void linear(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
-  ops::matmul(y, x, w, false, true);
+  project(y, x, w);
   if (b.defined()) ops::add_bias(y, b);
 }
 // Copy src into dst (same element count, any float dtypes).
@@ -298,20 +304,20 @@ void decoder_block_forward(const ModelConfig& c, const LayerWeights& w, const Bl
   // ranks: this rank's partial sum, the residual on one rank only, then the sum of all of them).
   const float residual = tp.residual ? 1.0f : 0.0f;
   if (tp.residual) copy(a.h1, a.x_in);
-  ops::matmul(a.h1, a.att, w.wo, false, true, 1.0f, residual);
+  project(a.h1, a.att, w.wo, residual);
   if (w.bo.defined() && tp.residual) ops::add_bias(a.h1, w.bo);
   lora(M::O, w.wo, a.h1, a.att);
   if (tp.sum) tp.sum(a.h1);
   ops::rmsnorm_forward(a.xn2, a.rstd2, a.h1, w.mlp_norm, eps);
-  ops::matmul(a.gate, a.xn2, w.w_gate, false, true);
+  project(a.gate, a.xn2, w.w_gate);
   lora(M::Gate, w.w_gate, a.gate, a.xn2);
-  ops::matmul(a.up, a.xn2, w.w_up, false, true);
+  project(a.up, a.xn2, w.w_up);
   lora(M::Up, w.w_up, a.up, a.xn2);
   ops::swiglu_forward(a.act, a.gate, a.up);
   // out = h1 + down_proj(act).
   if (out.defined()) {
     if (tp.residual) copy(out, a.h1);
-    ops::matmul(out, a.act, w.w_down, false, true, 1.0f, residual);
+    project(out, a.act, w.w_down, residual);
   }
   lora(M::Down, w.w_down, out, a.act);
   if (tp.sum) {

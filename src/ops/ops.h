@@ -37,6 +37,11 @@ constexpr int32_t kIgnoreIndex = -100;  // a target that contributes no loss (Py
 // false, 1, 1) to accumulate.
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a = false,
             bool trans_b = false, float alpha = 1.0f, float beta = 0.0f);
+// A Linear layer on a q8_0 weight (core/q8_0.h; generation's `--dtype q8_0`):
+// C = alpha * A W^T + beta * C, A [M, K] f32, W [N, K] as N rows of K / 32 q8_0 blocks (u8
+// [N, K / 32 * 34]; K a multiple of 32), C [M, N] f32. CPU only. A decode step (M <= 8) reads the
+// blocks in place and is bit for bit matmul on the dequantized f32 weight (ops/cpu/matmul.cpp).
+void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha = 1.0f, float beta = 0.0f);
 
 // ---- Embedding -------------------------------------------------------------------------------
 // out[i, :] = weight[ids[i], :].  weight [V, D] f32|bf16, ids [N] i32, out [N, D] f32|bf16.

@@ -5,7 +5,7 @@
 #     GQA model (4 query heads, 2 key-value heads: one kv head per rank), a tied-embedding model,
 #     with --adapter and --load-in-4bit (merged / rounded whole, then sliced), a bitsandbytes NF4
 #     directory (double-quantized; each rank dequantizes its slices), and on 4 ranks (an MHA
-#     model: 4 kv heads);
+#     model: 4 kv heads); with --dtype bf16 and --dtype q8_0;
 #  2. serve on 2 ranks: a completion with logprobs equals the single-process server's (the text,
 #     and every logprob within 1e-5: the logits, all-reduced in another order), streamed too; a
 #     request of 4 prompts into a KV cache of 12 blocks preempts on both and gives the same texts
@@ -93,6 +93,14 @@ same lora1 lora2
 gen bf16one m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype bf16 --prefill-chunk 4 --adapter "$work/lora"
 tp bf16two 2 m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype bf16 --prefill-chunk 4 --adapter "$work/lora"
 same bf16one bf16two
+# q8_0 Linear weights (--dtype q8_0): each rank quantizes its slices, whose blocks are the whole
+# weight's (o_proj's 32 columns per rank are one block; down_proj's 86 are not whole blocks and stay
+# bf16 on both, as its 172 do in one process).
+gen q8one m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype q8_0 --prefill-chunk 4
+tp q8two 2 m --prompts "$work/p.jsonl" --batch-size 3 --temperature 0 --dtype q8_0 --prefill-chunk 4
+same q8one q8two
+grep -q "12 Linear weights quantized to q8_0" "$work/q8one.err" || fail "q8one: no q8_0 weights: $(cat "$work/q8one.err")"
+grep -q "12 Linear weights quantized to q8_0" "$work/q8two.err" || fail "q8two: no q8_0 weights: $(cat "$work/q8two.err")"
 
 # A bitsandbytes NF4 directory (double quantization) as transformers saves it, made from m by
 # tests/torch_ref/nf4_reference.py's quantizer (as bnb_cli.sh does).

@@ -22,6 +22,13 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/q8_0.h"
 
 #include "ops/cpu/amx.h"
 #include "ops/cpu/cpu_ops.h"
@@ -73,10 +80,47 @@ inline vfloat vload_f32(const bf16_t* p) {  // bf16 is the top half of an f32: w
 inline float widen(float x) { return x; }
 inline float widen(bf16_t x) { return bf16_to_f32(x); }
 
+// A q8_0 weight (core/q8_0.h) where the kernels take a float* or bf16_t* one: element `at` of the
+// weight whose first block is at `base` (rows of K elements, K a multiple of 32, so a row starts a
+// block). Its values are d * q, exact in f32: the kernel on a q8_0 weight (skinny_tile's q8_0
+// overload) gives bit for bit its result on the dequantized f32 weight.
+struct Q8Elems {
+  const uint8_t* base;
+  int64_t at = 0;
+  Q8Elems operator+(int64_t n) const { return {base, at + n}; }
+  const uint8_t* block() const { return base + at / kQ8_0Block * kQ8_0BlockBytes; }
+  float scale() const {  // of the block that holds element `at`
+    uint16_t h;
+    std::memcpy(&h, block(), 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return std::bit_cast<float>(bits::f16_to_f32(h));
+#endif
+  }
+};
+static_assert(kQ8_0Block % kLanes == 0, "a vector of a q8_0 weight must lie in one block");
+typedef int8_t vq8_unaligned __attribute__((vector_size(kLanes), aligned(1), may_alias));
+typedef int32_t vint32 __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// kLanes int8 as f32. By intrinsics where there are vectors: GCC 12 turns __builtin_convertvector from
+// int8 (to int32 or f32) into one scalar conversion per element, 4x slower decode.
+inline vfloat widen_q8(const uint8_t* p) {
+#if defined(__AVX512F__)
+  static_assert(kLanes == 16);
+  return std::bit_cast<vfloat>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#elif defined(__AVX2__)
+  static_assert(kLanes == 8);
+  return std::bit_cast<vfloat>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  return __builtin_convertvector(__builtin_convertvector(*reinterpret_cast<const vq8_unaligned*>(p), vint32), vfloat);
+#endif
+}
+
 // c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
+// W: the weight's element pointer (const float*, const bf16_t*) or Q8Elems.
 template <int R, int C, class W>
-inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t K,
-                        float alpha, float beta) {
+inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t K, float alpha,
+                        float beta) {
   vfloat acc[R][C] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
@@ -101,18 +145,53 @@ inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, cons
     }
 }
 
+// The q8_0 tile: the loop above with the weight read block by block (each row's scale converted once
+// per block, not per vector). The same multiply-adds in the same order as the loop above on the
+// dequantized weight (a vector's values d * q are exact), so still bit for bit its result.
+template <int R, int C>
+inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, Q8Elems b, int64_t ldb, int64_t K,
+                        float alpha, float beta) {
+  vfloat acc[R][C] = {};
+  const uint8_t* rows[C];
+  for (int j = 0; j < C; ++j) rows[j] = (b + j * ldb).block();
+  for (int64_t k = 0; k < K; k += kQ8_0Block) {
+    const int64_t blk = k / kQ8_0Block * kQ8_0BlockBytes;
+    if constexpr (C == 1) __builtin_prefetch(rows[0] + blk + kPrefetchAhead);
+    float d[C];
+    for (int j = 0; j < C; ++j) d[j] = Q8Elems{rows[j] + blk}.scale();
+    for (int64_t h = 0; h < kQ8_0Block; h += kLanes) {
+      vfloat w[C];
+      for (int j = 0; j < C; ++j)
+        w[j] = widen_q8(rows[j] + blk + 2 + h) * d[j];
+      for (int r = 0; r < R; ++r) {
+        const vfloat x = vload(a + r * lda + k + h);
+        for (int j = 0; j < C; ++j) acc[r][j] += x * w[j];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) {
+      float sum = 0.0f;
+      for (int l = 0; l < kLanes; ++l) sum += acc[r][j][l];
+      float& out = c[r * ldc + j];
+      out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
+    }
+}
+
 // Rows [0, R) of A against rows [0, cols) of B, cols <= kTileCols.
 template <int R, class W>
-inline void skinny_rows(float* c, int64_t ldc, const float* a, int64_t lda, const W* b, int64_t ldb, int64_t cols,
+inline void skinny_rows(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t cols,
                         int64_t K, float alpha, float beta) {
   if (cols == kTileCols) return skinny_tile<R, kTileCols>(c, ldc, a, lda, b, ldb, K, alpha, beta);
   for (int64_t j = 0; j < cols; ++j) skinny_tile<R, 1>(c + j, ldc, a, lda, b + j * ldb, ldb, K, alpha, beta);
 }
 
 template <class W>
-void skinny_bt(float* c, const float* a, const W* b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+void skinny_bt(float* c, const float* a, W b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                float alpha, float beta) {
-  const int64_t width = M <= 2 ? 1 : kTileCols, tiles = (N + width - 1) / width;
+  // A q8_0 weight's tiles are always wide: its dot products are one chain of multiply-adds each, and
+  // a one-row tile waited on that chain (at M = 1 it read 19 GB/s of q8_0 in one-row tiles).
+  const int64_t width = M <= 2 && !std::is_same_v<W, Q8Elems> ? 1 : kTileCols, tiles = (N + width - 1) / width;
   parallel_region(M * N * K >= kMinParallelWork, [&] {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
@@ -120,7 +199,7 @@ void skinny_bt(float* c, const float* a, const W* b, int64_t M, int64_t N, int64
       for (int64_t m = 0; m < M; m += kTileRows) {
         float* ct = c + m * N + n;
         const float* at = a + m * lda;
-        const W* bt = b + n * ldb;
+        const W bt = b + n * ldb;
         switch (std::min<int64_t>(kTileRows, M - m)) {
           case 1: skinny_rows<1>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
           case 2: skinny_rows<2>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
@@ -322,6 +401,47 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
                 int(N), int(K), alpha, a, int(A.shape[1]), b, int(B.shape[1]), beta, c, int(N));
 
   if (C.dtype == DType::BF16) convert_f32_to_bf16(c, static_cast<bf16_t*>(C.data), size_t(M * N));
+}
+
+// ---- q8_0 weights (ops::matmul_q8_0) ---------------------------------------------------------------
+// A decode step's rows (M <= kSkinnyRows) take the skinny kernel above with the weight read in
+// place, block by block, and dequantized in registers: half the bytes of a bf16 weight, and bit for
+// bit the f32 kernel's result on the dequantized weight, so a row's result does not depend on M.
+// More rows (a prefill) dequantize the whole weight once, into the dtype matmul's own paths want
+// (bf16 on the bf16 path: d * q rounded once; else exact f32), and multiply as matmul does: the
+// dequantization is O(N K) beside the product's O(M N K).
+static bool q8_0_skinny(const Tensor& C) { return C.shape[0] <= kSkinnyRows; }
+
+Buffer matmul_q8_0_scratch(const Tensor& C, const Tensor& A, const Tensor& W, Device device) {
+  if (C.numel() == 0 || q8_0_skinny(C)) return {};
+  const size_t esize = cpu_bf16_enabled() ? 2 : 4;
+  return Buffer(size_t(W.shape[0] * A.shape[1]) * esize, MemCategory::Workspace, false, device);
+}
+
+void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha, float beta) {
+  const int64_t M = C.shape[0], N = C.shape[1], K = A.shape[1];
+  if (C.numel() == 0) return;
+  const uint8_t* q = static_cast<const uint8_t*>(W.data);
+  if (q8_0_skinny(C)) {
+    skinny_bt(static_cast<float*>(C.data), static_cast<const float*>(A.data), Q8Elems{q}, M, N, K, K, K, alpha, beta);
+    return;
+  }
+  const Buffer scratch = matmul_q8_0_scratch(C, A, W, Device::CPU);
+  const int64_t row_bytes = q8_0_bytes(K);
+  const bool bf16 = cpu_bf16_enabled();
+  parallel_region(N * K >= kMinParallelWork, [&] {
+    std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      if (bf16) {
+        dequantize_q8_0(q + n * row_bytes, K, row.data());
+        convert_f32_to_bf16(row.data(), static_cast<bf16_t*>(scratch.data()) + n * K, size_t(K));
+      } else {
+        dequantize_q8_0(q + n * row_bytes, K, static_cast<float*>(scratch.data()) + n * K);
+      }
+    }
+  });
+  matmul(C, A, Tensor::view(scratch.data(), bf16 ? DType::BF16 : DType::F32, {N, K}), false, true, alpha, beta);
 }
 
 }  // namespace shardlm::ops::cpu
