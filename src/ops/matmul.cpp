@@ -1,3 +1,5 @@
+#include <tuple>
+
 #include "core/q8_0.h"
 #include "ops/check.h"
 #include "ops/cpu/cpu_ops.h"
@@ -31,12 +33,10 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
 
 void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha, float beta) {
   constexpr const char* op = "matmul_q8_0";
-  check_usable(op, "A", A);
-  check_usable(op, "W", W);
-  check_usable(op, "C", C);
-  check_dtype(op, "A", A, {DType::F32});
-  check_dtype(op, "W", W, {DType::U8});
-  check_dtype(op, "C", C, {DType::F32});
+  for (const auto& [name, t, dtype] : {std::tuple{"A", &A, DType::F32}, {"W", &W, DType::U8}, {"C", &C, DType::F32}}) {
+    check_usable(op, name, *t);
+    check_dtype(op, name, *t, {dtype});
+  }
   SHARDLM_CHECK(A.ndim == 2 && W.ndim == 2 && C.ndim == 2, "matmul_q8_0: expected 2-D operands, got A {}, W {}, C {}",
                 A.describe(), W.describe(), C.describe());
   const int64_t M = A.shape[0], K = A.shape[1], N = W.shape[0];

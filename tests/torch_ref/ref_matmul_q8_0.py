@@ -28,8 +28,9 @@ def quantize(w):
 
 
 def cases():
-    # M <= 8: a decode step (the weight read in place); 9 and 33: a prefill (dequantized first).
-    shapes = [(1, 37, 64), (3, 20, 96), (8, 65, 1024), (9, 33, 128), (33, 17, 256)]
+    # M <= 8: a decode step (the weight read in place); 9, 33 and 12: a prefill (dequantized 256 rows at
+    # a time: 600 rows are 3 blocks, the last partial, into a C that keeps beta * C0).
+    shapes = [(1, 37, 64), (3, 20, 96), (8, 65, 1024), (9, 33, 128), (33, 17, 256), (12, 600, 64)]
     for i, (m, n, k) in enumerate(shapes):
         a = torch.randn(m, k)
         w = torch.randn(n, k) * 0.05

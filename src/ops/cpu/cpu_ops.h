@@ -29,9 +29,13 @@ CrossEntropyScratch cross_entropy_scratch(const Tensor& x, const Tensor& w, int6
                                           Device device);
 
 void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, bool trans_b, float alpha, float beta);
-// matmul_q8_0: none for a decode step's rows; for more, the weight dequantized whole ([N, K] bf16 on
-// the bf16 path, else f32), besides what the matmul it then calls takes.
-Buffer matmul_q8_0_scratch(const Tensor& C, const Tensor& A, const Tensor& W, Device device);
+// matmul_q8_0: none for a decode step's rows; for more, a block of up to 256 of the weight's rows
+// dequantized (bf16 on the bf16 path, else f32; [rows, K]) and that block's columns of C ([M, rows]
+// f32), besides what the matmul it then calls takes.
+struct MatmulQ8Scratch {
+  Buffer w, c;
+};
+MatmulQ8Scratch matmul_q8_0_scratch(const Tensor& C, const Tensor& A, const Tensor& W, Device device);
 void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha, float beta);
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids);
 void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor& ids);

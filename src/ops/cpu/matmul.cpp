@@ -405,17 +405,21 @@ void matmul(const Tensor& C, const Tensor& A, const Tensor& B, bool trans_a, boo
 
 // ---- q8_0 weights (ops::matmul_q8_0) ---------------------------------------------------------------
 // A decode step's rows (M <= kSkinnyRows) take the skinny kernel above with the weight read in
-// place, block by block, and dequantized in registers: half the bytes of a bf16 weight, and bit for
-// bit the f32 kernel's result on the dequantized weight, so a row's result does not depend on M.
-// More rows (a prefill) dequantize the whole weight once, into the dtype matmul's own paths want
-// (bf16 on the bf16 path: d * q rounded once; else exact f32), and multiply as matmul does: the
-// dequantization is O(N K) beside the product's O(M N K).
+// place, block by block, and dequantized in registers: bit for bit the f32 kernel's result on the
+// dequantized weight, so a row's result does not depend on M. More rows (a prefill chunk) take the
+// weight kQ8Rows rows at a time: dequantized into a block that stays in cache (bf16 on the bf16
+// path, d * q rounded once; else exact f32) and multiplied as matmul does into a block of C. Whole,
+// the dequantized weight went to memory and back: a 84-token prefill of a 1.2B model took 2.5x
+// bf16's time (bench/RESULTS.md, session 11).
+constexpr int64_t kQ8Rows = 256;
 static bool q8_0_skinny(const Tensor& C) { return C.shape[0] <= kSkinnyRows; }
 
-Buffer matmul_q8_0_scratch(const Tensor& C, const Tensor& A, const Tensor& W, Device device) {
+MatmulQ8Scratch matmul_q8_0_scratch(const Tensor& C, const Tensor& A, const Tensor& W, Device device) {
   if (C.numel() == 0 || q8_0_skinny(C)) return {};
+  const int64_t rows = std::min(kQ8Rows, W.shape[0]);
   const size_t esize = cpu_bf16_enabled() ? 2 : 4;
-  return Buffer(size_t(W.shape[0] * A.shape[1]) * esize, MemCategory::Workspace, false, device);
+  return {Buffer(size_t(rows * A.shape[1]) * esize, MemCategory::Workspace, false, device),
+          Buffer(size_t(C.shape[0] * rows) * 4, MemCategory::Workspace, false, device)};
 }
 
 void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha, float beta) {
@@ -426,22 +430,32 @@ void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha,
     skinny_bt(static_cast<float*>(C.data), static_cast<const float*>(A.data), Q8Elems{q}, M, N, K, K, K, alpha, beta);
     return;
   }
-  const Buffer scratch = matmul_q8_0_scratch(C, A, W, Device::CPU);
+  const MatmulQ8Scratch scratch = matmul_q8_0_scratch(C, A, W, Device::CPU);
   const int64_t row_bytes = q8_0_bytes(K);
   const bool bf16 = cpu_bf16_enabled();
-  parallel_region(N * K >= kMinParallelWork, [&] {
-    std::vector<float> row(static_cast<size_t>(K));
+  float* c = static_cast<float*>(C.data);
+  float* cb = static_cast<float*>(scratch.c.data());  // C's columns [n0, n0 + rows), [M, rows]
+  for (int64_t n0 = 0; n0 < N; n0 += kQ8Rows) {
+    const int64_t rows = std::min(kQ8Rows, N - n0);
+    parallel_region(rows * K >= kMinParallelWork, [&] {
+      std::vector<float> row(static_cast<size_t>(bf16 ? K : 0));
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      if (bf16) {
-        dequantize_q8_0(q + n * row_bytes, K, row.data());
-        convert_f32_to_bf16(row.data(), static_cast<bf16_t*>(scratch.data()) + n * K, size_t(K));
-      } else {
-        dequantize_q8_0(q + n * row_bytes, K, static_cast<float*>(scratch.data()) + n * K);
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* src = q + (n0 + r) * row_bytes;
+        if (!bf16) {
+          dequantize_q8_0(src, K, static_cast<float*>(scratch.w.data()) + r * K);
+          continue;
+        }
+        dequantize_q8_0(src, K, row.data());
+        for (int64_t k = 0; k < K; ++k) static_cast<bf16_t*>(scratch.w.data())[r * K + k] = f32_to_bf16(row[size_t(k)]);
       }
-    }
-  });
-  matmul(C, A, Tensor::view(scratch.data(), bf16 ? DType::BF16 : DType::F32, {N, K}), false, true, alpha, beta);
+    });
+    if (beta != 0.0f)
+      for (int64_t m = 0; m < M; ++m) std::copy_n(c + m * N + n0, rows, cb + m * rows);
+    matmul(Tensor::view(cb, DType::F32, {M, rows}), A,
+           Tensor::view(scratch.w.data(), bf16 ? DType::BF16 : DType::F32, {rows, K}), false, true, alpha, beta);
+    for (int64_t m = 0; m < M; ++m) std::copy_n(cb + m * rows, rows, c + m * N + n0);
+  }
 }
 
 }  // namespace shardlm::ops::cpu
