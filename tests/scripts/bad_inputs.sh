@@ -268,6 +268,7 @@ row weights_missing_tensor  "missing.*'model\.layers\.1\.mlp\.down_proj\.weight'
 row weights_extra_tensor    "extra.*'model\.layers\.0\.mlp\.surprise\.weight'"          T model="$d_extra"
 row weights_nan             "'model\.layers\.0\.self_attn\.q_proj\.weight'.*(NaN|finite)" T model="$d_nan"
 row generate_nan            "'model\.layers\.0\.self_attn\.q_proj\.weight'.*(NaN|finite)" S generate --model "$d_nan" --prompt hi --max-new-tokens 2
+row generate_nan_q8_0       "'model\.layers\.0\.self_attn\.q_proj\.weight'.*(NaN|finite)" S generate --model "$d_nan" --prompt hi --max-new-tokens 2 --dtype q8_0
 # training YAML
 printf 'model: [%s\noutput_dir: %s\n' "$m" "$out" > "$fx/malformed.yaml"
 sed 's/^max_steps:/max_stepz:/' "$cfg" > "$fx/unknown_key.yaml"
