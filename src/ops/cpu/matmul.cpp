@@ -1,4 +1,4 @@
-// Matrix multiply. Three paths, chosen per call:
+// Matrix multiply. Three paths, chosen per call, and a fourth for q8_0 weights:
 //  - skinny: a few f32 rows times a transposed f32 or bf16 weight into f32 (a decode step: x W^T
 //    with M = the batch, at most kSkinnyRows), by skinny_bt below, on every x86-64 CPU: each
 //    weight row is read once, straight from memory, bf16 widened to f32 in registers (a 16-bit
@@ -14,6 +14,8 @@
 //    bf16 x bf16 products accumulated in f32, C written in its own dtype. An f32 operand beside a
 //    bf16 one (the f32 gradient buffers of the backward) is rounded to a bf16 Workspace copy: the
 //    policy of the CUDA matmul, and of torch.autocast.
+//  - q8_0 (ops::matmul_q8_0, at the end of this file): a decode step's rows take the skinny path with
+//    the weight's blocks read in place; more rows dequantize it in blocks and take the paths above.
 //  - f32: OpenBLAS sgemm. bf16 operands are widened to f32 first (into a Workspace buffer):
 //    OpenBLAS 0.3.21 has sbgemm only for some CPUs, and widening costs O(n^2) against the O(n^3)
 //    multiply. Skinny shapes whose A or C is bf16 are widened and take skinny_bt too.
@@ -117,7 +119,7 @@ inline vfloat widen_q8(const uint8_t* p) {
 }
 
 // c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
-// W: the weight's element pointer (const float*, const bf16_t*) or Q8Elems.
+// W: the weight's element pointer (const float*, const bf16_t*); a q8_0 weight takes the overload below.
 template <int R, int C, class W>
 inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t K, float alpha,
                         float beta) {
