@@ -106,6 +106,10 @@ typedef int8_t vq8_unaligned __attribute__((vector_size(kLanes), aligned(1), may
 typedef int32_t vint32 __attribute__((vector_size(kLanes * sizeof(int32_t))));
 // kLanes int8 as f32. By intrinsics where there are vectors: GCC 12 turns __builtin_convertvector from
 // int8 (to int32 or f32) into one scalar conversion per element, 4x slower decode.
+// (GCC 12's AVX-512 conversion intrinsics start from an undefined vector, which -O3's
+// -Wmaybe-uninitialized reports from inside its own header.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 inline vfloat widen_q8(const uint8_t* p) {
 #if defined(__AVX512F__)
   static_assert(kLanes == 16);
@@ -117,6 +121,7 @@ inline vfloat widen_q8(const uint8_t* p) {
   return __builtin_convertvector(__builtin_convertvector(*reinterpret_cast<const vq8_unaligned*>(p), vint32), vfloat);
 #endif
 }
+#pragma GCC diagnostic pop
 
 // c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
 // W: the weight's element pointer (const float*, const bf16_t*); a q8_0 weight takes the overload below.
