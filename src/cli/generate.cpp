@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/kv_cache_flags.h"
+#include "cli/generation_flags.h"
 #include "cli/model_split.h"
 #include "infer/load_weights.h"
 #include "comm/communicator.h"

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/kv_cache_flags.h"
+#include "cli/generation_flags.h"
 #include "cli/model_split.h"
 #include "comm/communicator.h"
 #include "infer/load_weights.h"

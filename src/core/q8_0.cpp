@@ -40,9 +40,7 @@ void dequantize_q8_0(const uint8_t* q, int64_t n, float* out) {
   SHARDLM_CHECK(n % kQ8_0Block == 0, "Q8_0 needs a multiple of {} elements, not {}", kQ8_0Block, n);
   for (int64_t b = 0; b < n / kQ8_0Block; ++b) {
     const uint8_t* qb = q + b * kQ8_0BlockBytes;
-    uint16_t dh;
-    std::memcpy(&dh, qb, 2);
-    const float d = std::bit_cast<float>(bits::f16_to_f32(dh));
+    const float d = q8_0_scale(qb);
     for (int64_t j = 0; j < kQ8_0Block; ++j) out[b * kQ8_0Block + j] = d * float(int8_t(qb[2 + j]));
   }
 }

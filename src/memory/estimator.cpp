@@ -148,10 +148,11 @@ class RowHead final : public shard::RowObjective {
 
 }  // namespace
 
-namespace {
-int node_ranks(const EstimateInput& in) {  // ranks per node; 0 (unknown): every rank on one node
+int ranks_per_node(const EstimateInput& in) {
   return in.ranks_per_node > 0 ? std::min(in.ranks_per_node, in.world_size) : in.world_size;
 }
+
+namespace {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
 
@@ -163,7 +164,7 @@ Estimate estimate(const EstimateInput& in) {
   SHARDLM_CHECK(in.micro_batch_size >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
                 "micro batch, sequence length and accumulation steps must be >= 1");
   const int W = in.world_size;
-  const int rpn = node_ranks(in);
+  const int rpn = ranks_per_node(in);
   const int S = shard::shard_group_size(sc, W, rpn);  // the shard group, as make_mesh forms it
   const bool sharded = sc.shard_optimizer();
   const DType act = sc.param_dtype;  // the trainer computes in the parameter dtype
@@ -357,12 +358,12 @@ shard::Strategy choose_strategy(const EstimateInput& base, int64_t budget, std::
 }
 
 GroupPlace shard_group_place(const EstimateInput& in, const Estimate& e) {
-  const int S = e.shard_group, per_node = std::min(S, node_ranks(in));
+  const int S = e.shard_group, per_node = std::min(S, ranks_per_node(in));
   return {.size = S, .nodes = ceil_div(S, per_node), .per_node = per_node};
 }
 
 GroupPlace replicate_group_place(const EstimateInput& in, const Estimate& e) {
-  const int S = e.shard_group, R = in.world_size / S, rpn = node_ranks(in);
+  const int S = e.shard_group, R = in.world_size / S, rpn = ranks_per_node(in);
   // Rank 0's replicate group is ranks 0, S, 2S, ...: one per node once a shard group fills a node.
   const int per_node = S >= rpn ? 1 : std::min(R, rpn / S);
   return {.size = R, .nodes = ceil_div(R, per_node), .per_node = per_node};

@@ -106,6 +106,9 @@ struct Estimate {
 // Throws an Error for impossible layouts (a hybrid shard group that does not divide the world).
 Estimate estimate(const EstimateInput& in);
 
+// Ranks per node of `in`: its ranks_per_node, at most the world; 0 (unknown) is every rank on one node.
+int ranks_per_node(const EstimateInput& in);
+
 // Where a group's ranks are: `size` ranks, `per_node` of them on each of `nodes` nodes.
 struct GroupPlace {
   int size = 1, nodes = 1, per_node = 1;

@@ -9,12 +9,6 @@
 
 namespace shardlm::memory {
 
-namespace {
-int ranks_per_node(const EstimateInput& in) {
-  return in.ranks_per_node > 0 ? std::min(in.ranks_per_node, in.world_size) : in.world_size;
-}
-}  // namespace
-
 double collective_seconds(DryCollective kind, int64_t bytes, const GroupPlace& g, int ranks_per_node,
                           const Hardware& hw) {
   const int p = g.size;

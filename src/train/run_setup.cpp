@@ -134,6 +134,7 @@ std::string what_to_try(const memory::EstimateInput& in, int64_t budget, bool gp
 MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size, int node_ranks, bool enforce_budget) {
   MemoryPlan p;
   p.sharding = c.sharding;
+  const bool gpu = c.device == Device::CUDA;
   memory::EstimateInput est{.model = in.model, .finetune = in.finetune, .sharding = p.sharding, .world_size = world_size,
                             .ranks_per_node = node_ranks, .micro_batch_size = in.B, .seq_len = in.T,
                             .grad_accum = c.gradient_accumulation_steps,
@@ -141,8 +142,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const RunInputs& in, int world_size
                             .offload_activations = c.offload_activations,
                             .offload = p.sharding.offload_params,
                             .preference = c.preference,
-                            .mpi_ring = c.device != Device::CUDA};
-  const bool gpu = c.device == Device::CUDA;
+                            .mpi_ring = !gpu};
   if (p.sharding.auto_strategy) {
     try {
       p.sharding.strategy = est.sharding.strategy =

@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -91,15 +90,6 @@ struct Q8Elems {
   int64_t at = 0;
   Q8Elems operator+(int64_t n) const { return {base, at + n}; }
   const uint8_t* block() const { return base + at / kQ8_0Block * kQ8_0BlockBytes; }
-  float scale() const {  // of the block that holds element `at`
-    uint16_t h;
-    std::memcpy(&h, block(), 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return std::bit_cast<float>(bits::f16_to_f32(h));
-#endif
-  }
 };
 static_assert(kQ8_0Block % kLanes == 0, "a vector of a q8_0 weight must lie in one block");
 typedef int8_t vq8_unaligned __attribute__((vector_size(kLanes), aligned(1), may_alias));
@@ -165,7 +155,7 @@ inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, Q8El
     const int64_t blk = k / kQ8_0Block * kQ8_0BlockBytes;
     if constexpr (C == 1) __builtin_prefetch(rows[0] + blk + kPrefetchAhead);
     float d[C];
-    for (int j = 0; j < C; ++j) d[j] = Q8Elems{rows[j] + blk}.scale();
+    for (int j = 0; j < C; ++j) d[j] = q8_0_scale(rows[j] + blk);
     for (int64_t h = 0; h < kQ8_0Block; h += kLanes) {
       vfloat w[C];
       for (int j = 0; j < C; ++j)
@@ -454,7 +444,7 @@ void matmul_q8_0(const Tensor& C, const Tensor& A, const Tensor& W, float alpha,
           continue;
         }
         dequantize_q8_0(src, K, row.data());
-        for (int64_t k = 0; k < K; ++k) static_cast<bf16_t*>(scratch.w.data())[r * K + k] = f32_to_bf16(row[size_t(k)]);
+        convert_f32_to_bf16(row.data(), static_cast<bf16_t*>(scratch.w.data()) + r * K, size_t(K));
       }
     });
     if (beta != 0.0f)

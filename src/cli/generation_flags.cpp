@@ -1,4 +1,4 @@
-#include "cli/kv_cache_flags.h"
+#include "cli/generation_flags.h"
 
 #include <fmt/format.h>
 
