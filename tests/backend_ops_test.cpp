@@ -180,9 +180,6 @@ struct Case {
   // when a GPU is present or SHARDLM_BACKEND_OPS_LARGE=1 (the CPU reference takes seconds).
   bool large = false;
   std::function<void(Case&)> build;
-  // An op with no other backend (attention_forward_paged: generation runs on the CPU): the CPU
-  // harness checks only, and other backends print that they do not run it.
-  bool cpu_only = false;
 };
 
 Arg in(std::string name, DType t, std::vector<int64_t> shape, const std::vector<float>& v) {
@@ -627,17 +624,27 @@ std::vector<Case> make_cases() {
     cases.push_back(std::move(b));
   }
 
-  // paged attention (one sequence's keys and values in blocks of a KV cache), CPU only
-  for (const AT& a : {AT{1, 1, 37, 4, 2, 16, F, 16}, AT{1, 6, 37, 4, 1, 64, H, 5}, AT{1, 1, 64, 2, 2, 128, H, 64}}) {
-    const int64_t block = a.seg_len, nb = (a.Tk + block - 1) / block;  // seg_len: the block size here
-    const std::vector<int64_t> qs{1, a.Tq, a.Hq, a.Dh}, bs{block, a.Hkv, a.Dh}, ls{1, a.Hq, a.Tq};
+  // paged attention (one sequence's keys and values in blocks of a KV cache): f32 or bf16 blocks
+  // beside f32 queries (generation's activations), more blocks than the keys need (a sequence's
+  // reserved ones), a block of one position and one block for all.
+  struct PT {
+    int64_t Tq, Tk, Hq, Hkv, Dh;
+    DType qt, kvt;
+    int64_t block, spare;  // positions per block; blocks past those the Tk keys fill
+  };
+  for (const PT& a : {PT{1, 37, 4, 2, 16, F, F, 16, 0}, PT{6, 37, 4, 1, 64, H, H, 5, 0}, PT{1, 64, 2, 2, 128, H, H, 64, 0},
+                      PT{3, 40, 4, 2, 64, F, H, 16, 1}, PT{1, 9, 2, 1, 32, F, F, 1, 2}}) {
+    const int64_t nb = (a.Tk + a.block - 1) / a.block + a.spare;
+    const std::vector<int64_t> qs{1, a.Tq, a.Hq, a.Dh}, bs{a.block, a.Hkv, a.Dh}, ls{1, a.Hq, a.Tq};
     Case f;
     f.op = "attention_forward_paged";
-    f.label = fmt::format("{} Tq={} Tk={} H={} Hkv={} Dh={} blocks of {}", dn(a.t), a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh,
-                          block);
-    f.args = {out("out", a.t, qs), out("lse", F, ls), in("q", a.t, qs, randn(rng, numel_of(qs)))};
+    // Labelled by q's dtype first, as the other attention cases (a bf16 one runs on the CPU's bf16 path too).
+    f.label = fmt::format("{}{} Tq={} Tk={} H={} Hkv={} Dh={} {} blocks of {}", dn(a.qt),
+                          a.kvt == a.qt ? "" : fmt::format(" kv {}", dn(a.kvt)), a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, nb,
+                          a.block);
+    f.args = {out("out", a.qt, qs), out("lse", F, ls), in("q", a.qt, qs, randn(rng, numel_of(qs)))};
     for (int64_t i = 0; i < 2 * nb; ++i)  // k blocks, then v blocks
-      f.args.push_back(in(fmt::format("{}{}", i < nb ? "k" : "v", i % nb), a.t, bs, randn(rng, numel_of(bs))));
+      f.args.push_back(in(fmt::format("{}{}", i < nb ? "k" : "v", i % nb), a.kvt, bs, randn(rng, numel_of(bs))));
     const int64_t Tk = a.Tk;
     f.run = [nb, Tk, scale = 1.0f / std::sqrt(float(a.Dh))](const std::vector<Tensor>& t) {
       const std::vector<Tensor> k(t.begin() + 3, t.begin() + 3 + nb), v(t.begin() + 3 + nb, t.begin() + 3 + 2 * nb);
@@ -645,7 +652,6 @@ std::vector<Case> make_cases() {
       return std::vector<double>{};
     };
     f.tol = {1e-5, 1e-4};
-    f.cpu_only = true;
     cases.push_back(std::move(f));
   }
 
@@ -1455,10 +1461,6 @@ int run_all(const std::string& which) {
     for (Device dev : backends) {
       // A large case's CPU-against-itself run only repeats seconds of CPU work when a GPU is there.
       if (c.large && dev == Device::CPU && have_cuda) continue;
-      if (c.cpu_only && dev != Device::CPU) {
-        fmt::print("not  {:<5} {:<21} {}: a CPU-only op\n", device_name(dev), c.op, c.label);
-        continue;
-      }
       const RunResult got = run_case(c, dev);
       const std::string err = compare(c, got, ref);
       ++checks;

@@ -349,3 +349,23 @@ TEST(Batch, ALongPromptJoiningMidStreamDelaysTheOthersByOneChunkPerStep) {
     EXPECT_EQ(steps, chunk > 0 ? int((longp.size() + chunk - 1) / chunk) + 1 : 2) << "chunk " << chunk;
   }
 }
+
+// ParamStore::move_to (generate --device cuda): to where the weights are already is nothing, and
+// q8_0 weights, which only a CPU kernel reads, are refused by name before anything moves. The
+// move itself and the Generator on a GPU are gpu_generate's (skipped without a GPU).
+TEST(ParamStore, MoveToWhereTheWeightsAreChangesNothingAndQ8_0StaysOnTheCpu) {
+  const ModelConfig cfg = gen_config();
+  infer::ParamStore p(cfg, DType::F32);
+  p.init_random(3);
+  const Tensor before = p.compute_weights().embed;
+  p.move_to(Device::CPU);
+  EXPECT_EQ(p.compute_weights().embed.data, before.data);
+  EXPECT_EQ(p.device(), Device::CPU);
+  EXPECT_NO_THROW(p.master("model.embed_tokens.weight"));  // nothing was moved or freed
+
+  infer::ParamStore q(cfg, DType::F32);
+  q.init_random(3);
+  ASSERT_GT(q.keep_only_q8_0(), 0);
+  expect_error([&] { q.move_to(Device::CUDA); }, "q8_0 weights stay on the CPU");
+  EXPECT_EQ(q.device(), Device::CPU);
+}

@@ -35,6 +35,7 @@ struct Opts {
   std::string model, prompt, prompts, output, adapter, chat_format = "auto";
   ModelSplitFlags split;                         // none: the whole model in each process
   std::string dtype = "f32";                     // --dtype: the weights' and the KV cache's
+  std::string device = "cpu";                    // --device: where they are and the forward runs
   std::vector<std::string> stop;
   std::string stop_token_ids;  // --stop-token-ids, when given (stop_token_ids_given)
   bool stop_token_ids_given = false;
@@ -134,9 +135,10 @@ std::vector<PromptRow> read_prompts(const Opts& o) {
 void run_generate(const Opts& o) {
   const GenerationDtype held = generation_dtype(o.dtype);
   const DType dtype = held.dtype;
+  const Device device = generation_device(o.device, held, o.split.given());
   // Every rank of a split model (--device-map) runs all of this and samples the same tokens; only
   // rank 0 writes results and notes.
-  const bool writer = (o.split.device_map.empty() && o.split.tensor_parallel == 0) || world().rank() == 0;
+  const bool writer = !o.split.given() || world().rank() == 0;
   const ModelConfig cfg = load_hf_config(o.model);
   const auto tok = data::load_model_tokenizer(o.model, cfg.vocab_size, true);
   std::vector<PromptRow> rows;
@@ -209,7 +211,8 @@ void run_generate(const Opts& o) {
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
-                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0},
+                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0,
+                                .device = device},
                                 cfg, params,
                                 [&](const std::string& line) { fmt::print(stderr, "{}: {}\n", command, line); });
   const int64_t batch = std::min<int64_t>(o.batch_size, int64_t(requests.size()));
@@ -317,6 +320,7 @@ void register_generate(CLI::App& app) {
                   "(W + scale * B A, before any --dtype bf16 rounding; nothing is written; `shardlm merge` "
                   "writes a merged copy)");
   cmd->add_option("--dtype", o->dtype, kGenerationDtypeHelp)->capture_default_str();
+  cmd->add_option("--device", o->device, kGenerationDeviceHelp)->capture_default_str();
   cmd->add_flag("--load-in-4bit", o->load_in_4bit,
                 "Quantize the base's decoder Linear weights to NF4 (as QLoRA training does) and generate "
                 "from their dequantized values");

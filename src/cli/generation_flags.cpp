@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "io/model_files.h"
 
@@ -26,6 +27,24 @@ const char* const kGenerationDtypeHelp =
     "of f32); or q8_0 (the decoder's Linear weights in ggml's Q8_0 blocks, 8 bits and a scale per 32, read as "
     "they are stored in decode; the other weights and the KV cache in bf16). Rounded or quantized once after "
     "loading, 4-bit and --adapter merging, which run in f32; activations, norms, softmax and logits stay f32";
+
+Device generation_device(const std::string& value, const GenerationDtype& held, bool split) {
+  const ErrorContext flag{.key = "--device"};
+  if (value == "cpu") return Device::CPU;
+  if (value != "cuda") throw Error(fmt::format("expected cpu or cuda, not '{}'", value), flag);
+  if (held.q8_0)
+    throw Error("cuda: q8_0 weights are read by a CPU kernel; use --dtype bf16 or f32 on the GPU", flag);
+  if (split)
+    throw Error("cuda: a model split over ranks (--device-map, --tensor-parallel) generates on CPU ranks; "
+                "on a GPU one process holds the whole model", flag);
+  std::string why;
+  if (!device::cuda_available(&why)) throw Error(fmt::format("cuda: {}", why), flag);
+  return Device::CUDA;
+}
+
+const char* const kGenerationDeviceHelp =
+    "Where the weights, the KV cache and the forward live: cpu, or cuda (this process's GPU, the whole model "
+    "on it; loading, 4-bit rounding and --adapter merging run on the CPU first). Sampling runs on the CPU";
 
 void add_kv_cache_flags(CLI::App* cmd, KvCacheFlags& f) {
   cmd->add_option("--kv-block-size", f.block_size,

@@ -1,5 +1,6 @@
-// The flags of what generation holds, the same on `generate` and `serve`: --dtype (the weights and
-// the KV cache) and the KV cache's --kv-block-size and --kv-cache-memory (infer/kv_cache.h).
+// The flags of what generation holds and where, the same on `generate` and `serve`: --dtype (the
+// weights and the KV cache), --device, and the KV cache's --kv-block-size and --kv-cache-memory
+// (infer/kv_cache.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/alloc.h"
 #include "core/dtype.h"
 #include "infer/kv_cache.h"
 
@@ -22,6 +24,12 @@ struct GenerationDtype {
 GenerationDtype generation_dtype(const std::string& value);
 // The flag's help text, shared by generate and serve.
 extern const char* const kGenerationDtypeHelp;
+
+// --device: cpu, or cuda (one process, the whole model on its GPU). An Error naming the flag for
+// anything else, for cuda with q8_0 weights or a model split over ranks (`split`), and for cuda
+// where this build or machine has none.
+Device generation_device(const std::string& value, const GenerationDtype& held, bool split);
+extern const char* const kGenerationDeviceHelp;
 
 struct KvCacheFlags {
   int64_t block_size = infer::kDefaultKvBlockSize;

@@ -19,6 +19,7 @@ namespace shardlm::cli {
 struct ModelSplitFlags {
   std::string device_map, max_memory_per_rank;  // empty: no pipeline
   int64_t tensor_parallel = 0;                   // 0: no tensor parallelism
+  bool given() const { return !device_map.empty() || tensor_parallel != 0; }
 };
 // --device-map, --max-memory-per-rank and --tensor-parallel; `command` names the command in help.
 void add_model_split_flags(CLI::App* cmd, ModelSplitFlags& f, const std::string& command);

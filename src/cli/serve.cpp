@@ -39,6 +39,7 @@ constexpr uint64_t kMaxBody = uint64_t(1) << 30;
 struct Opts {
   std::string model, adapter, host = "127.0.0.1", name, chat_format = "auto", max_body = "4MiB";
   std::string dtype = "f32";  // --dtype: what the weights and the KV caches are held in
+  std::string device = "cpu"; // --device: where they are and the forward runs
   int port = 8000, max_connections = 128;
   int64_t max_batch = 8, max_len = 0, prefill_chunk = infer::kDefaultPrefillChunk;
   ModelSplitFlags split;        // none: the whole model in this process
@@ -60,6 +61,7 @@ extern "C" void on_stop_signal(int sig) {
 void run_serve(const Opts& o) {
   const GenerationDtype held = generation_dtype(o.dtype);
   const DType dtype = held.dtype;
+  const Device device = generation_device(o.device, held, o.split.given());
   uint64_t max_body = 0;
   try {
     max_body = io::parse_size(o.max_body);
@@ -111,7 +113,8 @@ void run_serve(const Opts& o) {
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
-                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0},
+                                .load_in_4bit_role = "--load-in-4bit", .dtype = dtype, .q8_0 = held.q8_0,
+                                .device = device},
                                 cfg, params,
                                 [&](const std::string& line) { std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str()); });
   infer::Generator gen(cfg, params.compute_weights(), max_len, o.max_batch, split.pipeline, split.tp,
@@ -194,6 +197,7 @@ void register_serve(CLI::App& app) {
                   "A PEFT LoRA adapter directory for --model: merged in memory into the loaded f32 weights "
                   "(before any --dtype bf16 rounding)");
   cmd->add_option("--dtype", o->dtype, kGenerationDtypeHelp)->capture_default_str();
+  cmd->add_option("--device", o->device, kGenerationDeviceHelp)->capture_default_str();
   CLI::Option* stop_ids = cmd->add_option(
       "--stop-token-ids", o->stop_token_ids,
       "Token ids that end every completion, separated by commas, replacing the default set (the tokenizer's EOS, "

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/device.h"
 #include "core/rng.h"
 #include "infer/tensor_parallel.h"
 #include "ops/ops.h"
@@ -43,7 +44,15 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
       SHARDLM_CHECK(share_.head || next_ >= 0, "rank {} has no head and no rank after it", me);
     }
   }
+  for (const Tensor* t : {&weights.embed, &weights.lm_head, &weights.final_norm})
+    if (t->defined()) device_ = t->device;
+  SHARDLM_CHECK(device_ != Device::Meta, "generation needs weights with values, not on the meta device");
+  SHARDLM_CHECK(device_ == Device::CPU || (!comm_ && !tp_),
+                "a model split over ranks (--device-map, --tensor-parallel) generates on CPU ranks; on {} one "
+                "process holds the whole model", device_name(device_));
   inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
+  inv_freq_t_ = OwnedTensor(DType::F32, {int64_t(inv_freq_.size())}, MemCategory::Workspace, false, device_);
+  device::copy_bytes(inv_freq_t_.t.data, device_, inv_freq_.data(), Device::CPU, inv_freq_.size() * sizeof(float));
   slots_.resize(size_t(max_batch));
   // The cache: blocks of at most max_len positions (a larger block would only hold unused ones),
   // as many as max_batch sequences of max_len need, or fewer to stay within kv.max_bytes on the
@@ -65,7 +74,7 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
     capacity = std::min(capacity, fit);
   }
   cache_ = std::make_unique<KvCache>(layers, part_cfg_.num_key_value_heads, part_cfg_.head_dim, kv.dtype, block,
-                                     capacity);
+                                     capacity, device_);
 }
 
 Generator::Generator(const ModelConfig& cfg, Recompute recompute, int64_t max_len, int64_t max_batch)
@@ -256,21 +265,22 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
     return logits;
   }
   const MemCategory ws = MemCategory::Workspace;
-  auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false); };
+  auto make = [&](std::initializer_list<int64_t> shape) { return OwnedTensor(DType::F32, shape, ws, false, device_); };
   // The block's activations for the N new rows, sequence after sequence.
   OwnedTensor x = make({N, D}), xn1 = make({N, D}), rstd1 = make({N}), q = make({N, qd}), k = make({N, kvd}),
               v = make({N, kvd}), att = make({N, qd}), lse = make({N, H}), h1 = make({N, D}), xn2 = make({N, D}),
               rstd2 = make({N}), gate = make({N, F}), up = make({N, F}), act = make({N, F});
-  OwnedTensor ids(DType::I32, {N}, ws, false), pos(DType::I32, {1, N}, ws, false);  // pos: each sequence's own
-  {
-    int64_t r = 0;
-    for (const Rows& p : parts)
-      for (size_t t = 0; t < p.tokens.size(); ++t, ++r) {
-        ids.t.i32()[r] = p.tokens[t];
-        pos.t.i32()[r] = int32_t(slots_[size_t(p.slot)].length + int64_t(t));
-      }
-  }
-  const Tensor inv = Tensor::view(inv_freq_.data(), DType::F32, {int64_t(inv_freq_.size())});
+  // The new tokens and their positions (each sequence's own), made on the host and moved to device_.
+  std::vector<int32_t> ids_host, pos_host;
+  for (const Rows& p : parts)
+    for (size_t t = 0; t < p.tokens.size(); ++t) {
+      ids_host.push_back(p.tokens[t]);
+      pos_host.push_back(int32_t(slots_[size_t(p.slot)].length + int64_t(t)));
+    }
+  OwnedTensor ids(DType::I32, {N}, ws, false, device_), pos(DType::I32, {1, N}, ws, false, device_);
+  device::copy_bytes(ids.t.data, device_, ids_host.data(), Device::CPU, size_t(N) * sizeof(int32_t));
+  device::copy_bytes(pos.t.data, device_, pos_host.data(), Device::CPU, size_t(N) * sizeof(int32_t));
+  const Tensor inv = inv_freq_t_.t;
   if (tp_) embed_vocab_slice(x.t, ids.t);
   else if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output
@@ -317,6 +327,12 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   const Tensor out = Tensor::view(logits.data(), DType::F32, {R, V});
   if (tp_) {
     logits_vocab_slices(out, xn.t);
+    return logits;
+  }
+  if (device_ != Device::CPU) {  // computed there, read here (waits for the device)
+    OwnedTensor there = make({R, V});
+    ops::matmul(there.t, xn.t, w_.lm_head, false, true);
+    device::copy_bytes(logits.data(), Device::CPU, there.t.data, device_, logits.size() * sizeof(float));
     return logits;
   }
   ops::matmul(out, xn.t, w_.lm_head, false, true);

@@ -32,6 +32,11 @@
 // rank 0's: rank 0 calls lead(), and then each of its forwards is first broadcast to the other
 // ranks, which run it in follow() until rank 0 calls stop_followers().
 //
+// On a GPU (`generate --device cuda`: a ParamStore moved there, ParamStore::move_to) the Generator
+// runs where its weights are: activations and KV blocks live on that device, each forward uploads
+// its token ids and positions and copies back the wanted logits; scheduling and sampling stay on
+// the host. One process, one GPU: not with a pipeline or tensor parallelism.
+//
 // A model sharded for training (shard/engine.h) has no LlamaWeights to hand over: training's
 // evaluation (train/evaluation.h) runs the Generator over a Recompute instead, the engine's
 // forward of whole sequences, with the same scheduling and sampling.
@@ -233,7 +238,9 @@ class Generator {
   comm::Communicator* tp_ = nullptr;  // tensor parallelism over these ranks
   bool leading_ = false;              // lead(): forwards are broadcast to the followers first
   Recompute recompute_;        // set: forwards go through it, and w_ is unbound
+  Device device_ = Device::CPU;  // where the weights are, and so the activations and the KV cache
   std::vector<float> inv_freq_;
+  OwnedTensor inv_freq_t_;       // inv_freq_ on device_
   std::unique_ptr<KvCache> cache_;  // none with a Recompute
   std::vector<Slot> slots_;
   std::vector<int64_t> freed_;  // lead(): slots released or evicted since the last broadcast forward

@@ -3,7 +3,8 @@
 // holds follows the tokens its sequences hold, not max_len times the batch.
 //
 // A block holds `block_size` positions of every layer this rank runs, keys and values:
-// [layers, 2, block_size, Hkv * Dh] in the cache's dtype, one Buffer charged to Activations.
+// [layers, 2, block_size, Hkv * Dh] in the cache's dtype, one Buffer charged to Activations (on
+// the CPU or the GPU, where the Generator runs).
 // Blocks are made when a sequence first needs one and kept on a free list when it lets them go,
 // for the next sequence, up to `capacity` blocks in all: memory grows with the positions in use,
 // up to the most a batch has held at once, and never past the capacity.
@@ -42,7 +43,9 @@ class KvCache {
  public:
   // layers: the layers this rank runs (0: none; its blocks are counted, and hold nothing);
   // kv_heads x head_dim: one position's keys (or values) of one layer on this rank.
-  KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, DType dtype, int64_t block_size, int64_t capacity);
+  // device: where the blocks live (the Generator's: the CPU, or the GPU its weights are on).
+  KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, DType dtype, int64_t block_size, int64_t capacity,
+          Device device = Device::CPU);
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -63,6 +66,7 @@ class KvCache {
   int64_t layers_, kv_heads_, head_dim_;
   DType dtype_;
   int64_t block_size_, block_bytes_, capacity_;
+  Device device_;
   std::vector<Buffer> blocks_;  // by id; empty buffers when this rank runs no layer
   std::vector<int32_t> free_;   // ids of made blocks no table holds (the last freed is reused first)
 };

@@ -66,6 +66,10 @@ void load_inference_weights(const InferenceWeights& w, const ModelConfig& cfg, P
     params.keep_only_bf16();
     note(fmt::format("weights rounded to bf16: {:.1f} MiB", double(params.bytes()) / (1 << 20)));
   }
+  if (w.device != Device::CPU) {
+    params.move_to(w.device);
+    note(fmt::format("weights moved to {}: {:.1f} MiB", device_name(w.device), double(params.bytes()) / (1 << 20)));
+  }
 }
 
 }  // namespace shardlm::infer

@@ -18,6 +18,9 @@ struct InferenceWeights {
   DType dtype = DType::F32;  // the weights generation holds: f32, or bf16 (rounded once, at the end)
   // With dtype bf16: the decoder's Linear weights in q8_0 instead (ParamStore::keep_only_q8_0).
   bool q8_0 = false;
+  // Where generation runs: the weights are loaded (and rounded) on the CPU, then moved there
+  // (ParamStore::move_to). Not with q8_0.
+  Device device = Device::CPU;
 };
 
 // Loads the model's weights into `params` (f32) with what `load_in_4bit` and `adapter` ask for,

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/device.h"
 #include "core/q8_0.h"
 #include "io/model_files.h"
 #include "model/hf_dir.h"
@@ -65,7 +66,7 @@ void ParamStore::bind() {
 }
 
 Tensor ParamStore::master(const std::string& name) const {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
   const Where& w = where(name);
   return entry_view(units_[w.unit].master, *w.entry);
 }
@@ -90,14 +91,14 @@ const std::vector<int64_t>& ParamStore::whole_shape(const std::string& name) con
 
 void ParamStore::init_random(uint64_t seed) {
   SHARDLM_CHECK(!split_.active(), "random initialization of a store split over ranks");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
   for (Unit& u : units_)
     shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
   const model::Nf4ModelReader stored(weights, cfg_);
@@ -174,7 +175,7 @@ void ParamStore::load_slices(const ParamStore& whole) {
 void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
   SHARDLM_CHECK(!partial_ && !split_.active(), "cannot save a model from a store that holds only some of its parts");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
   io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
@@ -201,7 +202,7 @@ void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard
 
 void ParamStore::sync_compute() {
   if (compute_dtype_ == DType::F32) return;
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (bf16 or q8_0 only)");
+  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
   for (Unit& u : units_) ops::cast(u.compute.t, u.master.t);
 }
 
@@ -251,6 +252,23 @@ int ParamStore::keep_only_q8_0(std::vector<std::string>* left_bf16) {
   masters_freed_ = true;
   bind();
   return quantized;
+}
+
+void ParamStore::move_to(Device device) {
+  if (device == device_) return;
+  for (const Unit& u : units_)
+    SHARDLM_CHECK(u.own.empty(), "q8_0 weights stay on the CPU (their matmul is a CPU op); {} is not for them",
+                  device_name(device));
+  for (Unit& u : units_) {
+    OwnedTensor& held = compute_dtype_ == DType::F32 ? u.master : u.compute;
+    OwnedTensor there(held.t.dtype, {held.t.numel()}, MemCategory::Parameters, false, device);
+    device::copy_bytes(there.t.data, device, held.t.data, held.t.device, held.t.nbytes());
+    held = std::move(there);
+    if (compute_dtype_ != DType::F32) u.master = OwnedTensor();  // freed already after keep_only_bf16
+  }
+  device_ = device;
+  masters_freed_ = true;
+  bind();
 }
 
 int64_t ParamStore::bytes() const {

@@ -84,7 +84,13 @@ class ParamStore {
   // ops::matmul_q8_0. Every tensor is then held on its own (no flat buffers). Returns how many were
   // quantized; the names of those left in bf16 (rows not whole blocks of 32) go to `left_bf16`.
   int keep_only_q8_0(std::vector<std::string>* left_bf16 = nullptr);
-  // Bytes of weights held now (f32 masters and compute copies).
+  // For generation on a GPU: moves the compute weights (f32, or bf16 after keep_only_bf16) to
+  // `device` one part at a time, freeing each part's host copy once it is there, and binds
+  // compute_weights() to them (take them again afterwards). The f32 masters are gone from then on,
+  // as after keep_only_bf16. q8_0 weights stay on the CPU (its matmul is a CPU op): an Error.
+  void move_to(Device device);
+  Device device() const { return device_; }
+  // Bytes of weights held now (f32 masters and compute copies), wherever they are.
   int64_t bytes() const;
 
  private:
@@ -111,7 +117,8 @@ class ParamStore {
   std::map<std::string, std::vector<int64_t>> whole_shapes_;  // with a split
   DType compute_dtype_;
   bool partial_ = false;  // some parts left out (PartFilter)
-  bool masters_freed_ = false;  // keep_only_bf16 or keep_only_q8_0: the compute weights alone
+  bool masters_freed_ = false;  // keep_only_bf16, keep_only_q8_0 or move_to: the compute weights alone
+  Device device_ = Device::CPU;  // where the compute weights are (move_to)
   std::vector<model::ModelPart> parts_;  // the parts held, one per unit
   std::vector<Unit> units_;
   std::map<std::string, Where> index_;

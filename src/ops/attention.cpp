@@ -86,21 +86,20 @@ void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor&
   SHARDLM_CHECK(block >= 1 && Hkv >= 1 && H % Hkv == 0,
                 "{}: the {} query heads of q {} are not a multiple of the {} kv heads of k_blocks[0] {}", op, H,
                 q.describe(), Hkv, k0.describe());
+  const Device dev = check_same_device(op, {{"q", &q}, {"out", &out}, {"lse", &lse}});
   for (size_t i = 0; i < k_blocks.size(); ++i)
     for (const Tensor* t : {&k_blocks[i], &v_blocks[i]}) {
       const char* arg = t == &k_blocks[i] ? "k_blocks[i]" : "v_blocks[i]";
       check_usable(op, arg, *t);
-      SHARDLM_CHECK(t->dtype == k0.dtype && t->device == Device::CPU,
-                    "{}: block {} is {} on {}; every block is {} on the CPU (paged attention runs there only)", op,
-                    i, dtype_name(t->dtype), device_name(t->device), dtype_name(k0.dtype));
+      SHARDLM_CHECK(t->dtype == k0.dtype && t->device == dev,
+                    "{}: block {} is {} on {}; every block is {} on {}, where q is", op, i, dtype_name(t->dtype),
+                    device_name(t->device), dtype_name(k0.dtype), device_name(dev));
       check_shape(op, arg, *t, {block, Hkv, Dh});
     }
   check_dtype(op, "k_blocks[0]", k0, {DType::F32, DType::BF16});
   SHARDLM_CHECK(Tq <= Tk && Tk <= int64_t(k_blocks.size()) * block,
                 "{}: {} keys for {} queries in {} blocks of {} positions", op, Tk, Tq, k_blocks.size(), block);
-  for (const auto& [arg, t] : {std::pair{"q", &q}, {"out", &out}, {"lse", &lse}})
-    SHARDLM_CHECK(t->device == Device::CPU, "{}: {} is on {}; paged attention runs on the CPU only", op, arg,
-                  device_name(t->device));
+  SHARDLM_DISPATCH(dev, attention_forward_paged(out, lse, q, k_blocks, v_blocks, Tk, scale));
   cpu::attention_forward_paged(out, lse, q, k_blocks, v_blocks, Tk, scale);
 }
 

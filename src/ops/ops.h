@@ -93,7 +93,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 // positions [i block, (i+1) block) in order, and its first Tk positions are its keys, Tq <= Tk <=
 // blocks x block. q, out [1, Tq, H, Dh]; lse [1, H, Tq]. No segments. Computed by the same kernel as
 // attention_forward over the keys gathered into one tensor, with the same result bit for bit.
-// Forward only (generation); CPU only.
+// Forward only (generation). On the CPU and on CUDA (the blocks on q's device; the CUDA kernel reads
+// them through a table of their addresses, the same kernel as attention_forward's).
 void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor& q, const std::vector<Tensor>& k_blocks,
                              const std::vector<Tensor>& v_blocks, int64_t Tk, float scale);
 // dq [B, Tq, H, Dh], dk, dv [B, Tk, Hkv, Dh] written (f32).  Uses out and lse from the forward.

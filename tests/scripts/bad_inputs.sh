@@ -320,6 +320,11 @@ row generate_kv_block_zero          "--kv-block-size"                           
 row generate_kv_memory_text         "--kv-cache-memory.*lots"                                  S generate --model "$m" --prompt hi --kv-cache-memory lots
 row generate_prompt_and_prompts     "--prompt.*--prompts"                                      S generate --model "$m" --prompt hi --prompts "$fx/prompts_bad.jsonl"
 row cli_generate_bad_dtype          "--dtype foo: expected f32, bf16 or q8_0"                    S generate --model "$m" --prompt hi --dtype foo
+row cli_generate_bad_device         "'--device': expected cpu or cuda, not 'tpu'"                 S generate --model "$m" --prompt hi --device tpu
+row generate_cuda_q8_0              "'--device': cuda: q8_0 weights are read by a CPU kernel" S generate --model "$m" --prompt hi --device cuda --dtype q8_0
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then  # where there is no GPU to find
+  row generate_cuda_no_gpu          "'--device': cuda: (built without CUDA|no (usable )?CUDA device)" S generate --model "$m" --prompt hi --device cuda
+fi
 row mem_world_size_zero     "--world-size 0"                                           S estimate-memory --model tiny --world-size 0
 row mem_world_size_text             "--world-size.*abc|abc.*world-size"                        S estimate-memory --model tiny --world-size abc
 row mem_bad_param_dtype     "--param-dtype f16"                                        S estimate-memory --model tiny --param-dtype f16
@@ -420,6 +425,7 @@ row serve_connections_zero  "--max-connections"                                 
 row serve_max_body_huge     "--max-body.*1GiB"                                         S serve --model "$m" --port 0 --max-body 10TB
 row serve_max_body_text     "--max-body.*lots"                                         S serve --model "$m" --port 0 --max-body lots
 row serve_bad_dtype         "--dtype f16: expected f32, bf16 or q8_0"                    S serve --model "$m" --port 0 --dtype f16
+row serve_cuda_split        "'--device': cuda: a model split over ranks"                 S serve --model "$m" --port 0 --device cuda --tensor-parallel 2
 row serve_timeout_zero      "--request-timeout"                                        S serve --model "$m" --port 0 --request-timeout 0
 row serve_prefill_negative  "--prefill-chunk"                                          S serve --model "$m" --port 0 --prefill-chunk -1
 row serve_kv_memory_small   "--kv-cache-memory.*fewer than"                            S serve --model "$m" --port 0 --kv-cache-memory 1KiB

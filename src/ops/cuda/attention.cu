@@ -14,7 +14,8 @@
 //
 // Forward: the online softmax. For each query row, a running max m and sum l of exp(s - m); on
 // each key tile the accumulator is rescaled by exp(m_old - m_new). out = acc / l and
-// lse = m + log(l) are written at the end.
+// lse = m + log(l) are written at the end. The paged forward (generation's KV cache) is the same
+// kernel reading its key and value tiles through a block table (Attn::k_pages).
 //
 // Backward (FlashAttention-2, recomputing P from lse; D_i = dO_i . O_i precomputed):
 //   P_ij = exp(scale q_i.k_j - lse_i),  dP_ij = dO_i . v_j,  dS_ij = P_ij (dP_ij - D_i)
@@ -53,6 +54,12 @@ struct Attn {
   int P;  // shared-memory row stride in floats
   const int32_t* seg;  // [B, Tk] or nullptr
   float scale;
+  // Paged keys and values (attention_forward_paged; B = 1): position t in row t % page of block
+  // t / page, each block [page, Hkv, Dh]; k_pages[i], v_pages[i] its base (a device array). Null:
+  // k and v are whole [B, Tk, Hkv, Dh] tensors.
+  const void* const* k_pages = nullptr;
+  const void* const* v_pages = nullptr;
+  int64_t page = 0;
 };
 
 // Whether key j is visible to query qi of batch row b (both in range).
@@ -69,6 +76,18 @@ __device__ void load_tile(float* dst, int P, const void* src, DType t, int64_t b
     const int r = e / Dh, d = e % Dh;
     const int64_t tt = t0 + r;
     dst[r * P + d] = tt < T ? load(src, t, ((b * T + tt) * heads + h) * Dh + d) : 0.0f;
+  }
+}
+
+// Rows [t0, t0 + kTile) of kv head g, batch b of the keys (or values: `pages`, `whole`) into shared
+// memory, from whole tensors or from a paged cache's blocks. Rows at or past Tk are zero.
+__device__ void load_kv_tile(float* dst, const Attn& a, const void* whole, const void* const* pages, DType t,
+                             int64_t b, int64_t g, int64_t t0) {
+  if (pages == nullptr) return load_tile(dst, a.P, whole, t, b, a.Tk, a.Hkv, g, a.Dh, t0, kTile);
+  for (int e = threadIdx.x; e < kTile * a.Dh; e += blockDim.x) {
+    const int r = e / a.Dh, d = e % a.Dh;
+    const int64_t tt = t0 + r;
+    dst[r * a.P + d] = tt < a.Tk ? load(pages[tt / a.page], t, ((tt % a.page) * a.Hkv + g) * a.Dh + d) : 0.0f;
   }
 }
 
@@ -123,8 +142,8 @@ __global__ void __launch_bounds__(kBlockThreads) attn_forward_kernel(Attn a, voi
   const int64_t key_end = min(a.Tk, last_q + a.off + 1);  // no row of the block sees a key past this
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();  // the previous tile is no longer read (and Qs is complete on the first pass)
-    load_tile(Ks, P, a.k, a.kt, b, a.Tk, a.Hkv, g, Dh, j0, kTile);
-    load_tile(Vs, P, a.v, a.vt, b, a.Tk, a.Hkv, g, Dh, j0, kTile);
+    load_kv_tile(Ks, a, a.k, a.k_pages, a.kt, b, g, j0);
+    load_kv_tile(Vs, a, a.v, a.v_pages, a.vt, b, g, j0);
     __syncthreads();
     const int64_t j = j0 + lane;
 #pragma unroll
@@ -210,8 +229,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t key_end = min(a.Tk, last_q + a.off + 1);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();
-    load_tile(Ks, P, a.k, a.kt, b, a.Tk, a.Hkv, g, Dh, j0, kTile);
-    load_tile(Vs, P, a.v, a.vt, b, a.Tk, a.Hkv, g, Dh, j0, kTile);
+    load_kv_tile(Ks, a, a.k, a.k_pages, a.kt, b, g, j0);
+    load_kv_tile(Vs, a, a.v, a.v_pages, a.vt, b, g, j0);
     __syncthreads();
     const int64_t j = j0 + lane;
 #pragma unroll
@@ -364,19 +383,50 @@ void launch(Kernel kernel, int64_t blocks, size_t smem, const char* op, Args... 
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& segment_ids, float scale) {
-  const Attn a = make_attn("attention_forward", q, k, v, segment_ids, scale);
+// The forward kernel over every (batch row, query head, tile of kRows queries).
+void launch_forward(const char* op, const Attn& a, const Tensor& out, const Tensor& lse) {
   const int64_t blocks = a.B * a.H * ((a.Tq + kRows - 1) / kRows);
   const size_t smem = size_t(kRows + 2 * kTile) * size_t(a.P) * sizeof(float);
-  const char* op = "attention_forward";
   switch (lane_chunks(a.Dh)) {
     case 2: launch(attn_forward_kernel<2>, blocks, smem, op, a, out.data, out.dtype, lse.f32()); break;
     case 4: launch(attn_forward_kernel<4>, blocks, smem, op, a, out.data, out.dtype, lse.f32()); break;
     default: launch(attn_forward_kernel<8>, blocks, smem, op, a, out.data, out.dtype, lse.f32()); break;
   }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& segment_ids, float scale) {
+  const char* op = "attention_forward";
+  launch_forward(op, make_attn(op, q, k, v, segment_ids, scale), out, lse);
+}
+
+void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor& q, const std::vector<Tensor>& k_blocks,
+                             const std::vector<Tensor>& v_blocks, int64_t Tk, float scale) {
+  const char* op = "attention_forward_paged";
+  const Tensor& k0 = k_blocks.front();
+  // The sizes of the keys as one [1, Tk, Hkv, Dh] tensor; the kernel reads them through the table.
+  const Tensor keys = Tensor::view(k0.data, k0.dtype, {1, Tk, k0.shape[1], k0.shape[2]}, Device::CUDA);
+  Attn a = make_attn(op, q, keys, keys, Tensor{}, scale);
+  a.k = a.v = nullptr;
+  a.vt = v_blocks.front().dtype;
+  a.page = k0.shape[0];
+  // The block table: the keys' block bases, then the values'. It is copied from pageable memory,
+  // which cudaMemcpyAsync stages before it returns (so `table` may go when this call ends); the
+  // device buffer goes back to the caching allocator, whose reuse is ordered on the compute stream.
+  const size_t n = k_blocks.size();
+  std::vector<const void*> table(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    table[i] = k_blocks[i].data;
+    table[n + i] = v_blocks[i].data;
+  }
+  Buffer pages(table.size() * sizeof(void*), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(pages.data(), table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice,
+                                     cuda::compute_stream()));
+  a.k_pages = static_cast<const void* const*>(pages.data());
+  a.v_pages = a.k_pages + n;
+  launch_forward(op, a, out, lse);
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
