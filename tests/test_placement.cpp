@@ -195,3 +195,24 @@ TEST(Placement, ARankStoreHoldsOnlyItsParts) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << i;
   EXPECT_THROW(part.save(dir / "out", DType::F32, 1ull << 40, ""), Error);
 }
+
+// --device-map with --dtype q8_0 places the parts by the bytes generation holds: the planner's
+// sizes are the store's, weight for weight (held_in_q8_0 is the one rule), for a model whose
+// down_proj rows are not whole blocks of 32 (held in bf16) and with tied embeddings.
+TEST(Placement, Q8_0SizesAreWhatTheStoreHolds) {
+  for (bool tied : {false, true}) {
+    ModelConfig cfg = preset("tiny");
+    cfg.num_hidden_layers = 2;
+    cfg.intermediate_size = 100;  // down_proj's rows: 100 columns, not whole blocks
+    cfg.tie_word_embeddings = tied;
+    infer::ParamStore store(cfg, DType::F32);
+    store.init_random(1);
+    const int quantized = store.keep_only_q8_0();
+    EXPECT_EQ(quantized, 2 * 6);  // q, k, v, o, gate, up per layer
+    const infer::PartSizes q8 = infer::part_sizes(cfg, DType::BF16, true), bf16 = infer::part_sizes(cfg, DType::BF16);
+    EXPECT_EQ(int64_t(q8.total()), store.bytes()) << "tied " << tied;
+    EXPECT_LT(q8.layers[0], bf16.layers[0]);
+    EXPECT_EQ(q8.embed, bf16.embed);  // the embedding and the head stay bf16
+    EXPECT_EQ(q8.head, bf16.head);
+  }
+}

@@ -37,9 +37,10 @@ struct ModelSplit {
   std::string command;                  // "generate", or "generate: rank 1" on the other ranks
   bool active() const { return pipeline.comm != nullptr || split.active(); }
 };
-// Places the model over world()'s ranks as the flags say; `print`: describe the placement on
+// Places the model over world()'s ranks as the flags say, its parts sized as generation holds
+// them (`dtype`; with q8_0 the Linear weights in Q8_0 blocks); `print`: describe the placement on
 // stderr (rank 0 only). Sets the watchdog's activity to name the split.
-ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, DType dtype, const std::string& command,
-                       bool print);
+ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, DType dtype, bool q8_0,
+                       const std::string& command, bool print);
 
 }  // namespace shardlm::cli

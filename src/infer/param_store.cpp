@@ -227,7 +227,7 @@ int ParamStore::keep_only_q8_0(std::vector<std::string>* left_bf16) {
     for (const shard::FlatEntry& e : u.layout.entries) {
       const Tensor w = entry_view(u.master, e);
       const int64_t cols = e.info.shape.back();
-      if (model::quantized_by_qlora(parts_[k], e.info) && cols % kQ8_0Block == 0) {
+      if (model::held_in_q8_0(parts_[k], e.info)) {
         const int64_t rows = w.numel() / cols;
         OwnedTensor q(DType::U8, {rows, q8_0_bytes(cols)}, MemCategory::Parameters, false);
         try {

@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/q8_0.h"
 #include "model/llama.h"
 
 namespace shardlm::infer {
@@ -36,23 +37,27 @@ uint64_t PartSizes::total() const {
   return n;
 }
 
-PartSizes part_sizes(const ModelConfig& cfg, DType dtype) {
+PartSizes part_sizes(const ModelConfig& cfg, DType dtype, bool q8_0) {
   const uint64_t esize = dtype_size(dtype);
   PartSizes s;
   s.tied = cfg.tie_word_embeddings;
   // accelerate's leaf modules: each Linear (weight and bias), Embedding and RMSNorm, by module name.
   std::map<std::string, uint64_t> leaves;
   for (const model::ModelPart& part : model::llama_parts(cfg)) {
-    const uint64_t bytes = uint64_t(part.numel()) * esize;
+    uint64_t bytes = 0;
+    for (const model::ParamInfo& p : part.params) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      const uint64_t held = q8_0 && model::held_in_q8_0(part, p)
+                                ? uint64_t(n / p.shape.back()) * uint64_t(q8_0_bytes(p.shape.back()))
+                                : uint64_t(n) * esize;
+      leaves[p.name.substr(0, p.name.rfind('.'))] += held;
+      bytes += held;
+    }
     switch (part.kind) {
       case model::PartKind::Embedding: s.embed = bytes; break;
       case model::PartKind::Layer: s.layers.push_back(bytes); break;
       case model::PartKind::Head: s.head = bytes; break;
-    }
-    for (const model::ParamInfo& p : part.params) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      leaves[p.name.substr(0, p.name.rfind('.'))] += uint64_t(n) * esize;
     }
   }
   uint64_t sum = 0;

@@ -47,8 +47,9 @@ struct PartSizes {
   uint64_t mean_leaf = 0;        // mean size of the leaf modules (Linear, Embedding, RMSNorm): balanced's buffer
   uint64_t total() const;        // every parameter once (a tied matrix once), as accelerate counts the model
 };
-// The sizes of `cfg`'s parts with every parameter in `dtype`.
-PartSizes part_sizes(const ModelConfig& cfg, DType dtype = DType::F32);
+// The sizes of `cfg`'s parts with every parameter in `dtype`; with q8_0, those generation holds in
+// Q8_0 blocks (model::held_in_q8_0) in their bytes, the others in `dtype`.
+PartSizes part_sizes(const ModelConfig& cfg, DType dtype = DType::F32, bool q8_0 = false);
 
 // One rank's share: decoder layers [layer_begin, layer_end), maybe the embedding and the head.
 struct RankShare {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "core/q8_0.h"
 #include "model/lora.h"
 
 namespace shardlm::model {
@@ -63,6 +64,10 @@ int lora_module_index(const std::string& module) {
 
 bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info) {
   return part.kind == PartKind::Layer && info.shape.size() == 2;
+}
+
+bool held_in_q8_0(const ModelPart& part, const ParamInfo& info) {
+  return quantized_by_qlora(part, info) && info.shape.back() % kQ8_0Block == 0;
 }
 
 std::vector<ModelPart> llama_parts(const ModelConfig& c, const FinetuneSpec& ft) {

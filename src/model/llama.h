@@ -135,6 +135,11 @@ std::vector<ModelPart> llama_parts(const ModelConfig& cfg, const FinetuneSpec& f
 // Whether QLoRA keeps `info` of `part` in NF4, as bitsandbytes' Linear4bit does: the decoder's
 // Linear weights; norms, biases, the embedding and lm_head stay in the compute dtype.
 bool quantized_by_qlora(const ModelPart& part, const ParamInfo& info);
+// Whether generation's `--dtype q8_0` holds this parameter in Q8_0 blocks (core/q8_0.h): one QLoRA
+// would quantize whose rows are whole blocks of 32 (info's shape: a slice's, with tensor parallelism).
+// The others are held in bf16. The one rule for the store (infer::ParamStore::keep_only_q8_0) and
+// the placement's sizes (infer::part_sizes).
+bool held_in_q8_0(const ModelPart& part, const ParamInfo& info);
 
 // Points a part's slots of `w` at tensors found by Hugging Face name (lookup throws for unknown
 // names), or, with an empty lookup, unbinds them (undefined tensors), so that using a freed part
