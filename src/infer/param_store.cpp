@@ -65,8 +65,12 @@ void ParamStore::bind() {
   for (const model::ModelPart& part : parts_) model::bind_part(part_cfg_, part, compute_, lookup);
 }
 
-Tensor ParamStore::master(const std::string& name) const {
+void ParamStore::require_masters() const {
   SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
+}
+
+Tensor ParamStore::master(const std::string& name) const {
+  require_masters();
   const Where& w = where(name);
   return entry_view(units_[w.unit].master, *w.entry);
 }
@@ -91,14 +95,14 @@ const std::vector<int64_t>& ParamStore::whole_shape(const std::string& name) con
 
 void ParamStore::init_random(uint64_t seed) {
   SHARDLM_CHECK(!split_.active(), "random initialization of a store split over ranks");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
+  require_masters();
   for (Unit& u : units_)
     shard::init_flat_range(u.layout, 0, u.layout.padded_numel, seed, float(cfg_.initializer_range), u.master.t.f32());
   sync_compute();
 }
 
 void ParamStore::load(const io::ModelWeights& weights, const std::string& source) {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
+  require_masters();
   // A directory saved by transformers from a bitsandbytes 4-bit model holds its Linear weights as
   // NF4 states: those are read as bitsandbytes dequantizes them, in f32 (as the engine reads them).
   const model::Nf4ModelReader stored(weights, cfg_);
@@ -175,7 +179,7 @@ void ParamStore::load_slices(const ParamStore& whole) {
 void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard_bytes,
                       const std::string& tokenizer_source, io::Publish publish, const std::string& role) const {
   SHARDLM_CHECK(!partial_ && !split_.active(), "cannot save a model from a store that holds only some of its parts");
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
+  require_masters();
   io::check_publishable(target, publish, role);
   // Convert unit by unit into one staging buffer per tensor so peak memory stays near the
   // model size in the target dtype (the master weights are already resident).
@@ -202,7 +206,7 @@ void ParamStore::save(const std::string& target, DType dtype, uint64_t max_shard
 
 void ParamStore::sync_compute() {
   if (compute_dtype_ == DType::F32) return;
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed (kept in bf16 or q8_0, or moved to a GPU)");
+  require_masters();
   for (Unit& u : units_) ops::cast(u.compute.t, u.master.t);
 }
 
@@ -220,7 +224,7 @@ void ParamStore::keep_only_bf16() {
 }
 
 int ParamStore::keep_only_q8_0(std::vector<std::string>* left_bf16) {
-  SHARDLM_CHECK(!masters_freed_, "the f32 weights of this store were freed already");
+  require_masters();
   int quantized = 0;
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];

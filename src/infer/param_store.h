@@ -104,6 +104,8 @@ class ParamStore {
     size_t unit;
     const shard::FlatEntry* entry;
   };
+  // Errors once keep_only_bf16, keep_only_q8_0 or move_to has freed the f32 masters.
+  void require_masters() const;
   Tensor entry_view(const OwnedTensor& flat, const shard::FlatEntry& e) const;
   const Where& where(const std::string& name) const;
   void bind();

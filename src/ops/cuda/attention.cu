@@ -412,9 +412,9 @@ void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor&
   a.k = a.v = nullptr;
   a.vt = v_blocks.front().dtype;
   a.page = k0.shape[0];
-  // The block table: the keys' block bases, then the values'. It is copied from pageable memory,
-  // which cudaMemcpyAsync stages before it returns (so `table` may go when this call ends); the
-  // device buffer goes back to the caching allocator, whose reuse is ordered on the compute stream.
+  // The block table: the keys' block bases, then the values', uploaded in order on the compute
+  // stream without waiting for it (staged, so `table` may go when this call ends); the device
+  // buffer goes back to the caching allocator, whose reuse is ordered on the compute stream.
   const size_t n = k_blocks.size();
   std::vector<const void*> table(2 * n);
   for (size_t i = 0; i < n; ++i) {
@@ -422,8 +422,7 @@ void attention_forward_paged(const Tensor& out, const Tensor& lse, const Tensor&
     table[n + i] = v_blocks[i].data;
   }
   Buffer pages(table.size() * sizeof(void*), MemCategory::Workspace, /*zero=*/false, Device::CUDA);
-  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(pages.data(), table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice,
-                                     cuda::compute_stream()));
+  cuda::upload_async(pages.data(), table.data(), table.size() * sizeof(void*));
   a.k_pages = static_cast<const void* const*>(pages.data());
   a.v_pages = a.k_pages + n;
   launch_forward(op, a, out, lse);

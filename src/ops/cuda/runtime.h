@@ -21,4 +21,13 @@ bool available();
 // never destroyed (it lives as long as the CUDA context).
 cudaStream_t compute_stream();
 
+// Copies `bytes` of host memory at `src` to device memory at `dst` in order on the compute stream,
+// without waiting for the device: a small array a kernel reads that a launch's arguments cannot
+// hold (paged attention's block table). The bytes go through pinned staging memory (slots of
+// kUploadSlotBytes, taken in turn; a slot is reused once the copy that read it has run), so `src`
+// may change as soon as this returns. Larger arrays are staged by the driver, which may wait for
+// the stream. Thread-safe.
+constexpr size_t kUploadSlotBytes = size_t(64) << 10;
+void upload_async(void* dst, const void* src, size_t bytes);
+
 }  // namespace shardlm::cuda
