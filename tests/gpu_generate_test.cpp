@@ -26,15 +26,13 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
+#include "gpu_program.h"
 #include "infer/generator.h"
 #include "infer/param_store.h"
 #include "model/config.h"
 
 namespace shardlm {
 namespace {
-
-constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
 
 // |got - want| at most tol x max |want|, over every logit; prints the step's figures.
 int compare(const std::string& what, const std::vector<float>& want, const std::vector<float>& got, double tol) {
@@ -118,11 +116,6 @@ int greedy_runs(const ModelConfig& cfg) {
 }
 
 int run_all() {
-  std::string why;
-  if (!device::cuda_available(&why)) {
-    fmt::print("gpu_generate: SKIPPED: no GPU to run on: {}; nothing was compared\n", why);
-    return kSkipped;
-  }
   const ModelConfig cfg = tiny_config();
   int failures = forwards(cfg, DType::F32, 1e-4);
   failures += forwards(cfg, DType::BF16, 3e-2);
@@ -135,10 +128,6 @@ int run_all() {
 }  // namespace shardlm
 
 int main() {
-  try {
-    return shardlm::run_all();
-  } catch (const std::exception& e) {
-    fmt::print("FAIL gpu_generate: {}\n", e.what());
-    return 1;
-  }
+  return shardlm::testing::run_gpu_program("gpu_generate", "the CPU-side checks of --device are in bad_inputs",
+                                           shardlm::run_all);
 }

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
+#include "gpu_program.h"
 #include "io/yaml_config.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
@@ -41,7 +41,6 @@ namespace fs = std::filesystem;
 
 constexpr int kSteps = 8;
 constexpr double kRelTol = 1e-4;
-constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
 
 // The run's losses and gradient norms for one device / dtype / offload setting.
 train::TrainResult train_run(const fs::path& dir, const std::string& name, const std::string& extra) {
@@ -75,12 +74,6 @@ int compare(const std::string& name, const train::TrainResult& want, const train
 }
 
 int run_all() {
-  std::string why;
-  if (!device::cuda_available(&why)) {
-    fmt::print("gpu_train: SKIPPED: no GPU to run on: {}; nothing was compared (the CPU-side checks of device: cuda "
-               "are in shardlm_tests)\n", why);
-    return kSkipped;
-  }
   const fs::path dir = fs::temp_directory_path() / "shardlm_gpu_train_test";
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -112,10 +105,6 @@ int run_all() {
 }  // namespace shardlm
 
 int main() {
-  try {
-    return shardlm::run_all();
-  } catch (const std::exception& e) {
-    fmt::print("gpu_train: error: {}\n", e.what());
-    return 1;
-  }
+  return shardlm::testing::run_gpu_program("gpu_train", "the CPU-side checks of device: cuda are in shardlm_tests",
+                                           shardlm::run_all);
 }
