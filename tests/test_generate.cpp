@@ -3,6 +3,7 @@
 // stop on their own; sampling depends only on the request.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "infer/generator.h"
@@ -368,4 +369,30 @@ TEST(ParamStore, MoveToWhereTheWeightsAreChangesNothingAndQ8_0StaysOnTheCpu) {
   ASSERT_GT(q.keep_only_q8_0(), 0);
   expect_error([&] { q.move_to(Device::CUDA); }, "q8_0 weights stay on the CPU");
   EXPECT_EQ(q.device(), Device::CPU);
+}
+
+// The GPU path of the Generator (weights, activations and KV blocks on a device; ids and positions
+// uploaded, logits copied back) run on the meta device, where tensors have sizes and no memory:
+// nothing on the host may read device memory (a null pointer there), every view of the store and of
+// the cache must be on the store's device (the ops check it), and what comes back is zeros. Prefill
+// of two sequences, decode steps through several KV blocks, in f32 and bf16.
+TEST(Generator, TheDevicePathRunsOnTheMetaDevice) {
+  const ModelConfig cfg = gen_config();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    infer::ParamStore p(cfg, DType::F32);
+    p.init_random(5);
+    if (dtype == DType::BF16) p.keep_only_bf16();
+    p.move_to(Device::Meta);
+    const model::LlamaWeights& w = p.compute_weights();
+    for (const Tensor* t : {&w.embed, &w.lm_head, &w.final_norm, &w.layers[1].wq, &w.layers[1].w_down})
+      EXPECT_EQ(t->device, Device::Meta);
+    infer::Generator gen(cfg, w, 24, 2, {}, {}, {.dtype = dtype, .block_size = 4});
+    std::vector<float> logits = gen.forward_parts({{0, {1, 5, 9, 13, 17, 21}, true}, {1, {1, 2, 3}, false}});
+    ASSERT_EQ(int64_t(logits.size()), (6 + 1) * cfg.vocab_size);
+    for (int step = 0; step < 6; ++step) logits = gen.forward_parts({{0, {7}, false}, {1, {8}, false}});
+    ASSERT_EQ(int64_t(logits.size()), 2 * cfg.vocab_size);
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return x == 0.0f; }));
+    EXPECT_EQ(gen.length(0), 12);
+    EXPECT_EQ(gen.kv_cache_stats().in_use, 3 + 3);  // 12 and 9 positions in blocks of 4
+  }
 }

@@ -46,7 +46,6 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
   }
   for (const Tensor* t : {&weights.embed, &weights.lm_head, &weights.final_norm})
     if (t->defined()) device_ = t->device;
-  SHARDLM_CHECK(device_ != Device::Meta, "generation needs weights with values, not on the meta device");
   SHARDLM_CHECK(device_ == Device::CPU || (!comm_ && !tp_),
                 "a model split over ranks (--device-map, --tensor-parallel) generates on CPU ranks; on {} one "
                 "process holds the whole model", device_name(device_));

@@ -35,7 +35,9 @@
 // On a GPU (`generate --device cuda`: a ParamStore moved there, ParamStore::move_to) the Generator
 // runs where its weights are: activations and KV blocks live on that device, each forward uploads
 // its token ids and positions and copies back the wanted logits; scheduling and sampling stay on
-// the host. One process, one GPU: not with a pipeline or tensor parallelism.
+// the host. One process, one GPU: not with a pipeline or tensor parallelism. On the meta device
+// (core/alloc.h) the same path runs and computes nothing (the logits are zeros): the tests run the
+// device path there, where any read of device memory from the host would fail.
 //
 // A model sharded for training (shard/engine.h) has no LlamaWeights to hand over: training's
 // evaluation (train/evaluation.h) runs the Generator over a Recompute instead, the engine's

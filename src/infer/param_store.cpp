@@ -44,7 +44,7 @@ ParamStore::ParamStore(const ModelConfig& cfg, DType compute_dtype, const PartFi
 Tensor ParamStore::entry_view(const OwnedTensor& flat, const shard::FlatEntry& e) const {
   const size_t esize = dtype_size(flat.t.dtype);
   char* base = static_cast<char*>(flat.t.data) + size_t(e.offset) * esize;
-  return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()));
+  return Tensor::view(base, flat.t.dtype, e.info.shape.data(), int(e.info.shape.size()), flat.t.device);
 }
 
 const ParamStore::Where& ParamStore::where(const std::string& name) const {
