@@ -207,7 +207,7 @@ void run_generate(const Opts& o) {
   // --device-map (this rank holds, loads and runs only its share of the layers) or
   // --tensor-parallel (a slice of every layer): every rank runs the same requests in lockstep and
   // rank 0 writes the results.
-  const ModelSplit split = split_model(o.split, cfg, dtype, held.q8_0, "generate", writer);
+  const ModelSplit split = split_model(o.split, cfg, held, "generate", writer);
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,

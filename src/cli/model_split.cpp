@@ -69,7 +69,7 @@ void check_model_split_flags(const ModelSplitFlags& f) {
   max_memory_per_rank(f);
 }
 
-ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, DType dtype, bool q8_0,
+ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, const GenerationDtype& held,
                        const std::string& command, bool print) {
   comm::Communicator& w = world();
   ModelSplit s;
@@ -78,11 +78,11 @@ ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, DType d
     const infer::DeviceMap map = device_map_flag(f.device_map);
     const uint64_t max_memory = max_memory_per_rank(f);
     s.pipeline = {.comm = &w,
-                  .shares = infer::place_parts(infer::part_sizes(cfg, dtype, q8_0), map, w.size(), max_memory,
+                  .shares = infer::place_parts(infer::part_sizes(cfg, held.dtype, held.q8_0), map, w.size(), max_memory,
                                                "--max-memory-per-rank")};
     if (print) {
       std::fprintf(stderr, "%s: device map %s over %d rank%s (%s weights, max memory per rank %s):\n", command.c_str(),
-                   infer::device_map_name(map), w.size(), w.size() == 1 ? "" : "s", q8_0 ? "q8_0" : dtype_name(dtype),
+                   infer::device_map_name(map), w.size(), w.size() == 1 ? "" : "s", held.name(),
                    max_memory ? format_bytes(int64_t(max_memory)).c_str() : "unlimited");
       for (int r = 0; r < w.size(); ++r)
         std::fprintf(stderr, "%s:   %s\n", command.c_str(), infer::describe_share(r, s.pipeline.shares[size_t(r)]).c_str());

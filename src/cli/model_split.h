@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cli/generation_flags.h"
 #include "infer/generator.h"
 #include "infer/param_store.h"
 #include "infer/tensor_parallel.h"
@@ -38,9 +39,9 @@ struct ModelSplit {
   bool active() const { return pipeline.comm != nullptr || split.active(); }
 };
 // Places the model over world()'s ranks as the flags say, its parts sized as generation holds
-// them (`dtype`; with q8_0 the Linear weights in Q8_0 blocks); `print`: describe the placement on
+// them (`held`: with q8_0 the Linear weights in Q8_0 blocks); `print`: describe the placement on
 // stderr (rank 0 only). Sets the watchdog's activity to name the split.
-ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, DType dtype, bool q8_0,
+ModelSplit split_model(const ModelSplitFlags& f, const ModelConfig& cfg, const GenerationDtype& held,
                        const std::string& command, bool print);
 
 }  // namespace shardlm::cli

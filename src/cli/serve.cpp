@@ -109,7 +109,7 @@ void run_serve(const Opts& o) {
   // a slice of every layer); rank 0 serves HTTP and schedules, and the other ranks follow its
   // forwards (Generator::follow).
   comm::Communicator& w = world();
-  const ModelSplit split = split_model(o.split, cfg, dtype, held.q8_0, "serve", w.rank() == 0);
+  const ModelSplit split = split_model(o.split, cfg, held, "serve", w.rank() == 0);
   const std::string& command = split.command;
   infer::ParamStore params(cfg, DType::F32, split.keep, split.split);
   infer::load_inference_weights({.model = o.model, .adapter = o.adapter, .load_in_4bit = o.load_in_4bit,
