@@ -49,9 +49,9 @@ Generator::Generator(const ModelConfig& cfg, const model::LlamaWeights& weights,
   SHARDLM_CHECK(device_ == Device::CPU || (!comm_ && !tp_),
                 "a model split over ranks (--device-map, --tensor-parallel) generates on CPU ranks; on {} one "
                 "process holds the whole model", device_name(device_));
-  inv_freq_ = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
-  inv_freq_t_ = OwnedTensor(DType::F32, {int64_t(inv_freq_.size())}, MemCategory::Workspace, false, device_);
-  device::copy_bytes(inv_freq_t_.t.data, device_, inv_freq_.data(), Device::CPU, inv_freq_.size() * sizeof(float));
+  const std::vector<float> inv_freq = ops::rope_inv_freq(cfg.head_dim, float(cfg.rope_theta), cfg.rope_scaling);
+  inv_freq_ = OwnedTensor(DType::F32, {int64_t(inv_freq.size())}, MemCategory::Workspace, false, device_);
+  device::copy_bytes(inv_freq_.t.data, device_, inv_freq.data(), Device::CPU, inv_freq.size() * sizeof(float));
   slots_.resize(size_t(max_batch));
   // The cache: blocks of at most max_len positions (a larger block would only hold unused ones),
   // as many as max_batch sequences of max_len need, or fewer to stay within kv.max_bytes on the
@@ -271,6 +271,8 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
               rstd2 = make({N}), gate = make({N, F}), up = make({N, F}), act = make({N, F});
   // The new tokens and their positions (each sequence's own), made on the host and moved to device_.
   std::vector<int32_t> ids_host, pos_host;
+  ids_host.reserve(size_t(N));
+  pos_host.reserve(size_t(N));
   for (const Rows& p : parts)
     for (size_t t = 0; t < p.tokens.size(); ++t) {
       ids_host.push_back(p.tokens[t]);
@@ -279,7 +281,7 @@ std::vector<float> Generator::forward_parts(const std::vector<Rows>& parts) {
   OwnedTensor ids(DType::I32, {N}, ws, false, device_), pos(DType::I32, {1, N}, ws, false, device_);
   device::copy_bytes(ids.t.data, device_, ids_host.data(), Device::CPU, size_t(N) * sizeof(int32_t));
   device::copy_bytes(pos.t.data, device_, pos_host.data(), Device::CPU, size_t(N) * sizeof(int32_t));
-  const Tensor inv = inv_freq_t_.t;
+  const Tensor inv = inv_freq_.t;
   if (tp_) embed_vocab_slice(x.t, ids.t);
   else if (share_.embed) ops::embedding_forward(x.t, w_.embed, ids.t);
   else comm_->recv(x.t, prev_);  // the previous rank's layers' output

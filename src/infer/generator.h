@@ -241,8 +241,7 @@ class Generator {
   bool leading_ = false;              // lead(): forwards are broadcast to the followers first
   Recompute recompute_;        // set: forwards go through it, and w_ is unbound
   Device device_ = Device::CPU;  // where the weights are, and so the activations and the KV cache
-  std::vector<float> inv_freq_;
-  OwnedTensor inv_freq_t_;       // inv_freq_ on device_
+  OwnedTensor inv_freq_;         // RoPE's inverse frequencies [head_dim / 2], on device_
   std::unique_ptr<KvCache> cache_;  // none with a Recompute
   std::vector<Slot> slots_;
   std::vector<int64_t> freed_;  // lead(): slots released or evicted since the last broadcast forward
