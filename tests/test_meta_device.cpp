@@ -165,3 +165,54 @@ TEST(MetaDevice, ScratchIsTheCpuKernelsScratch) {
     }
   }
 }
+
+// The step-time model charges the memory-bound ops by the bytes they move (memory/step_time.h):
+// each tensor they read and each they write, one updated in place twice. Matmuls report FLOPs and
+// no bytes; ops on the CPU report nothing.
+TEST(MetaDevice, MemoryBoundOpsReportTheBytesTheyMove) {
+  struct Traffic final : MetaObserver {
+    double bytes = 0, flops = 0;
+    void on_alloc(const Buffer&) override {}
+    void on_free(const Buffer&) override {}
+    void on_traffic(double b) override { bytes += b; }
+    void on_flops(double f) override { flops += f; }
+  };
+  const int64_t n = 1000;
+  auto meta = [&](DType dt) { return make(dt, {n}, Device::Meta); };
+  auto moved = [](auto op) {
+    Traffic t;
+    {
+      const ObserveMeta observe(t);
+      op();
+    }
+    EXPECT_EQ(t.flops, 0.0);
+    return t.bytes;
+  };
+  const OwnedTensor p = meta(DType::F32), g = meta(DType::F32), m = meta(DType::F32), v = meta(DType::F32);
+  const OwnedTensor b = meta(DType::BF16), mb = meta(DType::BF16), vb = meta(DType::BF16);
+  EXPECT_EQ(moved([&] { ops::cast(b, p); }), double(n * (2 + 4)));
+  EXPECT_EQ(moved([&] { ops::add_inplace(p, b); }), double(n * (4 + 4 + 2)));
+  EXPECT_EQ(moved([&] { ops::zero(g); }), double(n * 4));
+  EXPECT_EQ(moved([&] { ops::scale_inplace(b, 0.5f); }), double(n * (2 + 2)));
+  EXPECT_EQ(moved([&] { ops::sum_squares(b); }), double(n * 2));
+  // AdamW reads the gradient and updates the parameter and both moments in place.
+  EXPECT_EQ(moved([&] { ops::adamw_step(p, g, m, v, {}, 1, 1.0f); }), double(n * 4 * 7));
+  EXPECT_EQ(moved([&] { ops::adamw_step(p, g, mb, vb, {}, 1, 1.0f); }), double(n * (4 * 3 + 2 * 4)));
+  const OwnedTensor x = make(DType::F32, {10, 100}, Device::Meta), y = make(DType::F32, {10, 100}, Device::Meta);
+  const OwnedTensor w = make(DType::F32, {100}, Device::Meta), rstd = make(DType::F32, {10}, Device::Meta);
+  EXPECT_EQ(moved([&] { ops::rmsnorm_forward(y, rstd, x, w, 1e-5f); }), double(2 * 10 * 100 * 4));
+  // A matmul's work is FLOPs, not bytes.
+  Traffic mm;
+  {
+    const ObserveMeta observe(mm);
+    const OwnedTensor A = make(DType::F32, {4, 8}, Device::Meta), B = make(DType::F32, {8, 5}, Device::Meta);
+    const OwnedTensor C = make(DType::F32, {4, 5}, Device::Meta);
+    ops::matmul(C, A, B);
+  }
+  EXPECT_EQ(mm.bytes, 0.0);
+  EXPECT_EQ(mm.flops, 2.0 * 4 * 5 * 8);
+  // On the CPU the same op is computed, not counted.
+  const OwnedTensor cp = make(DType::F32, {n}, Device::CPU), cb = make(DType::BF16, {n}, Device::CPU);
+  EXPECT_EQ(moved([&] { ops::cast(cb.t, cp.t); }), 0.0);
+}
+

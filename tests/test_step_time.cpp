@@ -191,3 +191,31 @@ TEST(StepTime, HostCopiesAddTheirBytesToCompute) {
   EXPECT_DOUBLE_EQ(cpu.flops, gpu.flops);
   EXPECT_NEAR(cpu.step_s, gpu.step_s + bytes / 2e9, 1e-9);  // no overlap: the copies add to the step
 }
+
+// With a memory bandwidth, the bytes the dry run's memory-bound ops move take their own time,
+// added to the FLOPs' (without it they are folded into the FLOP rate, and nothing is added).
+// A hybrid rank steps AdamW over twice the shard of a FULL_SHARD rank of the same world: the FLOPs
+// are the same, the bytes differ by at least AdamW's 28 per parameter element of the difference.
+TEST(StepTime, MemoryBoundBytesRunAtTheirOwnRateAndFollowTheShard) {
+  memory::EstimateInput full = run_of(shard::Strategy::FullShard, 4, 4), hybrid = run_of(shard::Strategy::HybridShard, 4, 4);
+  full.sharding.shard_group_size = hybrid.sharding.shard_group_size = 2;
+  const memory::Estimate ef = memory::estimate(full), eh = memory::estimate(hybrid);
+  ASSERT_EQ(ef.shard_group, 4);
+  ASSERT_EQ(eh.shard_group, 2);
+  memory::Hardware hw{.flops_per_s = 1e9, .intra_bytes_per_s = 1e9, .overlap = false};
+  const memory::StepTime folded = memory::predict_step_time(full, ef, hw);
+  hw.memory_bytes_per_s = 5e9;
+  const memory::StepTime f = memory::predict_step_time(full, ef, hw), h = memory::predict_step_time(hybrid, eh, hw);
+  double bytes = 0;
+  for (const WorkEvent& w : ef.step_work)
+    if (w.kind == WorkEvent::Kind::Compute) bytes += w.memory_bytes;
+  EXPECT_EQ(folded.memory_s, 0.0);
+  EXPECT_EQ(folded.memory_bytes, bytes);
+  EXPECT_EQ(f.memory_bytes, bytes);
+  EXPECT_NEAR(f.memory_s, bytes / 5e9, 1e-12);
+  EXPECT_NEAR(f.compute_s, folded.compute_s + bytes / 5e9, 1e-9);
+  EXPECT_NEAR(f.step_s, folded.step_s + bytes / 5e9, 1e-9);
+  EXPECT_DOUBLE_EQ(f.flops, h.flops);
+  EXPECT_GE(h.memory_bytes - f.memory_bytes, 28.0 * double(ef.padded_params) / 4);
+  EXPECT_GT(h.compute_s, f.compute_s);
+}

@@ -21,7 +21,7 @@ namespace shardlm::cli {
 namespace {
 
 struct TimeOpts {
-  std::string tflops, intra_bw, inter_bw, host_copy_bw, overlap = "true", world_sizes, strategies;
+  std::string tflops, memory_bw, intra_bw, inter_bw, host_copy_bw, overlap = "true", world_sizes, strategies;
   double intra_latency_us = 2, inter_latency_us = 8;
   bool json = false;
 };
@@ -105,6 +105,7 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
                       .inter_latency_s = t.inter_latency_us * 1e-6};
   if (!t.intra_bw.empty()) hw.intra_bytes_per_s = parse_bandwidth("--intra-node-bandwidth", t.intra_bw);
   if (!t.inter_bw.empty()) hw.inter_bytes_per_s = parse_bandwidth("--inter-node-bandwidth", t.inter_bw);
+  if (!t.memory_bw.empty()) hw.memory_bytes_per_s = parse_bandwidth("--memory-bandwidth", t.memory_bw);
   if (!t.host_copy_bw.empty()) hw.host_copy_bytes_per_s = parse_bandwidth("--host-copy-bandwidth", t.host_copy_bw);
   if (t.overlap != "true" && t.overlap != "false")
     throw Error(fmt::format("--overlap {}: expected true or false", t.overlap));
@@ -151,12 +152,14 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
     for (size_t i = 0; i < rows.size(); ++i)
       for (const Cell& c : rows[i]) {
         fmt::print("{}\n {{\"world_size\": {}, \"strategy\": \"{}\", \"step_s\": {:.6g}, \"compute_s\": {:.6g}, "
-                   "\"comm_s\": {:.6g}, \"exposed_comm_s\": {:.6g}, \"tokens_per_s_per_rank\": {:.6g}, "
-                   "\"efficiency\": {:.6g}, \"flops_per_step\": {:.6g}, \"comm_bytes_per_step\": {:.6g}, "
+                   "\"memory_s\": {:.6g}, \"host_copy_s\": {:.6g}, \"comm_s\": {:.6g}, \"exposed_comm_s\": {:.6g}, "
+                   "\"tokens_per_s_per_rank\": {:.6g}, \"efficiency\": {:.6g}, \"flops_per_step\": {:.6g}, "
+                   "\"memory_bytes_per_step\": {:.6g}, \"comm_bytes_per_step\": {:.6g}, "
                    "\"inter_node_bytes_per_step\": {:.6g}, \"peak_bytes\": {}, \"fits\": {}}}",
                    comma ? "," : "", worlds[i], shard::strategy_name(c.strategy), c.time.step_s, c.time.compute_s,
-                   c.time.comm_s, c.time.exposed_comm_s, c.time.tokens_per_s(),
-                   c.time.tokens_per_s() / first[c.strategy], c.time.flops, c.estimate.comm_bytes_per_step,
+                   c.time.memory_s, c.time.host_copy_s, c.time.comm_s, c.time.exposed_comm_s, c.time.tokens_per_s(),
+                   c.time.tokens_per_s() / first[c.strategy], c.time.flops, c.time.memory_bytes,
+                   c.estimate.comm_bytes_per_step,
                    c.estimate.inter_node_bytes_per_step, c.estimate.device_bytes, fits(c) ? "true" : "false");
         comma = true;
       }
@@ -170,9 +173,13 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
                                     : fmt::format("{:.2f}M parameters", params / 1e6),
              base.micro_batch_size, base.seq_len, base.grad_accum, base.grad_accum > 1 ? "s" : "",
              dtype_name(base.sharding.param_dtype), dtype_name(base.sharding.reduce_dtype));
-  fmt::print("hardware: {:.4g} TFLOP/s achieved per rank; within a node {} per rank, latency {} us; between nodes {} "
+  fmt::print("hardware: {:.4g} TFLOP/s achieved per rank{}; within a node {} per rank, latency {} us; between nodes {} "
              "per node, latency {} us; {}{}\n",
-             hw.flops_per_s / 1e12, hw.intra_bytes_per_s > 0 ? format_bytes(int64_t(hw.intra_bytes_per_s)) + "/s" : "-",
+             hw.flops_per_s / 1e12,
+             hw.memory_bytes_per_s > 0
+                 ? fmt::format(", memory-bound ops at {}/s", format_bytes(int64_t(hw.memory_bytes_per_s)))
+                 : "",
+             hw.intra_bytes_per_s > 0 ? format_bytes(int64_t(hw.intra_bytes_per_s)) + "/s" : "-",
              t.intra_latency_us, hw.inter_bytes_per_s > 0 ? format_bytes(int64_t(hw.inter_bytes_per_s)) + "/s" : "-",
              t.inter_latency_us,
              hw.overlap ? "communication overlaps compute" : "no overlap (communication adds to compute)",
@@ -197,8 +204,9 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
                  best ? shard::strategy_name(best->strategy) : "none fits");
   }
   fmt::print("eff: tokens/s per rank against the strategy's smallest world size here (weak scaling). The model replays\n"
-             "the engine's own step (docs/memory.md, \"Step time\"): matmul and attention FLOPs at --tflops, each\n"
-             "collective as latency + bytes / bandwidth, overlapped as the engine issues and waits for them.\n");
+             "the engine's own step (docs/memory.md, \"Step time\"): matmul and attention FLOPs at --tflops (the\n"
+             "memory-bound ops' bytes at --memory-bandwidth, where given), each collective as latency + bytes /\n"
+             "bandwidth, overlapped as the engine issues and waits for them.\n");
 }
 
 }  // namespace
@@ -211,6 +219,10 @@ void register_estimate_time(CLI::App& app) {
   add_estimate_options(cmd, *o);
   cmd->add_option("--tflops", t->tflops, "TFLOP/s one rank achieves in training: a run's model_flops_per_s / ranks on one node (bench/slow_links.sh measures it)")
       ->required();
+  cmd->add_option("--memory-bandwidth", t->memory_bw,
+                  "The rate one rank's memory-bound ops (elementwise, norms, casts, the optimizer) move bytes, each "
+                  "tensor read and written, e.g. 2TB/s; then --tflops is the matmuls' rate alone (default: their time "
+                  "folded into --tflops)");
   cmd->add_option("--intra-node-bandwidth", t->intra_bw, "One rank's bandwidth within its node, e.g. 300GB/s");
   cmd->add_option("--inter-node-bandwidth", t->inter_bw,
                   "One node's bandwidth to the others, all its ranks together, e.g. 400GB/s (8 x 400Gbit/s) or 1gbit");

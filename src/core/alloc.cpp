@@ -244,6 +244,9 @@ ObserveMeta::~ObserveMeta() { t_meta_observer = previous_; }
 void meta_flops(double flops) {
   if (t_meta_observer) t_meta_observer->on_flops(flops);
 }
+void meta_traffic(double bytes) {
+  if (t_meta_observer) t_meta_observer->on_traffic(bytes);
+}
 int64_t meta_collective(const void* group, DryCollective kind, int64_t ring_bytes) {
   return t_meta_observer ? t_meta_observer->on_collective(group, kind, ring_bytes) : 0;
 }

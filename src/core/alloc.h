@@ -121,22 +121,25 @@ enum class DryCollective : uint8_t { AllGather, ReduceScatter, AllReduce, Broadc
 
 // Sees what a dry run does on this thread while it is installed: every allocation and release of
 // meta buffers (the memory estimate), and the work in order (the step-time model,
-// memory/step_time.h): the arithmetic of each op run on meta tensors, and each collective of a
-// shape-only communicator from issue to wait.
+// memory/step_time.h): the arithmetic of each op run on meta tensors (the FLOPs of matmuls and
+// attention; the bytes elementwise ops, norms and the optimizer read and write), and each collective
+// of a shape-only communicator from issue to wait.
 class MetaObserver {
  public:
   virtual ~MetaObserver() = default;
   virtual void on_alloc(const Buffer& b) = 0;
   virtual void on_free(const Buffer& b) = 0;
   virtual void on_flops(double /*flops*/) {}
+  virtual void on_traffic(double /*bytes*/) {}
   // `group` identifies the communicator; ring_bytes are what this rank sends (comm::CommStats's
   // accounting). Returns an id that on_wait receives when the caller waits for the collective.
   virtual int64_t on_collective(const void* /*group*/, DryCollective /*kind*/, int64_t /*ring_bytes*/) { return 0; }
   virtual void on_wait(int64_t /*id*/) {}
 };
-// Report to this thread's observer, if any: an op's floating-point operations on meta tensors, a
-// shape-only collective's issue, and its wait.
+// Report to this thread's observer, if any: an op's floating-point operations on meta tensors, the
+// bytes a memory-bound op reads and writes, a shape-only collective's issue, and its wait.
 void meta_flops(double flops);
+void meta_traffic(double bytes);
 int64_t meta_collective(const void* group, DryCollective kind, int64_t ring_bytes);
 void meta_wait(int64_t id);
 // Installs `o` as this thread's MetaObserver for its lifetime (and restores the previous one).

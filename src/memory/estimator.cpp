@@ -107,10 +107,15 @@ struct Tracker final : MetaObserver {
   const void* shard_group = nullptr;
   std::vector<WorkEvent> work;
   int64_t next_id = 1;
-  void on_flops(double flops) override {
-    if (!record) return;
+  WorkEvent& compute_event() {
     if (work.empty() || work.back().kind != WorkEvent::Kind::Compute) work.push_back({});
-    work.back().flops += flops;
+    return work.back();
+  }
+  void on_flops(double flops) override {
+    if (record) compute_event().flops += flops;
+  }
+  void on_traffic(double bytes) override {
+    if (record) compute_event().memory_bytes += bytes;
   }
   int64_t on_collective(const void* group, DryCollective kind, int64_t bytes) override {
     if (!record) return 0;

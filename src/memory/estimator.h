@@ -76,7 +76,8 @@ struct WorkEvent {
   enum class Kind : uint8_t { Compute, Issue, Wait };
   enum class Group : uint8_t { Shard, Replicate };
   Kind kind = Kind::Compute;
-  double flops = 0;                                      // Compute
+  double flops = 0;                                      // Compute: matmuls and attention
+  double memory_bytes = 0;  // Compute: what the memory-bound ops (elementwise, norms, optimizer) read and write
   DryCollective collective = DryCollective::AllGather;  // Issue
   Group group = Group::Shard;                            // Issue
   int64_t bytes = 0;                                     // Issue: what this rank sends (ring accounting)

@@ -53,8 +53,11 @@ StepTime predict_step_time(const EstimateInput& in, const Estimate& e, const Har
   for (const WorkEvent& w : e.step_work) {
     switch (w.kind) {
       case WorkEvent::Kind::Compute: {
-        const double s = w.flops / hw.flops_per_s;
+        const double memory = hw.memory_bytes_per_s > 0 ? w.memory_bytes / hw.memory_bytes_per_s : 0;
+        const double s = w.flops / hw.flops_per_s + memory;
         st.flops += w.flops;
+        st.memory_bytes += w.memory_bytes;
+        st.memory_s += memory;
         st.compute_s += s;
         now += s;
         break;
@@ -65,6 +68,7 @@ StepTime predict_step_time(const EstimateInput& in, const Estimate& e, const Har
         st.comm_s += d;
         if (hw.host_copy_bytes_per_s > 0) {  // the cores that compute also move the bytes
           const double copy = double(w.bytes) / hw.host_copy_bytes_per_s;
+          st.host_copy_s += copy;
           st.compute_s += copy;
           now += copy;
         }

@@ -3,8 +3,12 @@
 // the dry run records rank 0's work in the order the engine does it (WorkEvent: the arithmetic of
 // each op, each collective from issue to wait, on the shard or the replicate group), and this model
 // replays that sequence on two clocks, compute and communication:
-//   - compute runs the recorded FLOPs at the achieved rate of one rank (Hardware::flops_per_s,
-//     measured on real training, so elementwise ops, norms and the optimizer are folded into it);
+//   - compute runs the recorded FLOPs (matmuls, attention) at the achieved rate of one rank
+//     (Hardware::flops_per_s). The bytes the memory-bound ops move (elementwise ops, norms, casts,
+//     the optimizer) run at Hardware::memory_bytes_per_s when it is given; without it they are
+//     folded into the FLOP rate, measured on real training. The two differ where a rank's shard
+//     size changes and its FLOPs do not: a hybrid rank steps AdamW over twice the elements of a
+//     FULL_SHARD rank of the same world (bench/RESULTS.md, 2026-11-27, session 13);
 //   - a collective starts when it is issued and the links it uses are free (FIFO; a node's links
 //     within it and its links to other nodes are two resources that run at once), and lasts
 //     steps * latency + bytes / bandwidth, where the bandwidth is the slower of the rank's
@@ -33,6 +37,9 @@ namespace shardlm::memory {
 
 struct Hardware {
   double flops_per_s = 0;        // achieved by one rank on this model's training work, FLOP/s
+  // The rate one rank's memory-bound ops move bytes (each tensor read and each written); 0: their
+  // time is folded into flops_per_s.
+  double memory_bytes_per_s = 0;
   double intra_bytes_per_s = 0;  // one rank's bandwidth to the others of its node
   double inter_bytes_per_s = 0;  // one node's bandwidth to the other nodes (all its ranks together)
   double intra_latency_s = 0;    // per ring step within a node
@@ -51,10 +58,13 @@ double collective_seconds(DryCollective kind, int64_t bytes, const GroupPlace& g
 
 struct StepTime {
   double step_s = 0;        // the predicted step
-  double compute_s = 0;     // the recorded FLOPs at flops_per_s
+  double compute_s = 0;     // the recorded FLOPs at flops_per_s, + memory_s, + host_copy_s
+  double memory_s = 0;      // the memory-bound ops' bytes at memory_bytes_per_s (0 when it is not given)
+  double host_copy_s = 0;   // the bytes sent at host_copy_bytes_per_s (0 when it is not given)
   double comm_s = 0;        // every collective's duration, summed
   double exposed_comm_s = 0;  // step_s - compute_s: communication compute waited for
   double flops = 0;         // per rank per step, as recorded
+  double memory_bytes = 0;  // per rank per step: what the memory-bound ops read and write
   double tokens = 0;        // trained per rank per step
   double tokens_per_s() const { return step_s > 0 ? tokens / step_s : 0; }
 };

@@ -73,4 +73,12 @@ void check_arg(const char* op, const char* arg, const Tensor& t, std::initialize
   check_shape(op, arg, t, shape);
 }
 
+void count_traffic(Device dev, std::initializer_list<const Tensor*> moved) {
+  if (dev != Device::Meta) return;
+  double bytes = 0;
+  for (const Tensor* t : moved)
+    if (t->defined()) bytes += double(t->nbytes());
+  meta_traffic(bytes);
+}
+
 }  // namespace shardlm::ops

@@ -53,6 +53,12 @@ struct NamedTensor {
 };
 Device check_same_device(const char* op, std::initializer_list<NamedTensor> tensors);
 
+// On the meta device, reports to the dry run (core/alloc.h's meta_traffic) the bytes a
+// memory-bound op moves: the sum of the listed tensors' sizes, each tensor it reads and each it
+// writes, one it updates in place listed twice. The step-time model charges them at a memory
+// bandwidth (memory/step_time.h). Elsewhere it does nothing.
+void count_traffic(Device dev, std::initializer_list<const Tensor*> moved);
+
 // The values of an i32 tensor on the host (copied from the GPU when it lives there, which waits
 // for the compute stream): front ends validate ids with it so a bad id is reported by position.
 std::vector<int32_t> host_i32(const Tensor& t);

@@ -25,6 +25,7 @@ void dropout(const Tensor& out, const Tensor& x, float p, uint64_t key, uint64_t
                 op, out.describe(), x.describe());
   const Device dev = check_same_device(op, {{"out", &out}, {"x", &x}});
   if (p == 0.0f) return cast(out, x);  // every element kept, times 1: a copy (or a cast)
+  count_traffic(dev, {&out, &x});
   SHARDLM_DISPATCH(dev, dropout(out, x, p, key, stream));
   cpu::dropout(out, x, p, key, stream);
 }

@@ -28,6 +28,7 @@ void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& id
   check_shape(op, "out", out, {ids.numel(), weight.shape[1]});
   const Device dev = check_same_device(op, {{"out", &out}, {"weight", &weight}, {"ids", &ids}});
   check_ids(op, ids, weight.shape[0]);
+  count_traffic(dev, {&out, &out});  // the rows read, the rows written
   SHARDLM_DISPATCH(dev, embedding_forward(out, weight, ids));
   cpu::embedding_forward(out, weight, ids);
 }
@@ -44,6 +45,7 @@ void embedding_backward(const Tensor& dweight, const Tensor& dout, const Tensor&
   check_shape(op, "dout", dout, {ids.numel(), dweight.shape[1]});
   const Device dev = check_same_device(op, {{"dweight", &dweight}, {"dout", &dout}, {"ids", &ids}});
   check_ids(op, ids, dweight.shape[0]);
+  count_traffic(dev, {&dout, &dout, &dout});  // dout read; its rows of dweight updated
   SHARDLM_DISPATCH(dev, embedding_backward(dweight, dout, ids));
   cpu::embedding_backward(dweight, dout, ids);
 }

@@ -191,6 +191,7 @@ void nf4_dequantize(const Tensor& out, const Tensor& packed, const Tensor& absma
   check_u8(op, "packed", packed, (n + 1) / 2);
   check_f32(op, "absmax", absmax, ceil_div(n, kNf4BlockSize));
   const Device dev = check_same_device(op, {{"out", &out}, {"packed", &packed}, {"absmax", &absmax}});
+  count_traffic(dev, {&out, &packed});
   SHARDLM_DISPATCH(dev, nf4_dequantize(out, packed, absmax));
   cpu::nf4_dequantize(out, packed, absmax);
 }
@@ -210,6 +211,7 @@ void nf4_dequantize_nested(const Tensor& out, const Tensor& packed, const Tensor
                                             {"qabsmax", &qabsmax},
                                             {"nested_absmax", &nested_absmax},
                                             {"offset", &offset}});
+  count_traffic(dev, {&out, &packed});
   SHARDLM_DISPATCH(dev, nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset));
   cpu::nf4_dequantize_nested(out, packed, qabsmax, nested_absmax, offset);
 }

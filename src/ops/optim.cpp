@@ -24,6 +24,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   SHARDLM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1,
                 "adamw_step: betas must lie in [0, 1), got ({}, {})", cfg.beta1, cfg.beta2);
   const Device dev = check_same_device(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
+  count_traffic(dev, {&param, &param, &grad, &m, &m, &v, &v});
   SHARDLM_DISPATCH(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale, pos));
   cpu::adamw_step(param, grad, m, v, cfg, step, grad_scale, pos);
 }
@@ -44,6 +45,7 @@ void check_blockwise8(const char* op, const Tensor& codes, const Tensor& absmax,
 void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor& x, bool is_signed) {
   check_blockwise8("quantize_blockwise8", codes, absmax, x);
   const Device dev = check_same_device("quantize_blockwise8", {{"codes", &codes}, {"absmax", &absmax}, {"x", &x}});
+  count_traffic(dev, {&codes, &x});
   SHARDLM_DISPATCH(dev, quantize_blockwise8(codes, absmax, x, is_signed));
   cpu::quantize_blockwise8(codes, absmax, x, is_signed);
 }
@@ -51,6 +53,7 @@ void quantize_blockwise8(const Tensor& codes, const Tensor& absmax, const Tensor
 void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& absmax, bool is_signed) {
   check_blockwise8("dequantize_blockwise8", codes, absmax, x);
   const Device dev = check_same_device("dequantize_blockwise8", {{"codes", &codes}, {"absmax", &absmax}, {"x", &x}});
+  count_traffic(dev, {&x, &codes});
   SHARDLM_DISPATCH(dev, dequantize_blockwise8(x, codes, absmax, is_signed));
   cpu::dequantize_blockwise8(x, codes, absmax, is_signed);
 }
@@ -58,6 +61,7 @@ void dequantize_blockwise8(const Tensor& x, const Tensor& codes, const Tensor& a
 double sum_squares(const Tensor& x) {
   check_usable("sum_squares", "x", x);
   check_dtype("sum_squares", "x", x, {DType::F32, DType::BF16});
+  count_traffic(x.device, {&x});
   SHARDLM_DISPATCH(x.device, sum_squares(x));
   return cpu::sum_squares(x);
 }

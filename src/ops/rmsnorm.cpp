@@ -29,6 +29,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   check_arg(op, "rstd", rstd, {DType::F32}, {N});
   SHARDLM_CHECK(eps >= 0.0f && std::isfinite(eps), "{}: eps: expected a finite value >= 0, got {}", op, eps);
   const Device dev = check_same_device(op, {{"y", &y}, {"rstd", &rstd}, {"x", &x}, {"w", &w}});
+  count_traffic(dev, {&y, &x});
   SHARDLM_DISPATCH(dev, rmsnorm_forward(y, rstd, x, w, eps));
   cpu::rmsnorm_forward(y, rstd, x, w, eps);
 }
@@ -44,6 +45,7 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   if (dw.defined()) check_arg(op, "dw", dw, {DType::F32}, {D});  // undefined: a frozen weight, no dw
   const Device dev =
       check_same_device(op, {{"dx", &dx}, {"dw", &dw}, {"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
+  count_traffic(dev, {&dx, &dy, &x});
   SHARDLM_DISPATCH(dev, rmsnorm_backward(dx, dw, dy, x, w, rstd));
   cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
 }

@@ -109,12 +109,14 @@ void check_rope(const char* op, const char* outname, const Tensor& out, const ch
 
 void rope_forward(const Tensor& out, const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   check_rope("rope_forward", "out", out, "x", x, positions, inv_freq);
+  count_traffic(x.device, {&out, &x});
   SHARDLM_DISPATCH(x.device, rope_apply(out, x, positions, inv_freq, +1.0f));
   cpu::rope_apply(out, x, positions, inv_freq, +1.0f);
 }
 
 void rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& positions, const Tensor& inv_freq) {
   check_rope("rope_backward", "dx", dx, "dout", dout, positions, inv_freq);
+  count_traffic(dout.device, {&dx, &dout});
   SHARDLM_DISPATCH(dout.device, rope_apply(dx, dout, positions, inv_freq, -1.0f));
   cpu::rope_apply(dx, dout, positions, inv_freq, -1.0f);
 }

@@ -17,6 +17,7 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   check_same(op, "up", up, gate);
   check_same(op, "out", out, gate);
   const Device dev = check_same_device(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  count_traffic(dev, {&out, &gate, &up});
   SHARDLM_DISPATCH(dev, swiglu_forward(out, gate, up));
   cpu::swiglu_forward(out, gate, up);
 }
@@ -31,6 +32,7 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
   check_same(op, "dup", dup, gate);
   const Device dev =
       check_same_device(op, {{"dgate", &dgate}, {"dup", &dup}, {"dout", &dout}, {"gate", &gate}, {"up", &up}});
+  count_traffic(dev, {&dgate, &dup, &dout, &gate, &up});
   SHARDLM_DISPATCH(dev, swiglu_backward(dgate, dup, dout, gate, up));
   cpu::swiglu_backward(dgate, dup, dout, gate, up);
 }
