@@ -334,6 +334,7 @@ row mem_nproc_not_divide    "--nproc-per-node 4 does not divide --world-size 6" 
 row time_no_tflops          "--tflops"                                                 S estimate-time --model tiny --world-size 4
 row time_bad_bandwidth      "--inter-node-bandwidth 10 furlongs"                       S estimate-time --model tiny --world-size 4 --nproc-per-node 2 --tflops 1 --inter-node-bandwidth "10 furlongs"
 row time_no_link_figure     "inter-node bandwidth must be > 0.*world size 4"           S estimate-time --model tiny --world-size 4 --nproc-per-node 2 --tflops 1 --intra-node-bandwidth 1GB/s --sharding-strategy FULL_SHARD
+row time_bad_memory_bw       "--memory-bandwidth fast"                                  S estimate-time --model tiny --world-size 4 --tflops 1 --memory-bandwidth fast
 row time_bad_world_sizes    "--world-sizes 8,x"                                        S estimate-time --model tiny --tflops 1 --world-sizes 8,x
 # datasets
 row data_missing_file       "no_such_data\.json"                                       TA data.train="$work/no_such_data.json"
