@@ -14,6 +14,15 @@
 //                                     kernel, through oneDNN (x rounded to bf16) and through the f32
 //                                     fallback's widening; and decode attention over an f32 and a
 //                                     bf16 KV cache; one JSON line each
+//   build/bench/bench_ops --memory-bound N
+//                                     the memory-bound work a rank does per element of its shard in a
+//                                     mixed-precision step (the bf16 copy for the gather, the reduced
+//                                     part added in, the sums of squares, AdamW, zeroing) over N
+//                                     elements, one thread: bytes moved per second as the step-time
+//                                     model counts them (the dry run's rule, ops/check.h
+//                                     count_traffic), the median of the passes of 5 seconds, one
+//                                     JSON line
+//                                     (bench/slow_links.sh runs 4 at once for --memory-bandwidth)
 //
 // Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
 // interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
@@ -22,6 +31,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -30,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/q8_0.h"
 #include "core/platform.h"
 #include "core/rng.h"
@@ -208,6 +219,52 @@ void compare_decode_attention(int64_t T, int64_t H, int64_t Hkv, int64_t Dh) {
              T, Hkv, Dh, H, t[0] * 1e3, t[1] * 1e3, platform_info().omp_threads);
 }
 
+// One shard step's memory-bound ops over n elements; on meta tensors the dry run counts their bytes.
+struct ShardState {
+  OwnedTensor p, g, m, v, h;
+  ShardState(int64_t n, Device d)
+      : p(DType::F32, {n}, MemCategory::Other, true, d), g(DType::F32, {n}, MemCategory::Other, true, d),
+        m(DType::F32, {n}, MemCategory::Other, true, d), v(DType::F32, {n}, MemCategory::Other, true, d),
+        h(DType::BF16, {n}, MemCategory::Other, true, d) {}
+  void step(int64_t t) {
+    ops::cast(h.t, p.t);         // the parameters' bf16 copy for the all-gather
+    ops::add_inplace(g.t, h.t);  // the reduced bf16 gradient added into the shard
+    (void)ops::sum_squares(g.t);  // the gradient norm
+    ops::adamw_step(p.t, g.t, m.t, v.t, {}, t);
+    (void)ops::sum_squares(p.t);  // the updated weights' check
+    ops::zero(g.t);
+  }
+};
+
+void memory_bound(int64_t n) {
+  struct Bytes final : MetaObserver {
+    double bytes = 0;
+    void on_alloc(const Buffer&) override {}
+    void on_free(const Buffer&) override {}
+    void on_traffic(double b) override { bytes += b; }
+  } counted;
+  {
+    ShardState meta(n, Device::Meta);
+    const ObserveMeta observe(counted);
+    meta.step(1);
+  }
+  // Passes for at least 5 seconds (and 15), the first left out: processes started together
+  // overlap for most of their passes, as a node's ranks do.
+  ShardState s(n, Device::CPU);
+  std::vector<double> seconds;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t t = 1; t <= 16 || std::chrono::steady_clock::now() - start < std::chrono::seconds(5); ++t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    s.step(t);
+    if (t > 1) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const auto mid = seconds.begin() + std::ptrdiff_t(seconds.size() / 2);
+  std::nth_element(seconds.begin(), mid, seconds.end());
+  fmt::print("{{\"impl\": \"memory-bound\", \"elements\": {}, \"bytes_per_pass\": {:.0f}, \"passes\": {}, "
+             "\"median_s\": {:.5f}, \"bytes_per_s\": {:.0f}, \"threads\": {}}}\n",
+             n, counted.bytes, seconds.size(), *mid, counted.bytes / *mid, platform_info().omp_threads);
+}
+
 void row(const char* name, const char* shape, double s, double flop = 0) {
   if (flop > 0)
     fmt::print("  {:<28} {:<34} {:9.3f} ms  {:7.1f} GFLOP/s\n", name, shape, s * 1e3, flop / s * 1e-9);
@@ -221,16 +278,22 @@ int main(int argc, char** argv) {
   select_blas_kernels(argv);  // OpenBLAS's kernels as shardlm picks them (core/platform.h)
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
   bool quick = false, sgemm_only = false, bf16_only = false, decode_only = false;
+  int64_t memory_elements = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--sgemm")) sgemm_only = true;
     else if (!std::strcmp(argv[i], "--bf16")) bf16_only = true;
     else if (!std::strcmp(argv[i], "--decode")) decode_only = true;
+    else if (!std::strcmp(argv[i], "--memory-bound") && i + 1 < argc) memory_elements = std::atoll(argv[++i]);
     else {
-      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16 | --decode\n");
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16 | --decode | --memory-bound N\n");
       return 2;
     }
+  }
+  if (memory_elements > 0) {
+    memory_bound(memory_elements);
+    return 0;
   }
   if (sgemm_only) {
     const int64_t n = 2048;

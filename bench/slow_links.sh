@@ -4,12 +4,12 @@
 # param_dtype bf16: all-gathers in bf16; reduce_dtype bf16: reductions in bf16), over links limited
 # with tc tbf to each RATE; and beside every measurement, `shardlm estimate-time`'s prediction from
 # figures this script measures first:
-#   - compute, two rates per dtype: the FLOP/s of a rank's matmuls and attention, and the bytes/s
-#     of its memory-bound ops (elementwise, norms, casts, AdamW: what the dry run counts they read
-#     and write). Both from 2 runs on one node of 4 ranks (no emulated nodes, no link limit):
-#     FULL_SHARD, and HYBRID_SHARD with shard groups of 2. Their FLOPs are equal and their shards
-#     differ by 2x, so the two step times give the two rates (the model's own replay of each run
-#     supplies its host copies and exposed communication; 3 rounds of the solve);
+#   - the memory-bound ops' rate: 4 concurrent `bench_ops --memory-bound` (one rank's FULL_SHARD
+#     shard of AdamW, casts, sums of squares, zeroing; bytes as the dry run counts them), the median
+#     of the 4 rates (--memory-bandwidth);
+#   - the FLOP rate of a rank's matmuls and attention, per dtype: a run on one node of 4 ranks (no
+#     emulated nodes, no link limit), FULL_SHARD, less the model's own replay of that run's
+#     memory-bound ops, host copies and exposed communication (--tflops);
 #   - links: bench_comm's all-gather between 2 ranks, one per node (the node's inter-node rate)
 #     and within one node (a rank's intra-node rate), at each RATE, and on the host (the rate of
 #     the calibration runs' copies).
@@ -23,17 +23,18 @@
 # The prediction models CPU ranks: communication runs behind compute (OVERLAP=true, the progress
 # thread's), and every byte a rank communicates takes its cores' time at the intra-node rate
 # (--host-copy-bandwidth; HOST_COPY=0 leaves it out). COMPARE_MPI=0 skips the runs on MPI's collectives.
-# TFLOPS_F32, MEMBW_F32, TFLOPS_BF16, MEMBW_BF16 (bytes/s) give the compute rates instead of measuring them.
+# TFLOPS_F32, TFLOPS_BF16 and MEMBW (bytes/s) give the compute rates instead of measuring them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 work=$(realpath -m "${1:-runs/slow_links}")
 shardlm=$(realpath "${SHARDLM:-build/shardlm}")
 bench_comm=$(realpath "${BENCH_COMM:-build/bench/bench_comm}")
+bench_ops=$(realpath "${BENCH_OPS:-build/bench/bench_ops}")
 rates=(${RATES:-1gbit 10gbit})
 steps=${STEPS:-16}
 rounds=${ROUNDS:-2}
-[[ -x $shardlm && -x $bench_comm ]] || { echo "error: build shardlm and bench_comm first" >&2; exit 1; }
+[[ -x $shardlm && -x $bench_comm && -x $bench_ops ]] || { echo "error: build shardlm, bench_comm and bench_ops first" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || { echo "error: emulated nodes need root" >&2; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -97,61 +98,54 @@ predict() {
     --reduce-dtype $dt --sharding-strategy "$strategy" --overlap "${OVERLAP:-true}" --json "$@" > "$out"
 }
 
-# ---- compute: one node of 4 ranks, FULL_SHARD and HYBRID_SHARD in shard groups of 2 ----
+# ---- compute: the memory-bound ops' rate, then the FLOP rate of each dtype from one node ----
 host_intra=$(comm_rate mpirun --bind-to none)
 echo "host: intra-node $((host_intra / 1000000)) MB/s per rank (bench_comm all-gather, 64 MiB, outside the emulated nodes)"
-declare -A tflops=([f32]=${TFLOPS_F32:-} [bf16]=${TFLOPS_BF16:-}) membw=([f32]=${MEMBW_F32:-} [bf16]=${MEMBW_BF16:-})
-given() { [[ -n ${tflops[$1]} && -n ${membw[$1]} ]]; }
+membw=${MEMBW:-}
+if [[ -z $membw ]]; then
+  # a FULL_SHARD rank's quarter of the parameters
+  shard=$(/usr/bin/python3 -c "
+import json; c = json.load(open('$work/model/config.json'))
+h, i, v, L = c['hidden_size'], c['intermediate_size'], c['vocab_size'], c['num_hidden_layers']
+kv = h * c['num_key_value_heads'] // c['num_attention_heads']
+print((L * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + (1 if c.get('tie_word_embeddings') else 2) * v * h + h) // 4)")
+  for i in 1 2 3 4; do OMP_NUM_THREADS=1 "$bench_ops" --memory-bound "$shard" > "$work/membw_$i.json" & done
+  wait
+  membw=$(cat "$work"/membw_*.json | /usr/bin/python3 -c \
+    'import json, statistics, sys; print(round(statistics.median(json.loads(l)["bytes_per_s"] for l in sys.stdin)))')
+  echo "memory-bound ops: 4 concurrent bench_ops --memory-bound $shard: $((membw / 1000000)) MB/s per rank (median)"
+fi
+declare -A tflops=([f32]=${TFLOPS_F32:-} [bf16]=${TFLOPS_BF16:-})
 for round in $(seq "$rounds"); do
   for dt in f32 bf16; do
-    given $dt && continue
-    for strategy in FULL_SHARD HYBRID_SHARD; do
-      run=calib_${dt}_${strategy}_r$round
-      "$shardlm" launch --nproc-per-node 4 -- train --config "$work/run.yaml" output_dir="$work/$run" \
-        sharding_strategy=$strategy shard_group_size=2 $(precision $dt) > "$work/$run.log" 2>&1 \
-        || { cat "$work/$run.log"; exit 1; }
-    done
+    [[ -n ${tflops[$dt]} ]] && continue
+    run=calib_${dt}_r$round
+    "$shardlm" launch --nproc-per-node 4 -- train --config "$work/run.yaml" output_dir="$work/$run" \
+      sharding_strategy=FULL_SHARD $(precision $dt) > "$work/$run.log" 2>&1 || { cat "$work/$run.log"; exit 1; }
   done
 done
 for dt in f32 bf16; do
-  given $dt && { echo "compute $dt: ${tflops[$dt]} TFLOP/s, ${membw[$dt]} B/s per rank (given)"; continue; }
-  calib=()
-  for strategy in FULL_SHARD HYBRID_SHARD; do
-    calib+=("$strategy" "$(step_s "$work"/calib_${dt}_${strategy}_r*/)")
-  done
-  # Solve F/R + B_i/M = t_i - copies_i - exposed_i for R and M; the exposed communication is the
-  # model's own at the previous round's rates (none in the first).
-  read -r tf mb < <(/usr/bin/python3 - "$shardlm" "$work" "$dt" "$host_intra" "$B" "$T" "${calib[@]}" <<'PY'
-import json, subprocess, sys
-shardlm, work, dt, intra, B, T = sys.argv[1:7]
-runs = dict(zip(sys.argv[7::2], map(float, sys.argv[8::2])))
-def replay(strategy, tflops, membw):
-    out = subprocess.run([shardlm, "estimate-time", "--model", f"{work}/model", "--micro-batch-size", B, "--seq-len", T,
-        "--param-dtype", dt, "--reduce-dtype", dt, "--sharding-strategy", strategy, "--world-sizes", "4",
-        "--nproc-per-node", "4", "--shard-group-size", "2", "--tflops", f"{tflops:.6g}", "--memory-bandwidth", f"{membw:.6g}",
-        "--intra-node-bandwidth", intra, "--host-copy-bandwidth", intra, "--overlap", "true", "--json"],
-        check=True, capture_output=True, text=True).stdout
-    return json.loads(out)[0]
-tflops, membw, exposed = 1.0, 1e12, {s: 0.0 for s in runs}
-for _ in range(3):
-    p = {s: replay(s, tflops, membw) for s in runs}
-    rest = {s: runs[s] - p[s]["host_copy_s"] - exposed[s] for s in runs}
-    F = p["FULL_SHARD"]["flops_per_step"]
-    dB = p["HYBRID_SHARD"]["memory_bytes_per_step"] - p["FULL_SHARD"]["memory_bytes_per_step"]
-    per_byte = (rest["HYBRID_SHARD"] - rest["FULL_SHARD"]) / dB
-    per_flop = (rest["FULL_SHARD"] - p["FULL_SHARD"]["memory_bytes_per_step"] * per_byte) / F
-    if per_byte <= 0 or per_flop <= 0:
-        sys.exit(f"error: the calibration runs do not separate the two rates ({runs}): rerun on an idle machine")
-    tflops, membw = 1 / per_flop / 1e12, 1 / per_byte
-    p = {s: replay(s, tflops, membw) for s in runs}
-    exposed = {s: p[s]["exposed_comm_s"] for s in runs}
-print(f"{tflops:.5f} {membw:.0f}")
+  [[ -n ${tflops[$dt]} ]] && { echo "compute $dt: ${tflops[$dt]} TFLOP/s per rank (given)"; continue; }
+  t=$(step_s "$work"/calib_${dt}_r*/)
+  # F / R = t - memory-bound ops - host copies - exposed communication, all from the model's own
+  # replay of this run; the exposed part depends on R, so a few rounds.
+  tf=0.1
+  for _ in 1 2 3 4; do
+    predict "$work/calib.json" FULL_SHARD $dt --world-sizes 4 --nproc-per-node 4 --tflops $tf --memory-bandwidth "$membw" \
+      --intra-node-bandwidth "$host_intra" --host-copy-bandwidth "$host_intra"
+    tf=$(/usr/bin/python3 - "$work/calib.json" "$t" <<'PY'
+import json, sys
+p, t = json.load(open(sys.argv[1]))[0], float(sys.argv[2])
+rest = t - p["memory_s"] - p["host_copy_s"] - p["exposed_comm_s"]
+if rest <= 0:
+    sys.exit(f"error: the one-node run ({t} s a step) is not longer than its memory-bound ops and copies: rerun on an idle machine")
+print(f"{p['flops_per_step'] / rest / 1e12:.5f}")
 PY
-  ) || exit 1
-  tflops[$dt]=$tf membw[$dt]=$mb
-  echo "compute $dt: one node, 4 ranks: FULL_SHARD ${calib[1]} s, HYBRID_SHARD (groups of 2) ${calib[3]} s a step -> ${tf} TFLOP/s, $((mb / 1000000)) MB/s per rank"
+    ) || exit 1
+  done
+  tflops[$dt]=$tf
+  echo "compute $dt: one node, 4 ranks, FULL_SHARD ${t} s a step -> ${tflops[$dt]} TFLOP/s per rank"
 done
-
 
 printf '\n%-8s %-20s %-5s %10s %10s %10s %8s %12s %12s\n' rate strategy wire "step s" "mpi s" predicted error "comm/step" "inter/step"
 for rate in "${rates[@]}"; do
@@ -177,7 +171,7 @@ for rate in "${rates[@]}"; do
       measured=$(step_s "$work/${tag}"_ring1_r*/)
       mpi=$([[ ${COMPARE_MPI:-1} == 1 ]] && step_s "$work/${tag}"_ring0_r*/ || echo nan)
       predict "$work/$tag.pred.json" "$strategy" "$dt" --world-sizes 4 --nproc-per-node 2 --tflops "${tflops[$dt]}" \
-        --memory-bandwidth "${membw[$dt]}" --intra-node-bandwidth "$intra" --inter-node-bandwidth "$inter" \
+        --memory-bandwidth "$membw" --intra-node-bandwidth "$intra" --inter-node-bandwidth "$inter" \
         $([[ ${HOST_COPY:-1} == 1 ]] && echo "--host-copy-bandwidth $intra")
       /usr/bin/python3 - "$work/$tag.pred.json" "$measured" "$rate" "$strategy" "$dt" "$mpi" <<'PY'
 import json, sys
