@@ -217,7 +217,8 @@ void register_estimate_time(CLI::App& app) {
   auto o = std::make_shared<EstimateOptions>();
   auto t = std::make_shared<TimeOpts>();
   add_estimate_options(cmd, *o);
-  cmd->add_option("--tflops", t->tflops, "TFLOP/s one rank achieves in training: a run's model_flops_per_s / ranks on one node (bench/slow_links.sh measures it)")
+  cmd->add_option("--tflops", t->tflops, "TFLOP/s one rank achieves in training: a run's model_flops_per_s / ranks on one node; with "
+                  "--memory-bandwidth, its matmuls' and attention's alone (bench/slow_links.sh measures both)")
       ->required();
   cmd->add_option("--memory-bandwidth", t->memory_bw,
                   "The rate one rank's memory-bound ops (elementwise, norms, casts, the optimizer) move bytes, each "

@@ -36,7 +36,8 @@
 namespace shardlm::memory {
 
 struct Hardware {
-  double flops_per_s = 0;        // achieved by one rank on this model's training work, FLOP/s
+  double flops_per_s = 0;        // achieved by one rank on this model's training work, FLOP/s (its matmuls and
+                                 // attention alone where memory_bytes_per_s is given)
   // The rate one rank's memory-bound ops move bytes (each tensor read and each written); 0: their
   // time is folded into flops_per_s.
   double memory_bytes_per_s = 0;
