@@ -26,7 +26,6 @@
 # TFLOPS_F32, TFLOPS_BF16 and MEMBW (bytes/s) give the compute rates instead of measuring them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=$PWD
 work=$(realpath -m "${1:-runs/slow_links}")
 shardlm=$(realpath "${SHARDLM:-build/shardlm}")
 bench_comm=$(realpath "${BENCH_COMM:-build/bench/bench_comm}")

@@ -46,8 +46,7 @@ PartSizes part_sizes(const ModelConfig& cfg, DType dtype, bool q8_0) {
   for (const model::ModelPart& part : model::llama_parts(cfg)) {
     uint64_t bytes = 0;
     for (const model::ParamInfo& p : part.params) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
+      const int64_t n = p.numel();
       const uint64_t held = q8_0 && model::held_in_q8_0(part, p)
                                 ? uint64_t(n / p.shape.back()) * uint64_t(q8_0_bytes(p.shape.back()))
                                 : uint64_t(n) * esize;
