@@ -87,10 +87,11 @@ TEST(CpuBf16, ManyShapesThroughTheCache) {
 //  - on AMX tiles: x split into two bf16 parts, within f32 rounding of that product (a float64
 //    reference; x rounded to bf16 alone would miss it by 2^-9 of |x| |w| per term).
 // Just past it (M = 9) the bf16 path, where there is one, rounds x to bf16 (1 + 2^-10 becomes 1).
-// N and K leave partial tiles (37 = 2 x 16 + 5 rows, 1031 = 32 x 32 + 7).
+// N and K leave partial tiles and blocks (37 = 24 + 13 rows = 2 x 16 + 5; 1191 = 2 x 512 + 160 + 7
+// = 37 x 32 + 7).
 TEST(CpuBf16, DecodeShapesTakeTheSkinnyKernel) {
   const shardlm::testing::CpuPath guard;
-  const int64_t N = 37, K = 1031;
+  const int64_t N = 37, K = 1191;
   std::vector<float> wf(size_t(N * K));
   std::vector<bf16_t> w(wf.size());
   for (size_t i = 0; i < w.size(); ++i) {

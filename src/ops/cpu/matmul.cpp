@@ -52,15 +52,16 @@ const float* as_f32(const Tensor& t, const Buffer& scratch) {
 // row of B is read once, straight from memory, and dotted with each row of A (which stays in
 // cache). OpenBLAS 0.3.21's sgemm packs all of B first, which for a decode step means copying
 // every weight once more per token: this path decoded a 506M-parameter model 1.5x faster in f32
-// (bench/RESULTS.md). The work is tiles of up to kTileRows rows of A by kTileCols rows of B, one
-// vector accumulator each in registers: a vector of B (a bf16 one widened to f32 in the register,
-// exact) feeds every row of A in the tile, and a vector of A every row of B. With one or two rows
-// of A the tiles are one row of B wide instead: B is then read as one sequential stream, which
-// the hardware prefetcher keeps ahead (a bf16 lm_head at M = 1 read 1.4x faster than in tiles of
-// 4 rows of B; at M = 8 the wide tiles were 1.7x faster; bench_ops --decode). Every dot product is
-// computed the same way whatever tile it falls in (one accumulator over the vectors of K, summed
-// lane by lane, then the tail), so a row's result does not depend on M (a sequence's logits do
-// not depend on the batch it decodes in), and a bf16 B gives bit for bit its f32 widening's result.
+// (bench/RESULTS.md). The work is tiles of all M rows of A by a few rows of B, one vector
+// accumulator each in registers: a vector of B (a bf16 one widened to f32 in the register, exact)
+// feeds every row of A, and a vector of A every row of B in the tile. With one or two rows of A the
+// tiles are one row of B wide instead: B is then read as one sequential stream, which the hardware
+// prefetcher keeps ahead (a bf16 lm_head at M = 1 read 1.4x faster than in tiles of 4 rows of B;
+// at M = 8 the wide tiles were 1.7x faster; bench_ops --decode). The wide tiles take B in groups of
+// rows and K in blocks (skinny_group below). Every dot product is computed the same way whatever
+// tile it falls in (one accumulator over the vectors of K, summed lane by lane, then the tail), so
+// a row's result does not depend on M (a sequence's logits do not depend on the batch it decodes
+// in), and a bf16 B gives bit for bit its f32 widening's result.
 constexpr int64_t kSkinnyRows = 8;
 // A one-row-of-B tile prefetches B this many elements ahead of its loads (2 KiB of bf16). A row of
 // a decode weight is a few KiB, and hardware prefetchers stop at 4 KiB page boundaries: on an Intel
@@ -68,22 +69,54 @@ constexpr int64_t kSkinnyRows = 8;
 // 13.5 GB/s; prefetched, 1.6x faster (f32 1.4x). The wide tiles read 4 rows at once and gained
 // nothing from it (their M = 8 lm_head slowed when they prefetched too), so only this tile does.
 constexpr int64_t kPrefetchAhead = 1024;
-constexpr int kTileRows = 4;
-constexpr int kTileCols = kLanes == 16 ? 4 : 2;  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers  // kTileRows x kTileCols accumulators: 16 of 32 AVX-512 registers
+// Rows of B per tile: up to 4 rows of A by 4 rows of B, 5 to 8 rows by 3 (at most 24
+// accumulators of AVX-512's 32 registers, beside the vectors of B and one of A), and half that
+// with AVX2's 16.
+constexpr int kTileCols = kLanes == 16 ? 4 : 2;
+constexpr int kTileColsOver4Rows = kLanes == 16 ? 3 : 1;
 
 typedef uint16_t vhalf_unaligned __attribute__((vector_size(kLanes * sizeof(uint16_t)), aligned(2), may_alias));
 typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 inline vfloat vload_f32(const float* p) { return vload(p); }
-inline vfloat vload_f32(const bf16_t* p) {  // bf16 is the top half of an f32: widen, shift into place
+// bf16 is the top half of an f32: widen, shift into place. By intrinsics where there are vectors:
+// GCC 12 splits __builtin_convertvector's 16 lanes into two halves, extracted and inserted again
+// (six vector instructions where two do), and the skinny tiles run on the same ports.
+// (GCC 12's AVX-512 conversion intrinsics start from an undefined vector, which -O3's
+// -Wmaybe-uninitialized reports from inside its own header.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline vfloat vload_f32(const bf16_t* p) {
+#if defined(__AVX512F__)
+  static_assert(kLanes == 16);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return std::bit_cast<vfloat>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(__AVX2__)
+  static_assert(kLanes == 8);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return std::bit_cast<vfloat>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
   const vuint u = __builtin_convertvector(*reinterpret_cast<const vhalf_unaligned*>(p), vuint) << 16;
   return std::bit_cast<vfloat>(u);
+#endif
+}
+#pragma GCC diagnostic pop
+// A vector of A held in a register. Left to itself GCC 12 folds the load into every multiply-add
+// that uses the vector (a memory operand each), so a tile C rows of B wide loaded it C times and
+// was bound by its loads: an 8 x 2 tile in L1 ran 55 GFLOP/s on one thread of an Intel Xeon, 69
+// held (bench/RESULTS.md, session 14). The empty asm makes the value opaque, so it is loaded once.
+inline vfloat vload_held(const float* p) {
+  vfloat x = vload(p);
+#if defined(__x86_64__)
+  asm("" : "+v"(x));
+#endif
+  return x;
 }
 inline float widen(float x) { return x; }
 inline float widen(bf16_t x) { return bf16_to_f32(x); }
 
 // A q8_0 weight (core/q8_0.h) where the kernels take a float* or bf16_t* one: element `at` of the
 // weight whose first block is at `base` (rows of K elements, K a multiple of 32, so a row starts a
-// block). Its values are d * q, exact in f32: the kernel on a q8_0 weight (skinny_tile's q8_0
+// block). Its values are d * q, exact in f32: the kernel on a q8_0 weight (tile_accumulate's q8_0
 // overload) gives bit for bit its result on the dequantized f32 weight.
 struct Q8Elems {
   const uint8_t* base;
@@ -113,74 +146,118 @@ inline vfloat widen_q8(const uint8_t* p) {
 }
 #pragma GCC diagnostic pop
 
-// c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C.
+// The tiles' accumulators, kept in registers while a tile runs (a local array whose address is not
+// taken); between the K blocks of a blocked tile they rest in memory, which keeps every value.
+template <int R, int C>
+struct TileAcc {
+  vfloat v[R][C];
+};
+
+// acc[r][j] += lane by lane, the products of row r of A and row j of B over the vectors of [k0, k1).
 // W: the weight's element pointer (const float*, const bf16_t*); a q8_0 weight takes the overload below.
 template <int R, int C, class W>
-inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t K, float alpha,
-                        float beta) {
-  vfloat acc[R][C] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
+inline void tile_accumulate(TileAcc<R, C>& acc, const float* a, int64_t lda, W b, int64_t ldb, int64_t k0,
+                            int64_t k1) {
+  TileAcc<R, C> r = acc;
+  for (int64_t k = k0; k < k1; k += kLanes) {
     if constexpr (C == 1) __builtin_prefetch(b + k + kPrefetchAhead);
     vfloat w[C];
     for (int j = 0; j < C; ++j) w[j] = vload_f32(b + j * ldb + k);
-    for (int r = 0; r < R; ++r) {
-      const vfloat x = vload(a + r * lda + k);
-      for (int j = 0; j < C; ++j) acc[r][j] += x * w[j];
+    for (int i = 0; i < R; ++i) {
+      const vfloat x = vload_held(a + i * lda + k);
+      for (int j = 0; j < C; ++j) r.v[i][j] += x * w[j];
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) {
-      float sum = 0.0f;
-      for (int l = 0; l < kLanes; ++l) sum += acc[r][j][l];
-      // Explicit fused multiply-adds: whether the compiler would contract `sum + x * w` differs
-      // between the f32 and the bf16 instantiation, and the two must agree bit for bit. (The
-      // vector loop above is contracted in both; CpuBf16.DecodeShapesTakeTheSkinnyKernel checks it.)
-      for (int64_t q = k; q < K; ++q) sum = std::fma(a[r * lda + q], widen(b[j * ldb + q]), sum);
-      float& out = c[r * ldc + j];
-      out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
-    }
+  acc = r;
 }
 
-// The q8_0 tile: the loop above with the weight read block by block (each row's scale converted once
-// per block, not per vector). The same multiply-adds in the same order as the loop above on the
-// dequantized weight (a vector's values d * q are exact), so still bit for bit its result.
+// The q8_0 step: the loop above with the weight read block by block (each row's scale converted once
+// per block, not per vector); k0 and k1 are multiples of the block. The same multiply-adds in the
+// same order as the loop above on the dequantized weight (a vector's values d * q are exact), so
+// still bit for bit its result.
 template <int R, int C>
-inline void skinny_tile(float* c, int64_t ldc, const float* a, int64_t lda, Q8Elems b, int64_t ldb, int64_t K,
-                        float alpha, float beta) {
-  vfloat acc[R][C] = {};
+inline void tile_accumulate(TileAcc<R, C>& acc, const float* a, int64_t lda, Q8Elems b, int64_t ldb, int64_t k0,
+                            int64_t k1) {
+  TileAcc<R, C> r = acc;
   const uint8_t* rows[C];
   for (int j = 0; j < C; ++j) rows[j] = (b + j * ldb).block();
-  for (int64_t k = 0; k < K; k += kQ8_0Block) {
+  for (int64_t k = k0; k < k1; k += kQ8_0Block) {
     const int64_t blk = k / kQ8_0Block * kQ8_0BlockBytes;
     if constexpr (C == 1) __builtin_prefetch(rows[0] + blk + kPrefetchAhead);
     float d[C];
     for (int j = 0; j < C; ++j) d[j] = q8_0_scale(rows[j] + blk);
     for (int64_t h = 0; h < kQ8_0Block; h += kLanes) {
       vfloat w[C];
-      for (int j = 0; j < C; ++j)
-        w[j] = widen_q8(rows[j] + blk + 2 + h) * d[j];
-      for (int r = 0; r < R; ++r) {
-        const vfloat x = vload(a + r * lda + k + h);
-        for (int j = 0; j < C; ++j) acc[r][j] += x * w[j];
+      for (int j = 0; j < C; ++j) w[j] = widen_q8(rows[j] + blk + 2 + h) * d[j];
+      for (int i = 0; i < R; ++i) {
+        const vfloat x = vload_held(a + i * lda + k + h);
+        for (int j = 0; j < C; ++j) r.v[i][j] += x * w[j];
       }
     }
   }
+  acc = r;
+}
+
+// The vectors of K a tile accumulates; the elements past them (the tail) tile_finish adds.
+template <class W>
+int64_t vector_end(int64_t K) {
+  return std::is_same_v<W, Q8Elems> ? K : K / kLanes * kLanes;  // a q8_0 row is whole blocks
+}
+
+// c[r * ldc + j] = alpha * (row r of A) . (row j of B) + beta * c, for r < R, j < C, from the
+// accumulators over [0, kv): their lanes summed in order, then the tail [kv, K).
+template <int R, int C, class W>
+inline void tile_finish(const TileAcc<R, C>& acc, float* c, int64_t ldc, const float* a, int64_t lda, W b,
+                        int64_t ldb, int64_t kv, int64_t K, float alpha, float beta) {
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < C; ++j) {
       float sum = 0.0f;
-      for (int l = 0; l < kLanes; ++l) sum += acc[r][j][l];
+      for (int l = 0; l < kLanes; ++l) sum += acc.v[r][j][l];
+      // Explicit fused multiply-adds: whether the compiler would contract `sum + x * w` differs
+      // between the f32 and the bf16 instantiation, and the two must agree bit for bit. (The
+      // vector loop above is contracted in both; CpuBf16.DecodeShapesTakeTheSkinnyKernel checks it.)
+      if constexpr (!std::is_same_v<W, Q8Elems>)
+        for (int64_t q = kv; q < K; ++q) sum = std::fma(a[r * lda + q], widen(b[j * ldb + q]), sum);
       float& out = c[r * ldc + j];
       out = beta == 0.0f ? alpha * sum : std::fma(alpha, sum, beta * out);
     }
 }
 
-// Rows [0, R) of A against rows [0, cols) of B, cols <= kTileCols.
+// A one-row-of-B tile over the whole of K (M <= 2; see kPrefetchAhead).
 template <int R, class W>
-inline void skinny_rows(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t cols,
-                        int64_t K, float alpha, float beta) {
-  if (cols == kTileCols) return skinny_tile<R, kTileCols>(c, ldc, a, lda, b, ldb, K, alpha, beta);
-  for (int64_t j = 0; j < cols; ++j) skinny_tile<R, 1>(c + j, ldc, a, lda, b + j * ldb, ldb, K, alpha, beta);
+inline void skinny_column(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t K,
+                          float alpha, float beta) {
+  TileAcc<R, 1> acc{};
+  const int64_t kv = vector_end<W>(K);
+  tile_accumulate(acc, a, lda, b, ldb, 0, kv);
+  tile_finish(acc, c, ldc, a, lda, b, ldb, kv, K, alpha, beta);
+}
+
+// More rows of A take the weight kGroupCols rows at a time, and K in blocks of kBlockK: each tile of
+// the group (all R rows of A by C rows of B) accumulates over a block, then the next tile, so that
+// the block of A (at most kSkinnyRows x kBlockK f32, 16 KiB) and the group's rows of B stay in the
+// L1 cache. Over all of K at once, A (8 x 2048 f32 is 64 KiB, 8 x 8192 is 256 KiB) came from the
+// L2 cache at every tile.
+constexpr int64_t kBlockK = 512;
+constexpr int64_t kGroupCols = 24;  // a multiple of every tile width
+static_assert(kBlockK % kQ8_0Block == 0 && kBlockK % kLanes == 0, "a block must hold whole vectors and q8_0 blocks");
+
+template <int R, int C, class W>
+void skinny_group(float* c, int64_t ldc, const float* a, int64_t lda, W b, int64_t ldb, int64_t cols, int64_t K,
+                  float alpha, float beta) {
+  static_assert(kGroupCols % C == 0);
+  TileAcc<R, C> wide[kGroupCols / C] = {};
+  TileAcc<R, 1> narrow[C] = {};
+  const int64_t full = cols / C, kv = vector_end<W>(K);
+  for (int64_t k0 = 0; k0 < kv; k0 += kBlockK) {
+    const int64_t k1 = std::min(k0 + kBlockK, kv);
+    for (int64_t t = 0; t < full; ++t) tile_accumulate(wide[t], a, lda, b + t * C * ldb, ldb, k0, k1);
+    for (int64_t j = full * C; j < cols; ++j) tile_accumulate(narrow[j - full * C], a, lda, b + j * ldb, ldb, k0, k1);
+  }
+  for (int64_t t = 0; t < full; ++t)
+    tile_finish(wide[t], c + t * C, ldc, a, lda, b + t * C * ldb, ldb, kv, K, alpha, beta);
+  for (int64_t j = full * C; j < cols; ++j)
+    tile_finish(narrow[j - full * C], c + j, ldc, a, lda, b + j * ldb, ldb, kv, K, alpha, beta);
 }
 
 template <class W>
@@ -188,21 +265,28 @@ void skinny_bt(float* c, const float* a, W b, int64_t M, int64_t N, int64_t K, i
                float alpha, float beta) {
   // A q8_0 weight's tiles are always wide: its dot products are one chain of multiply-adds each, and
   // a one-row tile waited on that chain (at M = 1 it read 19 GB/s of q8_0 in one-row tiles).
-  const int64_t width = M <= 2 && !std::is_same_v<W, Q8Elems> ? 1 : kTileCols, tiles = (N + width - 1) / width;
+  const bool columns = M <= 2 && !std::is_same_v<W, Q8Elems>;
+  const int64_t width = columns ? 1 : kGroupCols, units = (N + width - 1) / width;
   parallel_region(M * N * K >= kMinParallelWork, [&] {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t n = t * width, cols = std::min<int64_t>(width, N - n);
-      for (int64_t m = 0; m < M; m += kTileRows) {
-        float* ct = c + m * N + n;
-        const float* at = a + m * lda;
-        const W bt = b + n * ldb;
-        switch (std::min<int64_t>(kTileRows, M - m)) {
-          case 1: skinny_rows<1>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
-          case 2: skinny_rows<2>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
-          case 3: skinny_rows<3>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
-          default: skinny_rows<4>(ct, N, at, lda, bt, ldb, cols, K, alpha, beta); break;
-        }
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t n = u * width, cols = std::min<int64_t>(width, N - n);
+      const W bu = b + n * ldb;
+      // A tile takes all M rows of A: a vector of B (widened once) feeds M multiply-adds.
+      if (columns) {
+        if (M == 1) skinny_column<1>(c + n, N, a, lda, bu, ldb, K, alpha, beta);
+        else skinny_column<2>(c + n, N, a, lda, bu, ldb, K, alpha, beta);
+        continue;
+      }
+      switch (M) {
+        case 1: skinny_group<1, kTileCols>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 2: skinny_group<2, kTileCols>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 3: skinny_group<3, kTileCols>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 4: skinny_group<4, kTileCols>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 5: skinny_group<5, kTileColsOver4Rows>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 6: skinny_group<6, kTileColsOver4Rows>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        case 7: skinny_group<7, kTileColsOver4Rows>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
+        default: skinny_group<8, kTileColsOver4Rows>(c + n, N, a, lda, bu, ldb, cols, K, alpha, beta); break;
       }
     }
   });
