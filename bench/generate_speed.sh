@@ -5,7 +5,9 @@
 # `generate --dtype D` (bf16: weights and KV cache in bf16, f32 math) beside PyTorch with the model
 # in D (bf16: transformers' torch_dtype=torch.bfloat16), then shardlm's bf16 speed over its f32 one.
 # DTYPES may name q8_0 (the decoder's Linear weights in ggml's Q8_0): shardlm alone, over its bf16.
-#   bench/generate_speed.sh [NEW_TOKENS=16] [WORKDIR=/tmp/shardlm_generate_speed] [MODEL_DIR] [DTYPES="f32 bf16"]
+#   [BASELINE=OTHER_BUILD/shardlm] bench/generate_speed.sh [NEW_TOKENS=16] [WORKDIR=/tmp/shardlm_generate_speed] [MODEL_DIR] [DTYPES="f32 bf16"]
+# BASELINE: another build's binary, run right after this one on each batch and dtype (shardlm alone; f32
+# and bf16, not q8_0), and this build's decode over the baseline's.
 # Model (default): Llama 3.2 1B's shape cut to 4 layers (506M parameters, vocab 128256, tied), f32,
 # random weights, with the Llama 3 tokenizer from ../shared/data (the prompts are text for shardlm;
 # PyTorch gets random ids of the same count). Prompts: one English line of ~130 tokens, B times.
@@ -37,15 +39,12 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 ratio() { /usr/bin/python3 -c "print(f'{$1 / $2:.2f}')"; }
 echo "generate_speed: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $threads cores;" \
   "load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC'); $new new tokens, greedy; $model"
-declare -A decode_of
-for batch in 1 8; do
-  : > "$work/prompts_$batch.txt"
-  for _ in $(seq "$batch"); do echo "$line" >> "$work/prompts_$batch.txt"; done
-  for dtype in $dtypes; do
-    out=$work/out_${batch}_$dtype.jsonl
-    "$shardlm" generate --model "$model" --prompts "$work/prompts_$batch.txt" --batch-size "$batch" --dtype "$dtype" \
-      --max-new-tokens "$new" --temperature 0 --prefill-chunk 0 --output "$out" 2>"$work/generate_${batch}_$dtype.log"
-    read -r prompt_tokens prefill decode < <(/usr/bin/python3 - "$out" "$batch" "$new" <<'PY'
+# run_shardlm BINARY BATCH DTYPE TAG: one generation; prints prompt tokens, prefill and decode tok/s.
+run_shardlm() {
+  local out=$work/out_$2_$3_$4.jsonl
+  "$1" generate --model "$model" --prompts "$work/prompts_$2.txt" --batch-size "$2" --dtype "$3" \
+    --max-new-tokens "$new" --temperature 0 --prefill-chunk 0 --output "$out" 2>"$work/generate_$2_$3_$4.log"
+  /usr/bin/python3 - "$out" "$2" "$new" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 batch, new = int(sys.argv[2]), int(sys.argv[3])
@@ -57,7 +56,13 @@ prefill = sum(r["prompt_tokens"] for r in rows) / max(r["prefill_seconds"] for r
 decode = batch * (new - 1) / max(r["decode_seconds"] for r in rows)
 print(p, f"{prefill:.1f}", f"{decode:.2f}")
 PY
-)
+}
+declare -A decode_of
+for batch in 1 8; do
+  : > "$work/prompts_$batch.txt"
+  for _ in $(seq "$batch"); do echo "$line" >> "$work/prompts_$batch.txt"; done
+  for dtype in $dtypes; do
+    read -r prompt_tokens prefill decode < <(run_shardlm "$shardlm" "$batch" "$dtype" new)
     shardlm_load=$(load)
     decode_of[$batch,$dtype]=$decode
     if [[ $dtype == q8_0 ]]; then  # PyTorch eager has no q8_0 Linear of its own: shardlm alone
@@ -72,6 +77,11 @@ PY
     echo "batch $batch, $dtype, $prompt_tokens prompt tokens: prefill shardlm $prefill tok/s, PyTorch $tprefill tok/s" \
       "($(ratio "$prefill" "$tprefill")x); decode shardlm $decode tok/s, PyTorch $tdecode tok/s" \
       "($(ratio "$decode" "$tdecode")x); load $shardlm_load / $(load)"
+    if [[ -n "${BASELINE:-}" ]]; then  # the same generation by another build, right after
+      read -r _ bprefill bdecode < <(run_shardlm "$BASELINE" "$batch" "$dtype" baseline)
+      echo "batch $batch, $dtype: baseline $BASELINE: prefill $bprefill tok/s, decode $bdecode tok/s;" \
+        "this build's decode / the baseline's = $(ratio "$decode" "$bdecode")x; load $(load)"
+    fi
   done
   if [[ -n "${decode_of[$batch,f32]:-}" && -n "${decode_of[$batch,bf16]:-}" ]]; then
     echo "batch $batch: shardlm decode bf16 / f32 = $(ratio "${decode_of[$batch,bf16]}" "${decode_of[$batch,f32]}")x"

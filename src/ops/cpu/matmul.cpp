@@ -102,8 +102,8 @@ inline vfloat vload_f32(const bf16_t* p) {
 #pragma GCC diagnostic pop
 // A vector of A held in a register. Left to itself GCC 12 folds the load into every multiply-add
 // that uses the vector (a memory operand each), so a tile C rows of B wide loaded it C times and
-// was bound by its loads: an 8 x 2 tile in L1 ran 55 GFLOP/s on one thread of an Intel Xeon, 69
-// held (bench/RESULTS.md, session 14). The empty asm makes the value opaque, so it is loaded once.
+// was bound by its loads (bench/RESULTS.md, session 14). The empty asm makes the value opaque to
+// the compiler, so it is loaded once.
 inline vfloat vload_held(const float* p) {
   vfloat x = vload(p);
 #if defined(__x86_64__)
