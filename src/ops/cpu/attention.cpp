@@ -471,11 +471,16 @@ template <class Blocks>
 void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const RowSource& k, const RowSource& v,
              const Attn& a, float scale) {
   const int64_t Dh = a.Dh, Dp = a.Dp, nqb = a.num_q_blocks();
-  const int64_t tasks = a.B * a.H * nqb;
+  // Query heads per task: a few query rows (a decode step has one) take every query head of their
+  // kv head's group into one block of rows, so each block of keys and values is loaded once for
+  // the group rather than once per head (loading is most of a one-row block's work). Rows of the
+  // block are (head, query) pairs, head-major; each row's products are those it has alone.
+  const int64_t heads = std::min(a.Tq, kBq) * a.group <= kBq ? a.group : 1;
+  const int64_t tasks = a.B * (a.H / heads) * nqb;
   float* lse_p = lse.f32();
 
-  // One task is one (batch, head, query block). Later query blocks see more keys, so tasks are
-  // handed out dynamically, biggest first.
+  // One task is one (batch, head or group of heads, query block). Later query blocks see more
+  // keys, so tasks are handed out dynamically, biggest first.
   parallel_region(a.worth_threads(), [&] {
     // Per-thread scratch, O(block * Dh).
     Blocks blocks(a);
@@ -490,15 +495,18 @@ void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const RowSou
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qb = nqb - 1 - task % nqb;
-      const int64_t bh = task / nqb, b = bh / a.H, h = bh % a.H, g = h / a.group;
-      const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0);
+      const int64_t bh = task / nqb, b = bh / (a.H / heads), h0 = bh % (a.H / heads) * heads, g = h0 / a.group;
+      const int64_t i0 = qb * kBq, nq = std::min(kBq, a.Tq - i0), rows = heads * nq;
+      // Row r of the block: query i0 + r % nq of head h0 + r / nq.
+      auto query_of = [&](int64_t r) { return i0 + r % nq; };
 
-      // Only the block's nq rows are used (a decode step has one): the products read and write
-      // rows [0, nq) alone, so the others are never cleared.
-      blocks.load_rows(q, b, i0, nq, h, Q.data());
-      std::fill(acc.begin(), acc.begin() + nq * Dp, 0.0f);
-      std::fill(m.begin(), m.begin() + nq, kNegInf);
-      std::fill(l.begin(), l.begin() + nq, 0.0f);
+      // Only the block's rows are used (a decode step has one per head): the products read and
+      // write rows [0, rows) alone, so the others are never cleared.
+      for (int64_t hh = 0; hh < heads; ++hh)
+        blocks.load_rows(q, b, i0, nq, h0 + hh, Q.data() + hh * Blocks::rows_size(a, nq));
+      std::fill(acc.begin(), acc.begin() + rows * Dp, 0.0f);
+      std::fill(m.begin(), m.begin() + rows, kNegInf);
+      std::fill(l.begin(), l.begin() + rows, 0.0f);
 
       const int64_t nkb = a.visible_k_blocks(i0, nq);
       for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -507,11 +515,11 @@ void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const RowSou
         blocks.load_pairs(v, b, j0, nk, g, V.data());
         a.key_segments(b, j0, nk, kseg.data());
 
-        std::fill(S.begin(), S.begin() + nq * kBk, 0.0f);
-        blocks.over_head(Q.data(), nq, Kt.data(), S.data());  // S = Q K^T
+        std::fill(S.begin(), S.begin() + rows * kBk, 0.0f);
+        blocks.over_head(Q.data(), rows, Kt.data(), S.data());  // S = Q K^T
 
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t qi = i0 + i, jmax = a.causal_limit(qi, j0, nk);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t qi = query_of(i), jmax = a.causal_limit(qi, j0, nk);
           const int32_t qs = a.query_segment(b, qi);
           float* s = &S[size_t(i * kBk)];
           float block_max = kNegInf;
@@ -545,13 +553,13 @@ void forward(const Tensor& out, const Tensor& lse, const Tensor& q, const RowSou
             for (int64_t d = 0; d < Dp; ++d) acc_i[d] *= alpha;
           }
         }
-        blocks.over_rows(S.data(), kBk, nq, nk, V.data(), acc.data());  // acc += P V
+        blocks.over_rows(S.data(), kBk, rows, nk, V.data(), acc.data());  // acc += P V
       }
 
       // Normalize. A row with no visible key (impossible: a query always sees itself) would get
       // out = 0 and lse = -inf rather than 0/0.
-      for (int64_t i = 0; i < nq; ++i) {
-        const int64_t qi = i0 + i;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t qi = query_of(i), h = h0 + i / nq;
         const float inv = l[size_t(i)] > 0.0f ? 1.0f / l[size_t(i)] : 0.0f;
         float* acc_i = &acc[size_t(i * Dp)];
         for (int64_t d = 0; d < Dh; ++d) acc_i[d] *= inv;
