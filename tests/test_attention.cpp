@@ -210,6 +210,44 @@ TEST(Attention, MaskingIsExact) {
   }
 }
 
+// A few query rows (a decode step) take every query head of a kv head's group into one block of the
+// forward; a row's products are still those it has alone, so each head's output and lse are bit
+// for bit those of the same head computed by itself (one head, one kv head: a block of its rows).
+TEST(Attention, GroupedHeadsGiveEachHeadItsOwnResult) {
+  for (const int64_t Tq : {int64_t(1), int64_t(3)}) {
+    Problem p(2, Tq, 150, 8, 2, 40, 9);  // 150 keys: three key blocks, the last partial
+    p.add_segments();
+    std::vector<float> out, lse;
+    p.forward(out, lse);
+    const int64_t group = p.H / p.Hkv;
+    for (int64_t h = 0; h < p.H; ++h) {
+      Problem one(p.B, p.Tq, p.Tk, 1, 1, p.Dh, 1);
+      one.seg = p.seg;
+      for (int64_t b = 0; b < p.B; ++b) {
+        for (int64_t t = 0; t < p.Tq; ++t)
+          for (int64_t d = 0; d < p.Dh; ++d)
+            one.q[size_t((b * p.Tq + t) * p.Dh + d)] = p.q[size_t(((b * p.Tq + t) * p.H + h) * p.Dh + d)];
+        for (int64_t t = 0; t < p.Tk; ++t)
+          for (int64_t d = 0; d < p.Dh; ++d) {
+            const size_t from = size_t(((b * p.Tk + t) * p.Hkv + h / group) * p.Dh + d), to = size_t((b * p.Tk + t) * p.Dh + d);
+            one.k[to] = p.k[from];
+            one.v[to] = p.v[from];
+          }
+      }
+      std::vector<float> out1, lse1;
+      one.forward(out1, lse1);
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t t = 0; t < p.Tq; ++t) {
+          for (int64_t d = 0; d < p.Dh; ++d)
+            ASSERT_EQ(out[size_t(((b * p.Tq + t) * p.H + h) * p.Dh + d)], out1[size_t((b * p.Tq + t) * p.Dh + d)])
+                << "Tq " << Tq << " batch " << b << " query " << t << " head " << h << " d " << d;
+          ASSERT_EQ(lse[size_t((b * p.H + h) * p.Tq + t)], lse1[size_t(b * p.Tq + t)])
+              << "Tq " << Tq << " batch " << b << " query " << t << " head " << h;
+        }
+    }
+  }
+}
+
 // The backward runs without atomics or per-thread reductions: each output element is computed
 // by one task in a fixed order, so results agree bit for bit between runs and thread counts.
 TEST(Attention, BackwardIsDeterministic) {
