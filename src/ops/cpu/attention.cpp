@@ -251,11 +251,12 @@ struct Attn {
 
   int64_t num_q_blocks() const { return (Tq + kBq - 1) / kBq; }
   int64_t num_k_blocks() const { return (Tk + kBk - 1) / kBk; }
-  // Whether the problem is big enough to pay for a parallel region: about a million
-  // multiply-adds of causal scores (a fraction of a millisecond serially). Small calls, such as
-  // the thousands a finite-difference check makes, stay serial, which also spares them
-  // OpenMP's barrier spinning when the cores are oversubscribed.
-  bool worth_threads() const { return B * H * Tq * Tk / 2 * Dh >= (int64_t(1) << 20); }
+  // Whether the problem is big enough to pay for a parallel region: 2^17 multiply-adds of visible
+  // scores (a few tens of microseconds serially, against a few for the region; a decode step's
+  // one query row over 64 keys of 32 heads of 64 is that). Small calls, such as the thousands a
+  // finite-difference check makes, stay serial, which also spares them OpenMP's barrier spinning
+  // when the cores are oversubscribed. Query i sees i + off + 1 keys: Tq Tk - Tq^2 / 2 in all.
+  bool worth_threads() const { return B * H * (Tq * Tk - Tq * Tq / 2) * Dh >= (int64_t(1) << 17); }
   // Key blocks that queries [i0, i0 + nq) can see: the causal diagonal ends at i0 + nq - 1 + off.
   int64_t visible_k_blocks(int64_t i0, int64_t nq) const { return (i0 + nq - 1 + off) / kBk + 1; }
 
