@@ -235,9 +235,9 @@ inline void skinny_column(float* c, int64_t ldc, const float* a, int64_t lda, W 
 
 // More rows of A take the weight kGroupCols rows at a time, and K in blocks of kBlockK: each tile of
 // the group (all R rows of A by C rows of B) accumulates over a block, then the next tile, so that
-// the block of A (at most kSkinnyRows x kBlockK f32, 16 KiB) and the group's rows of B stay in the
-// L1 cache. Over all of K at once, A (8 x 2048 f32 is 64 KiB, 8 x 8192 is 256 KiB) came from the
-// L2 cache at every tile.
+// the block of A (at most kSkinnyRows x kBlockK f32, 16 KiB) stays in the L1 cache while the
+// group's rows of B stream past it. Over all of K at once, A (8 x 2048 f32 is 64 KiB, 8 x 8192 is
+// 256 KiB) came from the L2 cache at every tile.
 constexpr int64_t kBlockK = 512;
 constexpr int64_t kGroupCols = 24;  // a multiple of every tile width
 static_assert(kBlockK % kQ8_0Block == 0 && kBlockK % kLanes == 0, "a block must hold whole vectors and q8_0 blocks");
