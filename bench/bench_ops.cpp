@@ -248,8 +248,8 @@ void memory_bound(int64_t n) {
     const ObserveMeta observe(counted);
     meta.step(1);
   }
-  // Passes for at least 5 seconds (and 15), the first left out: processes started together
-  // overlap for most of their passes, as a node's ranks do.
+  // At least 16 passes and 5 seconds, the first pass left out: processes started together overlap
+  // for most of their passes, as a node's ranks do.
   ShardState s(n, Device::CPU);
   std::vector<double> seconds;
   const auto start = std::chrono::steady_clock::now();

@@ -102,12 +102,9 @@ host_intra=$(comm_rate mpirun --bind-to none)
 echo "host: intra-node $((host_intra / 1000000)) MB/s per rank (bench_comm all-gather, 64 MiB, outside the emulated nodes)"
 membw=${MEMBW:-}
 if [[ -z $membw ]]; then
-  # a FULL_SHARD rank's quarter of the parameters
-  shard=$(/usr/bin/python3 -c "
-import json; c = json.load(open('$work/model/config.json'))
-h, i, v, L = c['hidden_size'], c['intermediate_size'], c['vocab_size'], c['num_hidden_layers']
-kv = h * c['num_key_value_heads'] // c['num_attention_heads']
-print((L * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + (1 if c.get('tie_word_embeddings') else 2) * v * h + h) // 4)")
+  # a FULL_SHARD rank's quarter of the parameters, as the engine counts them
+  shard=$("$shardlm" estimate-time --model "$work/model" --world-sizes 1 --tflops 1 --json |
+    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["parameters"] // 4)')
   for i in 1 2 3 4; do OMP_NUM_THREADS=1 "$bench_ops" --memory-bound "$shard" > "$work/membw_$i.json" & done
   wait
   membw=$(cat "$work"/membw_*.json | /usr/bin/python3 -c \

@@ -146,6 +146,7 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
     for (const Cell& c : row) first.emplace(c.strategy, c.time.tokens_per_s());
   auto fits = [&](const Cell& c) { return budget <= 0 || c.estimate.device_bytes <= budget; };
 
+  const int64_t params = parameter_count(base.model, base.finetune);
   if (t.json) {
     fmt::print("[");
     bool comma = false;
@@ -155,19 +156,18 @@ void run(const EstimateOptions& opts, const TimeOpts& t, bool strategy_given) {
                    "\"memory_s\": {:.6g}, \"host_copy_s\": {:.6g}, \"comm_s\": {:.6g}, \"exposed_comm_s\": {:.6g}, "
                    "\"tokens_per_s_per_rank\": {:.6g}, \"efficiency\": {:.6g}, \"flops_per_step\": {:.6g}, "
                    "\"memory_bytes_per_step\": {:.6g}, \"comm_bytes_per_step\": {:.6g}, "
-                   "\"inter_node_bytes_per_step\": {:.6g}, \"peak_bytes\": {}, \"fits\": {}}}",
+                   "\"inter_node_bytes_per_step\": {:.6g}, \"peak_bytes\": {}, \"fits\": {}, \"parameters\": {}}}",
                    comma ? "," : "", worlds[i], shard::strategy_name(c.strategy), c.time.step_s, c.time.compute_s,
                    c.time.memory_s, c.time.host_copy_s, c.time.comm_s, c.time.exposed_comm_s, c.time.tokens_per_s(),
                    c.time.tokens_per_s() / first[c.strategy], c.time.flops, c.time.memory_bytes,
                    c.estimate.comm_bytes_per_step,
-                   c.estimate.inter_node_bytes_per_step, c.estimate.device_bytes, fits(c) ? "true" : "false");
+                   c.estimate.inter_node_bytes_per_step, c.estimate.device_bytes, fits(c) ? "true" : "false",
+                   params);
         comma = true;
       }
     fmt::print("\n]\n");
     return;
   }
-  const ModelConfig& m = base.model;
-  const double params = double(parameter_count(m, base.finetune));
   fmt::print("shardlm estimate-time: {} ({}), micro-batch {} x {} tokens, {} accumulation step{}, param {}, reduce {}\n",
              o.model, params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
                                     : fmt::format("{:.2f}M parameters", params / 1e6),
