@@ -41,6 +41,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -116,10 +117,63 @@ void block_matmul(const float* A, int64_t lda, int64_t n, int64_t K, const float
   }
 }
 
+// ---- Transposes ----------------------------------------------------------------------------------
+// A key block is its keys transposed, and the backward's products with P^T and dS^T take the score
+// blocks transposed. Element by element, the key block's transpose was most of the work of a
+// decode step's attention (one query row against each block of keys); whole kLanes x kLanes tiles
+// go by vector shuffles instead.
+
+// Lanes [0, kLanes / 2) of a and b interleaved (a0 b0 a1 b1 ...), and lanes [kLanes / 2, kLanes).
+template <size_t... I>
+inline vfloat zip_low(vfloat a, vfloat b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, int(I / 2 + (I % 2) * kLanes)...);
+}
+template <size_t... I>
+inline vfloat zip_high(vfloat a, vfloat b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, int(kLanes / 2 + I / 2 + (I % 2) * kLanes)...);
+}
+
+// v[i][j] becomes v[j][i]. Each round interleaves row i with row i + kLanes / 2 into rows 2i and
+// 2i + 1; after log2(kLanes) rounds row i holds what was column i. The lanes are moved bit for bit
+// (shuffles do no arithmetic), so they may hold any 32-bit values.
+inline void transpose_tile(vfloat (&v)[kLanes]) {
+  constexpr auto lanes = std::make_index_sequence<kLanes>{};
+  for (int round = 1; round < kLanes; round *= 2) {
+    vfloat t[kLanes];
+    for (int i = 0; i < kLanes / 2; ++i) {
+      t[2 * i] = zip_low(v[i], v[i + kLanes / 2], lanes);
+      t[2 * i + 1] = zip_high(v[i], v[i + kLanes / 2], lanes);
+    }
+    for (int i = 0; i < kLanes; ++i) v[i] = t[i];
+  }
+}
+
+// dst[d * ldd + j] = rows[j][d] for j < n (at most kLanes), d < D: up to kLanes rows of 32-bit
+// values (f32, or words of two bf16) made columns j of dst. Whole tiles by transpose_tile, the rest
+// value by value; every access is a may-alias vector or a memcpy, so any 32-bit type may be moved.
+void rows_to_columns(const void* const* rows, int64_t n, int64_t D, void* dst, int64_t ldd) {
+  static_assert(sizeof(float) == 4);
+  auto* out = static_cast<char*>(dst);
+  int64_t d = 0;
+  if (n == kLanes)
+    for (; d + kLanes <= D; d += kLanes) {
+      vfloat v[kLanes];
+      for (int j = 0; j < kLanes; ++j) v[j] = vload(static_cast<const float*>(rows[j]) + d);
+      transpose_tile(v);
+      for (int i = 0; i < kLanes; ++i) vstore(reinterpret_cast<float*>(out) + (d + i) * ldd, v[i]);
+    }
+  for (; d < D; ++d)
+    for (int64_t j = 0; j < n; ++j) std::memcpy(out + (d * ldd + j) * 4, static_cast<const char*>(rows[j]) + d * 4, 4);
+}
+
 // dst[j][i] = src[i][j] for i < rows, j < cols (a block of scores, for the products with P^T).
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+  for (int64_t i0 = 0; i0 < rows; i0 += kLanes) {
+    const int64_t n = std::min<int64_t>(kLanes, rows - i0);
+    const void* r[kLanes];
+    for (int64_t i = 0; i < n; ++i) r[i] = src + (i0 + i) * ld_src;
+    rows_to_columns(r, n, cols, dst + i0, ld_dst);
+  }
 }
 
 // ---- bf16 block products (AVX512-BF16), compiled for that ISA whatever -march says and called only
@@ -336,8 +390,8 @@ struct F32Blocks {
   static int64_t pairs_size(const Attn& a, int64_t n) { return n * a.Dp; }
 
   const Attn& a;
-  std::vector<float> row;  // [Dh] bf16 widening scratch
-  explicit F32Blocks(const Attn& attn) : a(attn), row(floats(attn.Dh)) {}
+  std::vector<float> rows;  // [kLanes][Dh] bf16 widening scratch: the keys load_keys transposes at once
+  explicit F32Blocks(const Attn& attn) : a(attn), rows(floats(kLanes * attn.Dh)) {}
 
   // Rows [t0, t0 + n) of head h, batch b, as f32, zero past Dh. Always a copy, even of f32 rows: in
   // the tensor, a head's rows lie heads * Dh floats apart, a power of two in practice, so a block of
@@ -356,9 +410,11 @@ struct F32Blocks {
   void load_keys(const RowSource& x, int64_t b, int64_t j0, int64_t n, int64_t h, float* dst) {
     if (n < kBk)  // a partial block: the keys past n are zero (a full one overwrites every column)
       for (int64_t d = 0; d < a.Dh; ++d) std::fill(dst + d * kBk + n, dst + (d + 1) * kBk, 0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* src = x.row(b, j0 + j, h, a.Dh, row.data());
-      for (int64_t d = 0; d < a.Dh; ++d) dst[d * kBk + j] = src[d];
+    for (int64_t j0s = 0; j0s < n; j0s += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, n - j0s);
+      const void* src[kLanes];
+      for (int64_t j = 0; j < m; ++j) src[j] = x.row(b, j0 + j0s + j, h, a.Dh, rows.data() + j * a.Dh);
+      rows_to_columns(src, m, a.Dh, dst + j0s, kBk);
     }
   }
   void over_head(const float* A, int64_t n, const float* B, float* C) {
@@ -385,11 +441,12 @@ struct Bf16Blocks {
   const Attn& a;
   int64_t K2;                       // pairs along the head dimension, (Dh + 1) / 2
   std::vector<uint16_t> even, odd;  // [Dp] a row's bf16 values, zero past Dh
+  std::vector<uint16_t> keys;       // [kLanes][Dp] rows of keys, zero past Dh: what load_keys transposes at once
   std::vector<uint16_t> rounded;    // [kB][kB] probabilities rounded to bf16
   std::optional<AmxScope> tiles;    // configured on this thread while the blocks live, where the CPU has them
   explicit Bf16Blocks(const Attn& attn)
       : a(attn), K2((attn.Dh + 1) / 2), even(zeros<uint16_t>(attn.Dp)), odd(zeros<uint16_t>(attn.Dp)),
-        rounded(zeros<uint16_t>(kB * kB)) {
+        keys(zeros<uint16_t>(kLanes * attn.Dp)), rounded(zeros<uint16_t>(kB * kB)) {
     if (cpu_bf16_amx()) tiles.emplace();
   }
   Bf16Blocks(const Bf16Blocks&) = delete;
@@ -421,9 +478,15 @@ struct Bf16Blocks {
   void load_keys(const RowSource& x, int64_t b, int64_t j0, int64_t n, int64_t h, uint32_t* dst) {
     if (n < kBk)
       for (int64_t p = 0; p < K2; ++p) std::fill(dst + p * kBk + n, dst + (p + 1) * kBk, 0u);
-    for (int64_t j = 0; j < n; ++j) {
-      x.row_bf16(b, j0 + j, h, a.Dh, even.data());  // even[Dh] is 0: an odd Dh's last pair ends in zero
-      for (int64_t p = 0; p < K2; ++p) dst[p * kBk + j] = pair_at(even.data() + 2 * p);
+    for (int64_t j0s = 0; j0s < n; j0s += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, n - j0s);
+      const void* src[kLanes];
+      for (int64_t j = 0; j < m; ++j) {
+        uint16_t* r = keys.data() + j * a.Dp;
+        x.row_bf16(b, j0 + j0s + j, h, a.Dh, r);  // r[Dh] is 0: an odd Dh's last pair ends in zero
+        src[j] = r;
+      }
+      rows_to_columns(src, m, K2, dst + j0s, kBk);
     }
   }
   // Whether a product with n rows goes to the tiles: smaller ones would waste most of a tile.
