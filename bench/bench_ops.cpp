@@ -23,6 +23,12 @@
 //                                     count_traffic), the median of the passes of 5 seconds, one
 //                                     JSON line
 //                                     (bench/slow_links.sh runs 4 at once for --memory-bandwidth)
+//   build/bench/bench_ops --peak      one thread's rate of 512-bit f32 multiply-adds (VFMADD231PS) and,
+//                                     where the CPU has AVX512-BF16, of bf16 pair dot products
+//                                     (VDPBF16PS), in registers: the balance that decides whether a
+//                                     bf16 kernel should widen its weight to f32 or multiply in bf16
+//                                     (an Intel Xeon ran VDPBF16PS at half the FMA's multiply-adds
+//                                     per second; bench/RESULTS.md, session 15), one JSON line
 //
 // Part 1 compares ops::matmul with a raw OpenBLAS cblas_sgemm call on the same operands,
 // interleaved in one run (best of several repetitions each), at 2048x2048x2048 f32 and at the
@@ -39,6 +45,9 @@
 #include <functional>
 #include <string>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core/alloc.h"
 #include "core/q8_0.h"
@@ -168,6 +177,70 @@ void compare_bf16_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_
              amx ? ms(sides[3], sides[3].bwd) : "null", platform_info().omp_threads);
 }
 
+#if defined(__x86_64__)
+// Nanoseconds per instruction of one thread issuing 24 independent chains of `step` (more chains
+// than the instruction's latency times its throughput on any x86 CPU, so it is the throughput).
+constexpr int kPeakChains = 24;
+constexpr long kPeakRounds = 20'000'000;
+template <class Step>
+double ns_per_instruction(Step step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const float sum = step(kPeakRounds);
+  asm volatile("" : : "x"(sum));  // the chains' result is used, so they are computed
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s / double(kPeakRounds * kPeakChains) * 1e9;
+}
+// Every lane of the chains, summed (by memory: GCC 12's reduce intrinsics warn from its own header).
+__attribute__((target("avx512f"))) float sum_lanes(const __m512 (&acc)[kPeakChains]) {
+  float lanes[16], sum = 0.0f;
+  for (int i = 0; i < kPeakChains; ++i) {
+    _mm512_storeu_ps(lanes, acc[i]);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+__attribute__((target("avx512f"))) float fma_chains(long rounds) {
+  __m512 acc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-4f);
+  for (long r = 0; r < rounds; ++r)
+#pragma GCC unroll 24
+    for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+  return sum_lanes(acc);
+}
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_chains(long rounds) {
+  __m512 acc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3f00);  // 1, 0.5
+  for (long r = 0; r < rounds; ++r)
+#pragma GCC unroll 24
+    for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+  return sum_lanes(acc);
+}
+#endif
+
+// One thread's peak of each instruction a bf16 kernel can be built on. A VFMADD231PS is 16
+// multiply-adds, a VDPBF16PS 32 (two bf16 products into each f32 lane).
+int peak_rates() {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    fmt::print(stderr, "bench_ops --peak: this CPU has no AVX-512\n");
+    return 1;
+  }
+  const bool bf16 = __builtin_cpu_supports("avx512bf16");
+  const double fma = ns_per_instruction(fma_chains), dp = bf16 ? ns_per_instruction(dpbf16_chains) : -1.0;
+  auto gmacs = [](double ns, int macs) { return ns < 0 ? std::string("null") : fmt::format("{:.1f}", macs / ns); };
+  fmt::print("{{\"impl\": \"peak\", \"threads\": 1, \"fma_zmm_ns\": {:.3f}, \"dpbf16_zmm_ns\": {}, \"fma_gmacs\": {}, "
+             "\"dpbf16_gmacs\": {}, \"dpbf16_over_fma_macs\": {}}}\n",
+             fma, dp < 0 ? std::string("null") : fmt::format("{:.3f}", dp), gmacs(fma, 16), gmacs(dp, 32),
+             dp < 0 ? std::string("null") : fmt::format("{:.2f}", 32.0 / dp / (16.0 / fma)));
+  return 0;
+#else
+  fmt::print(stderr, "bench_ops --peak: x86-64 only\n");
+  return 1;
+#endif
+}
+
 // A decode step's x W^T, W [N, K], M rows: ms per call and the weight's GB/s on each path.
 void compare_decode(int64_t M, int64_t N, int64_t K, const char* what) {
   OwnedTensor x = randn(DType::F32, {M, K}, "x"), xh = randn(DType::BF16, {M, K}, "x");
@@ -277,7 +350,7 @@ void row(const char* name, const char* shape, double s, double flop = 0) {
 int main(int argc, char** argv) {
   select_blas_kernels(argv);  // OpenBLAS's kernels as shardlm picks them (core/platform.h)
   int64_t T = 1024;  // tokens in the micro-batch (B=1)
-  bool quick = false, sgemm_only = false, bf16_only = false, decode_only = false;
+  bool quick = false, sgemm_only = false, bf16_only = false, decode_only = false, peak_only = false;
   int64_t memory_elements = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) T = std::atoll(argv[++i]);
@@ -285,9 +358,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--sgemm")) sgemm_only = true;
     else if (!std::strcmp(argv[i], "--bf16")) bf16_only = true;
     else if (!std::strcmp(argv[i], "--decode")) decode_only = true;
+    else if (!std::strcmp(argv[i], "--peak")) peak_only = true;
     else if (!std::strcmp(argv[i], "--memory-bound") && i + 1 < argc) memory_elements = std::atoll(argv[++i]);
     else {
-      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16 | --decode | --memory-bound N\n");
+      fmt::print(stderr, "usage: bench_ops [--tokens N] [--quick] | --sgemm | --bf16 | --decode | --peak | --memory-bound N\n");
       return 2;
     }
   }
@@ -295,6 +369,7 @@ int main(int argc, char** argv) {
     memory_bound(memory_elements);
     return 0;
   }
+  if (peak_only) return peak_rates();
   if (sgemm_only) {
     const int64_t n = 2048;
     OwnedTensor A = randn(DType::F32, {n, n}, "A"), B = randn(DType::F32, {n, n}, "B");
