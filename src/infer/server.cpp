@@ -271,7 +271,10 @@ thread_local uint64_t t_connection = 0;
 
 // Every open connection, with the deadline of the request it is reading. A watchdog thread shuts
 // the socket of one past its deadline, or past its byte budget (cpp-httplib reads a request line
-// or a header of any length into memory), which ends cpp-httplib's blocked read at once.
+// or a header of any length into memory), which ends cpp-httplib's blocked read at once. The
+// budget counts the bytes the server has read, not those the kernel holds for it: a client sending
+// a refused body fast filled the kernel's buffer past the budget before a slow handler thread had
+// written its 413, and the cut lost the answer.
 class Connections {
  public:
   explicit Connections(const ServerOptions& opt) : opt_(opt), watchdog_([this] { watch(); }) {}
@@ -338,6 +341,7 @@ class Connections {
         return;
       }
       fd = it->second.fd;
+      it->second.reading = false;  // the drain below is bounded itself; the watchdog's cut would reset it
     }
     if (fd < 0) return;
     // The answer goes out with a FIN; what the client still sends is read and dropped for a
@@ -370,7 +374,7 @@ class Connections {
   void arm(Conn& c) {  // under mu_
     c.reading = true;
     c.deadline = Clock::now() + opt_.request_timeout;
-    c.bytes_at_start = c.fd >= 0 ? tcp_bytes_received(c.fd).value_or(0) : 0;
+    c.bytes_at_start = c.fd >= 0 ? tcp_bytes_read(c.fd).value_or(0) : 0;
   }
   void watch() {
     const uint64_t budget = opt_.max_body + (uint64_t(1) << 20);  // the body, and 1 MiB of headers
@@ -380,7 +384,9 @@ class Connections {
       const Clock::time_point now = Clock::now();
       for (auto& [id, c] : open_) {
         if (!c.reading || c.cut || c.fd < 0) continue;
-        if (now > c.deadline || tcp_bytes_received(c.fd).value_or(0) - c.bytes_at_start > budget) {
+        // (A count taken while bytes arrive may be a little low: saturate rather than wrap.)
+        const uint64_t read = tcp_bytes_read(c.fd).value_or(0);
+        if (now > c.deadline || (read > c.bytes_at_start && read - c.bytes_at_start > budget)) {
           shutdown(c.fd, SHUT_RDWR);
           c.cut = true;
           ++cut_;

@@ -1,4 +1,4 @@
-// Bytes a TCP socket has received, for the server's per-request byte budget (infer/server.cpp).
+// Bytes the server has read from a TCP socket, for its per-request byte budget (infer/server.cpp).
 // Apart because the field is in Linux's <linux/tcp.h>, which cannot be included beside glibc's
 // <netinet/tcp.h> (cpp-httplib's), whose struct tcp_info lacks it.
 #pragma once
@@ -8,8 +8,10 @@
 
 namespace shardlm::infer {
 
-// tcpi_bytes_received of the socket, or nullopt when it is not a TCP socket (or the kernel is
-// older than Linux 4.1).
-std::optional<uint64_t> tcp_bytes_received(int fd);
+// The bytes this process has read from the socket: tcpi_bytes_received less those still waiting
+// in the kernel's receive queue (which cost the process no memory). Bytes arriving during the call
+// can only make it smaller. nullopt when it is not a TCP socket (or the kernel is older than
+// Linux 4.1).
+std::optional<uint64_t> tcp_bytes_read(int fd);
 
 }  // namespace shardlm::infer
