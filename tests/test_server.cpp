@@ -2,8 +2,16 @@
 // once, joining a running batch between decode steps, get token for token what Generator::run
 // gives them offline; streamed pieces add up to the completion; shutdown ends every request.
 // And CompletionText (infer/requests.h): what may be streamed, and stop strings; stop token ids.
+// And tcp_bytes_read (infer/tcp_bytes.h), the count behind the server's per-request byte budget.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <thread>
 
@@ -11,6 +19,7 @@
 #include "infer/generator.h"
 #include "infer/requests.h"
 #include "infer/server.h"
+#include "infer/tcp_bytes.h"
 #include "model/hf_dir.h"
 #include "testing.h"
 #include "infer/param_store.h"
@@ -313,4 +322,54 @@ TEST(StopTokenIds, FlagValues) {
       EXPECT_NE(std::string(e.what()).find("--stop-token-ids"), std::string::npos) << e.what();
     }
   }
+}
+
+// The byte budget counts what the server has read, not what waits for it in the kernel: a loaded
+// handler thread that has read 1 MiB of a refused body may have megabytes more queued, and a cut
+// on those lost its 413 (serve_load failed so once).
+TEST(TcpBytesRead, CountsWhatWasReadNotWhatWaitsInTheKernel) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  const int client = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int server = accept(listener, nullptr, nullptr);
+  ASSERT_GE(server, 0);
+  if (!infer::tcp_bytes_read(server)) GTEST_SKIP() << "no tcpi_bytes_received (Linux before 4.1)";
+
+  // 96 KiB sent (it fits in loopback's buffers), 32 KiB of it read.
+  constexpr size_t kSent = 96 << 10, kRead = 32 << 10;
+  const std::vector<char> out(kSent, 'x');
+  ASSERT_EQ(send(client, out.data(), out.size(), 0), ssize_t(kSent));
+  std::vector<char> in(kSent);
+  size_t got = 0;
+  while (got < kRead) {
+    const ssize_t n = recv(server, in.data() + got, kRead - got, 0);
+    ASSERT_GT(n, 0);
+    got += size_t(n);
+  }
+  // Every byte sent has reached the server's queue: the rest waits there, unread.
+  int queued = 0;
+  for (int i = 0; i < 500 && queued != int(kSent - kRead); ++i) {
+    ASSERT_EQ(ioctl(server, SIOCINQ, &queued), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(queued, int(kSent - kRead));
+  EXPECT_EQ(infer::tcp_bytes_read(server).value_or(0), kRead);
+
+  while (got < kSent) {
+    const ssize_t n = recv(server, in.data() + got, kSent - got, 0);
+    ASSERT_GT(n, 0);
+    got += size_t(n);
+  }
+  EXPECT_EQ(infer::tcp_bytes_read(server).value_or(0), kSent);
+  close(client);
+  close(server);
+  close(listener);
 }
