@@ -29,9 +29,9 @@ const std::string kSignalNotice = kRule + "\n" +
 const std::string kErrorLine = "shardlm: error: rank 0: command line: key 'max_stepz': unknown key\n";
 
 // The filter's output for `input` fed in pieces of `piece` bytes (0: all at once), then finished.
-std::string filtered(const std::string& input, size_t piece = 0) {
+std::string filtered(const std::string& input, size_t piece = 0, const std::vector<std::string>& echoes = {}) {
   std::string out;
-  MpirunStderrFilter filter([&](std::string_view b) { out += b; });
+  MpirunStderrFilter filter([&](std::string_view b) { out += b; }, echoes);
   if (piece == 0) piece = input.size() + 1;
   for (size_t i = 0; i < input.size(); i += piece) filter.feed(std::string_view(input).substr(i, piece));
   filter.finish();
@@ -39,10 +39,16 @@ std::string filtered(const std::string& input, size_t piece = 0) {
 }
 
 // The same output for every split of the stream into reads of 1..17 bytes and all at once.
-void expect_filtered(const std::string& input, const std::string& want) {
-  EXPECT_EQ(filtered(input), want);
-  for (size_t piece = 1; piece <= 17; ++piece) EXPECT_EQ(filtered(input, piece), want) << "pieces of " << piece;
+void expect_filtered(const std::string& input, const std::string& want, const std::vector<std::string>& echoes = {}) {
+  EXPECT_EQ(filtered(input, 0, echoes), want);
+  for (size_t piece = 1; piece <= 17; ++piece)
+    EXPECT_EQ(filtered(input, piece, echoes), want) << "pieces of " << piece;
 }
+
+// The trainer's line when a signal stops it before its first step (train/stop_signal.h), which
+// `shardlm launch` gives the filter as an echo.
+const std::string kStopped = "error: stopped by a signal before the first step (nothing to save)";
+const std::vector<std::string> kEchoes = {kStopped};
 
 }  // namespace
 
@@ -130,4 +136,23 @@ TEST(MpirunStderrFilter, LetsAnEndlessNoticeThrough) {
   MpirunStderrFilter filter([&](std::string_view b) { out += b; });
   filter.feed(input);
   EXPECT_EQ(out, input);
+}
+
+TEST(MpirunStderrFilter, HoldsTheLineOfARankTakenDownInItsSetupForTheEnd) {
+  const std::string stopped = kStopped + "\n";
+  // Another rank's error took the job down: its line is the one line, wherever the echo falls.
+  expect_filtered(kErrorLine + stopped + kAbortNotice, kErrorLine, kEchoes);
+  expect_filtered(stopped + kAbortNotice + kErrorLine + stopped, kErrorLine, kEchoes);
+  // No rank printed an error (a user's Ctrl-C reached every rank in its setup): once, at the end.
+  expect_filtered(stopped + "step 0\n" + stopped, "step 0\n" + stopped, kEchoes);
+  // Lines that begin as the echo does, and are not it, pass in place, unchanged.
+  const std::string others = "error: stopped by something else\n" + kStopped + " and more\nerror: st\rerror\n";
+  expect_filtered(others + stopped, others + stopped, kEchoes);
+  expect_filtered(kErrorLine + others + stopped, kErrorLine + others, kEchoes);
+  // An echo's beginning left unfinished at the end passes as it is.
+  expect_filtered("step 1\nerror: stopped by a sig", "step 1\nerror: stopped by a sig", kEchoes);
+  // Without echoes the line is any other.
+  expect_filtered(kErrorLine + stopped, kErrorLine + stopped);
+  // A line held as a possible echo is still seen as a rank's error line when it is one.
+  expect_filtered(kErrorLine + kAbortNotice, kErrorLine, {"shardlm: error: stopped"});
 }

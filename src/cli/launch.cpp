@@ -6,7 +6,8 @@
 //
 // launch stays mpirun's parent for the job's life rather than becoming it (exec), for two things:
 //  - Errors stay one line: mpirun's stderr passes through MpirunStderrFilter, which drops the
-//    notice Open MPI prints after a rank's MPI_Abort (comm/mpirun_output.h).
+//    notice Open MPI prints after a rank's MPI_Abort, and holds back the line of another rank
+//    stopped in its setup by that abort (comm/mpirun_output.h).
 //  - A stop saves: mpirun answers SIGINT or SIGTERM by killing the ranks about a second later,
 //    too soon for a checkpoint, and exits 1. So mpirun runs in a process group of its own (Ctrl-C
 //    and a signal to launch's group reach launch alone), and launch relays the first SIGINT,
@@ -44,6 +45,7 @@
 #include "cli/commands.h"
 #include "comm/mpirun_output.h"
 #include "core/error.h"
+#include "train/stop_signal.h"
 #include "train/train_config.h"
 
 namespace shardlm::cli {
@@ -156,7 +158,10 @@ MpirunEnd run_mpirun(std::vector<std::string>& args) {
   for (int s : kRelayedSignals) sigaction(s, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // our stderr gone: keep draining mpirun's, so that it never blocks
 
-  comm::MpirunStderrFilter filter(say);
+  // A rank taken down in its setup by another's abort says so; that line waits for the end.
+  std::string stopped_in_setup(train::kStoppedInSetupLine);
+  stopped_in_setup.pop_back();  // the filter's lines are without their '\n'
+  comm::MpirunStderrFilter filter(say, {stopped_in_setup});
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = read(out[0], buf, sizeof buf);

@@ -44,6 +44,19 @@ std::string first_paragraph(std::string_view notice) {
 }
 }  // namespace
 
+MpirunStderrFilter::MpirunStderrFilter(std::function<void(std::string_view)> write, std::vector<std::string> echoes)
+    : write_(std::move(write)), echoes_(std::move(echoes)), echo_deferred_(echoes_.size(), false) {}
+
+bool MpirunStderrFilter::begins_echo(std::string_view line) const {
+  return std::any_of(echoes_.begin(), echoes_.end(), [&](const std::string& e) { return e.starts_with(line); });
+}
+
+int MpirunStderrFilter::echo_index(std::string_view line) const {
+  for (size_t k = 0; k < echoes_.size(); ++k)
+    if (echoes_[k] == line) return int(k);
+  return -1;
+}
+
 void MpirunStderrFilter::pass(std::string_view bytes) {
   if (!bytes.empty()) write_(bytes);
 }
@@ -54,8 +67,32 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
     switch (state_) {
       case State::kLineStart:
         head_.clear();
-        state_ = bytes[i] == '-' || bytes[i] == '[' ? State::kHeldLine : State::kMidLine;
+        state_ = bytes[i] == '-' || bytes[i] == '['       ? State::kHeldLine
+                 : begins_echo(std::string_view(&bytes[i], 1)) ? State::kHeldEcho
+                                                                : State::kMidLine;
         break;
+      case State::kHeldEcho: {
+        // Held while it can still be an echo line; the rest of it passes at once once it cannot.
+        while (i < bytes.size() && bytes[i] != '\n' && bytes[i] != '\r') {
+          line_ += bytes[i++];
+          if (!begins_echo(line_)) break;
+        }
+        if (i == bytes.size() && begins_echo(line_)) break;
+        const int k = i < bytes.size() && bytes[i] == '\n' ? echo_index(line_) : -1;
+        if (k >= 0) {
+          ++i;
+          if (!echo_deferred_[size_t(k)]) deferred_ += line_ + '\n';
+          echo_deferred_[size_t(k)] = true;
+          state_ = State::kLineStart;
+        } else {
+          pass(line_);
+          head_ = line_.substr(0, kErrorPrefix.size());
+          if (head_ == kErrorPrefix) saw_shardlm_error_ = true;
+          state_ = State::kMidLine;
+        }
+        line_.clear();
+        break;
+      }
       case State::kMidLine: {
         // Through at once, up to the end of the line: a progress bar redraws a line with '\r'.
         const size_t nl = bytes.find('\n', i);
@@ -143,7 +180,7 @@ void MpirunStderrFilter::end_notice() {
 }
 
 void MpirunStderrFilter::finish() {
-  if (state_ == State::kHeldLine) pass(line_);
+  if (state_ == State::kHeldLine || state_ == State::kHeldEcho) pass(line_);
   if (state_ == State::kInNotice) {
     pass(notice_);
     pass(line_);

@@ -12,6 +12,11 @@
 // Should no rank's error line pass by the end of the stream (MPI_Abort called by a library), the
 // abort notice is written then, condensed to one line, and the log line as it was: the end, since
 // the notice may arrive before the rank's line, the two travelling apart.
+// The other ranks, taken down by the abort, may print a line of their own: given as `echoes`
+// (the trainer's "error: stopped by a signal before the first step (nothing to save)", printed by
+// a rank signalled while it loads), such a line is held to the end too, and written once there if
+// no rank printed an error (every rank stopped by a user's Ctrl-C prints it: one line, not one per
+// rank). An echo line starts with neither '-' nor '['.
 //
 // Owner: comm. Not thread-safe; one filter per stream, fed in order.
 #pragma once
@@ -20,13 +25,14 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace shardlm::comm {
 
 class MpirunStderrFilter {
  public:
   // `write` receives the bytes that pass, in order; it must not throw.
-  explicit MpirunStderrFilter(std::function<void(std::string_view)> write) : write_(std::move(write)) {}
+  explicit MpirunStderrFilter(std::function<void(std::string_view)> write, std::vector<std::string> echoes = {});
 
   // The next bytes of mpirun's stderr, split anywhere.
   void feed(std::string_view bytes);
@@ -40,12 +46,18 @@ class MpirunStderrFilter {
     kMidLine,    // inside a line that passes through as it comes
     kHeldLine,   // holding a line that starts with '-' (a rule opening a notice?) or '[' (mpirun's log)
     kInNotice,   // holding a notice, from its opening rule, until the closing one
+    kHeldEcho,   // holding a line while it may be one of echoes_
   };
+  // Whether `line` (no '\n') begins one of echoes_, or (whole) is one: its index, else -1.
+  bool begins_echo(std::string_view line) const;
+  int echo_index(std::string_view line) const;
   void end_held_line();
   void end_notice();
   void pass(std::string_view bytes);
 
   std::function<void(std::string_view)> write_;
+  std::vector<std::string> echoes_;  // lines (no '\n') held to the end, see the top
+  std::vector<bool> echo_deferred_;  // [echoes_] already in deferred_: written once
   State state_ = State::kLineStart;
   std::string line_;    // the held line (kHeldLine) or the notice's current line (kInNotice)
   std::string notice_;  // the notice's complete lines so far (kInNotice), rules included

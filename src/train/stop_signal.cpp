@@ -15,8 +15,7 @@ volatile std::sig_atomic_t g_in_setup = 1;
 
 void on_stop_signal(int sig) {
   if (g_in_setup) {
-    static const char kLine[] = "error: stopped by a signal before the first step (nothing to save)\n";
-    (void)!::write(2, kLine, sizeof(kLine) - 1);  // async-signal-safe, unlike stdio
+    (void)!::write(2, kStoppedInSetupLine.data(), kStoppedInSetupLine.size());  // async-signal-safe, unlike stdio
     std::_Exit(128 + sig);
   }
   if (g_stop_signal != 0) std::_Exit(128 + sig);

@@ -9,8 +9,14 @@
 
 #include <csignal>
 #include <iterator>
+#include <string_view>
 
 namespace shardlm::train {
+
+// The line a signal before the first step prints (stderr; `shardlm launch` holds it back when
+// another rank printed the error that took the job down: comm/mpirun_output.h).
+inline constexpr std::string_view kStoppedInSetupLine =
+    "error: stopped by a signal before the first step (nothing to save)\n";
 
 class StopSignalGuard {
  public:
