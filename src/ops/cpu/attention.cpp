@@ -148,32 +148,36 @@ inline void transpose_tile(vfloat (&v)[kLanes]) {
   }
 }
 
-// dst[d * ldd + j] = rows[j][d] for j < n (at most kLanes), d < D: up to kLanes rows of 32-bit
-// values (f32, or words of two bf16) made columns j of dst. Whole tiles by transpose_tile, the rest
-// value by value; every access is a may-alias vector or a memcpy, so any 32-bit type may be moved.
-void rows_to_columns(const void* const* rows, int64_t n, int64_t D, void* dst, int64_t ldd) {
+// dst[d * ldd + j] = row j's value d, for j < n, d < D: n rows of 32-bit values (f32, or words of
+// two bf16) made the columns of dst. row_at(j, slot) gives row j's address; slot (j % kLanes) may
+// pick scratch for it, valid until the next kLanes rows are asked for. Whole kLanes x kLanes tiles
+// by transpose_tile, the rest value by value; every access is a may-alias vector or a memcpy, so
+// any 32-bit type may be moved.
+template <class RowAt>
+void rows_to_columns(int64_t n, int64_t D, void* dst, int64_t ldd, RowAt row_at) {
   static_assert(sizeof(float) == 4);
-  auto* out = static_cast<char*>(dst);
-  int64_t d = 0;
-  if (n == kLanes)
-    for (; d + kLanes <= D; d += kLanes) {
-      vfloat v[kLanes];
-      for (int j = 0; j < kLanes; ++j) v[j] = vload(static_cast<const float*>(rows[j]) + d);
-      transpose_tile(v);
-      for (int i = 0; i < kLanes; ++i) vstore(reinterpret_cast<float*>(out) + (d + i) * ldd, v[i]);
-    }
-  for (; d < D; ++d)
-    for (int64_t j = 0; j < n; ++j) std::memcpy(out + (d * ldd + j) * 4, static_cast<const char*>(rows[j]) + d * 4, 4);
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t m = std::min<int64_t>(kLanes, n - j0);
+    const void* rows[kLanes];
+    for (int64_t j = 0; j < m; ++j) rows[j] = row_at(j0 + j, j);
+    auto* out = static_cast<char*>(dst) + j0 * 4;
+    int64_t d = 0;
+    if (m == kLanes)
+      for (; d + kLanes <= D; d += kLanes) {
+        vfloat v[kLanes];
+        for (int j = 0; j < kLanes; ++j) v[j] = vload(static_cast<const float*>(rows[j]) + d);
+        transpose_tile(v);
+        for (int i = 0; i < kLanes; ++i) vstore(reinterpret_cast<float*>(out) + (d + i) * ldd, v[i]);
+      }
+    for (; d < D; ++d)
+      for (int64_t j = 0; j < m; ++j)
+        std::memcpy(out + (d * ldd + j) * 4, static_cast<const char*>(rows[j]) + d * 4, 4);
+  }
 }
 
 // dst[j][i] = src[i][j] for i < rows, j < cols (a block of scores, for the products with P^T).
 void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
-  for (int64_t i0 = 0; i0 < rows; i0 += kLanes) {
-    const int64_t n = std::min<int64_t>(kLanes, rows - i0);
-    const void* r[kLanes];
-    for (int64_t i = 0; i < n; ++i) r[i] = src + (i0 + i) * ld_src;
-    rows_to_columns(r, n, cols, dst + i0, ld_dst);
-  }
+  rows_to_columns(rows, cols, dst, ld_dst, [&](int64_t i, int64_t) { return src + i * ld_src; });
 }
 
 // ---- bf16 block products (AVX512-BF16), compiled for that ISA whatever -march says and called only
@@ -410,12 +414,9 @@ struct F32Blocks {
   void load_keys(const RowSource& x, int64_t b, int64_t j0, int64_t n, int64_t h, float* dst) {
     if (n < kBk)  // a partial block: the keys past n are zero (a full one overwrites every column)
       for (int64_t d = 0; d < a.Dh; ++d) std::fill(dst + d * kBk + n, dst + (d + 1) * kBk, 0.0f);
-    for (int64_t j0s = 0; j0s < n; j0s += kLanes) {
-      const int64_t m = std::min<int64_t>(kLanes, n - j0s);
-      const void* src[kLanes];
-      for (int64_t j = 0; j < m; ++j) src[j] = x.row(b, j0 + j0s + j, h, a.Dh, rows.data() + j * a.Dh);
-      rows_to_columns(src, m, a.Dh, dst + j0s, kBk);
-    }
+    rows_to_columns(n, a.Dh, dst, kBk, [&](int64_t j, int64_t slot) {
+      return x.row(b, j0 + j, h, a.Dh, rows.data() + slot * a.Dh);
+    });
   }
   void over_head(const float* A, int64_t n, const float* B, float* C) {
     block_matmul(A, a.Dp, n, a.Dh, B, kBk, kBk, C, kBk);
@@ -478,16 +479,11 @@ struct Bf16Blocks {
   void load_keys(const RowSource& x, int64_t b, int64_t j0, int64_t n, int64_t h, uint32_t* dst) {
     if (n < kBk)
       for (int64_t p = 0; p < K2; ++p) std::fill(dst + p * kBk + n, dst + (p + 1) * kBk, 0u);
-    for (int64_t j0s = 0; j0s < n; j0s += kLanes) {
-      const int64_t m = std::min<int64_t>(kLanes, n - j0s);
-      const void* src[kLanes];
-      for (int64_t j = 0; j < m; ++j) {
-        uint16_t* r = keys.data() + j * a.Dp;
-        x.row_bf16(b, j0 + j0s + j, h, a.Dh, r);  // r[Dh] is 0: an odd Dh's last pair ends in zero
-        src[j] = r;
-      }
-      rows_to_columns(src, m, K2, dst + j0s, kBk);
-    }
+    rows_to_columns(n, K2, dst, kBk, [&](int64_t j, int64_t slot) {
+      uint16_t* r = keys.data() + slot * a.Dp;
+      x.row_bf16(b, j0 + j, h, a.Dh, r);  // r[Dh] is 0: an odd Dh's last pair ends in zero
+      return r;
+    });
   }
   // Whether a product with n rows goes to the tiles: smaller ones would waste most of a tile.
   bool on_tiles(int64_t n) const { return tiles.has_value() && n >= 16; }
