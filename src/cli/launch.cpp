@@ -158,10 +158,11 @@ MpirunEnd run_mpirun(std::vector<std::string>& args) {
   for (int s : kRelayedSignals) sigaction(s, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // our stderr gone: keep draining mpirun's, so that it never blocks
 
-  // A rank taken down in its setup by another's abort says so; that line waits for the end.
-  std::string stopped_in_setup(train::kStoppedInSetupLine);
-  stopped_in_setup.pop_back();  // the filter's lines are without their '\n'
-  comm::MpirunStderrFilter filter(say, {stopped_in_setup});
+  // A rank taken down in its setup by another's abort says so; that line waits for the end (the
+  // filter's lines are without their '\n').
+  std::string_view stopped_in_setup = train::kStoppedInSetupLine;
+  stopped_in_setup.remove_suffix(1);
+  comm::MpirunStderrFilter filter(say, {std::string(stopped_in_setup)});
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = read(out[0], buf, sizeof buf);

@@ -61,6 +61,14 @@ void MpirunStderrFilter::pass(std::string_view bytes) {
   if (!bytes.empty()) write_(bytes);
 }
 
+void MpirunStderrFilter::pass_line_part(std::string_view part) {
+  if (head_.size() < kErrorPrefix.size()) {
+    head_ += part.substr(0, kErrorPrefix.size() - head_.size());
+    if (head_ == kErrorPrefix) saw_shardlm_error_ = true;
+  }
+  pass(part);
+}
+
 void MpirunStderrFilter::feed(std::string_view bytes) {
   size_t i = 0;
   while (i < bytes.size()) {
@@ -85,9 +93,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
           echo_deferred_[size_t(k)] = true;
           state_ = State::kLineStart;
         } else {
-          pass(line_);
-          head_ = line_.substr(0, kErrorPrefix.size());
-          if (head_ == kErrorPrefix) saw_shardlm_error_ = true;
+          pass_line_part(line_);
           state_ = State::kMidLine;
         }
         line_.clear();
@@ -97,12 +103,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
         // Through at once, up to the end of the line: a progress bar redraws a line with '\r'.
         const size_t nl = bytes.find('\n', i);
         const size_t end = nl == std::string_view::npos ? bytes.size() : nl + 1;
-        const std::string_view part = bytes.substr(i, end - i);
-        if (head_.size() < kErrorPrefix.size()) {
-          head_ += part.substr(0, kErrorPrefix.size() - head_.size());
-          if (head_ == kErrorPrefix) saw_shardlm_error_ = true;
-        }
-        pass(part);
+        pass_line_part(bytes.substr(i, end - i));
         i = end;
         if (nl != std::string_view::npos) state_ = State::kLineStart;
         break;
@@ -119,8 +120,7 @@ void MpirunStderrFilter::feed(std::string_view bytes) {
           ++i;
           end_held_line();
         } else {
-          pass(line_);
-          head_ = line_.substr(0, kErrorPrefix.size());
+          pass_line_part(line_);
           line_.clear();
           state_ = State::kMidLine;
         }

@@ -54,6 +54,8 @@ class MpirunStderrFilter {
   void end_held_line();
   void end_notice();
   void pass(std::string_view bytes);
+  // The next bytes of the line passing through (kMidLine), its first ones noted in head_.
+  void pass_line_part(std::string_view part);
 
   std::function<void(std::string_view)> write_;
   std::vector<std::string> echoes_;  // lines (no '\n') held to the end, see the top
